@@ -1,0 +1,17 @@
+"""Typed errors a user can cause. Each message is one line naming the input and the fix."""
+
+
+class GapError(Exception):
+    """Base class of every error pytest-gap raises on purpose."""
+
+
+class SimInputError(GapError, ValueError):
+    """A suite, task, seed, family, variation or camera that does not exist."""
+
+
+class RenderBackendError(GapError, RuntimeError):
+    """No OpenGL backend could render MuJoCo cameras."""
+
+
+class EpisodeError(GapError, RuntimeError):
+    """The env was used outside an episode (step before reset, step after the step limit)."""

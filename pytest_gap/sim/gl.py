@@ -1,0 +1,88 @@
+"""Choose MuJoCo's OpenGL backend before anything imports mujoco.
+
+MuJoCo reads MUJOCO_GL once, at import. A user's setting is respected as is. Otherwise EGL is
+tried first (GPU machines, and Mesa's llvmpipe on CPU), then OSMesa, each in a throw-away
+subprocess so a broken driver cannot poison this process. The choice is exported, so xdist
+workers and other children inherit it instead of probing again.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from pytest_gap.errors import RenderBackendError
+
+_PROBE = "import mujoco; c = mujoco.GLContext(8, 8); c.make_current(); c.free()"
+_CANDIDATES = ("egl", "osmesa")
+# Set when neither backend works: physics still runs, rendering raises this message.
+_unavailable_reason: str | None = None
+
+
+def _probe(backend: str) -> str | None:
+    """Return None if `backend` can create a context, else a short reason."""
+    env = dict(os.environ, MUJOCO_GL=backend)
+    if backend == "egl":
+        env.setdefault("PYOPENGL_PLATFORM", "egl")
+    else:
+        env["PYOPENGL_PLATFORM"] = backend
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        return "probe timed out"
+    if proc.returncode == 0:
+        return None
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else f"exit code {proc.returncode}"
+
+
+def ensure_gl_backend() -> str:
+    """Make sure MUJOCO_GL names a backend; return it. Call before importing mujoco."""
+    global _unavailable_reason
+    chosen = os.environ.get("MUJOCO_GL", "").strip().lower()
+    if chosen:
+        return chosen
+    if "mujoco" in sys.modules:
+        # Too late to choose: mujoco already picked its default (glfw, which needs a display).
+        _unavailable_reason = (
+            "mujoco was imported before pytest-gap could choose a backend and MUJOCO_GL is unset; "
+            "export MUJOCO_GL=egl (or osmesa) before starting Python"
+        )
+        return ""
+    reasons = []
+    for backend in _CANDIDATES:
+        reason = _probe(backend)
+        if reason is None:
+            os.environ["MUJOCO_GL"] = backend
+            if backend == "osmesa" or "PYOPENGL_PLATFORM" not in os.environ:
+                os.environ["PYOPENGL_PLATFORM"] = backend
+            return backend
+        reasons.append(f"{backend}: {reason}")
+    _unavailable_reason = (
+        "no OpenGL backend for MuJoCo rendering ("
+        + "; ".join(reasons)
+        + "); install libegl1 libegl-mesa0 or libosmesa6, or set MUJOCO_GL"
+    )
+    # Physics without cameras still works; only a renderer will raise.
+    os.environ["MUJOCO_GL"] = "disable"
+    return "disable"
+
+
+def render_unavailable_reason() -> str | None:
+    """Why rendering cannot work in this process, if pytest-gap already knows."""
+    if os.environ.get("MUJOCO_GL", "").lower() in ("disable", "disabled", "off", "false", "0"):
+        return _unavailable_reason or "MUJOCO_GL disables rendering; unset it or set egl/osmesa"
+    return _unavailable_reason
+
+
+def render_backend_error(cause: BaseException) -> RenderBackendError:
+    """Wrap a failure to create an OpenGL context in the one-line error users see."""
+    backend = os.environ.get("MUJOCO_GL", "<unset>")
+    return RenderBackendError(
+        f"MUJOCO_GL={backend}: could not create an OpenGL context ({type(cause).__name__}: "
+        f"{cause}); unset MUJOCO_GL to let pytest-gap try egl then osmesa, or install "
+        "libegl1 libegl-mesa0 / libosmesa6"
+    )

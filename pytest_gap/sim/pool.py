@@ -1,0 +1,82 @@
+"""A per-process pool of LIBERO envs: created once per (suite, task, options), LRU-bounded.
+
+An env costs about 2 GB and seconds to build; a reset costs a fraction of a second. Trials of
+one task reuse its env; a new task reuses a pooled env if it has one and otherwise evicts the
+least recently used. The capacity defaults to GAP_ENV_POOL_SIZE (2).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from pytest_gap.errors import SimInputError
+from pytest_gap.sim.libero import EnvOptions, LiberoEnv
+from pytest_gap.sim.suites import get_task
+
+DEFAULT_POOL_SIZE = 2
+
+
+@dataclass
+class PoolStats:
+    created: int = 0
+    reused: int = 0
+    evicted: int = 0
+
+
+def _capacity_from_env() -> int:
+    raw = os.environ.get("GAP_ENV_POOL_SIZE", str(DEFAULT_POOL_SIZE))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SimInputError(f"GAP_ENV_POOL_SIZE={raw!r}: set it to a whole number >= 1")
+    return value
+
+
+class EnvPool:
+    def __init__(self, max_envs: int | None = None):
+        self.max_envs = max_envs if max_envs is not None else _capacity_from_env()
+        if self.max_envs < 1:
+            raise SimInputError(f"env pool size {self.max_envs}: must be >= 1")
+        self._envs: OrderedDict[tuple, LiberoEnv] = OrderedDict()
+        self.stats = PoolStats()
+
+    def get(self, suite: str, task_id: int, options: EnvOptions | None = None) -> LiberoEnv:
+        options = options or EnvOptions()
+        key = (suite, task_id, options)
+        env = self._envs.get(key)
+        if env is not None:
+            self._envs.move_to_end(key)
+            self.stats.reused += 1
+            return env
+        task = get_task(suite, task_id)  # validate before evicting anything
+        while len(self._envs) >= self.max_envs:
+            _, old = self._envs.popitem(last=False)
+            old.close()
+            self.stats.evicted += 1
+        env = LiberoEnv(task, options)
+        self._envs[key] = env
+        self.stats.created += 1
+        return env
+
+    def __len__(self) -> int:
+        return len(self._envs)
+
+    def close(self) -> None:
+        while self._envs:
+            _, env = self._envs.popitem()
+            env.close()
+
+
+_pool: EnvPool | None = None
+
+
+def env_pool() -> EnvPool:
+    """This process's pool (one per pytest-xdist worker)."""
+    global _pool
+    if _pool is None:
+        _pool = EnvPool()
+    return _pool

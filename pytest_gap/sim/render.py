@@ -1,0 +1,143 @@
+"""Camera rendering on a live MuJoCo model: RGB, metric depth, object segmentation.
+
+Images are upright HWC (row 0 is the top of the picture), as a person or a policy sees them.
+Camera geometry uses the OpenCV convention (x right, y down, z forward): `intrinsics` is the
+3x3 pinhole matrix and `cam_to_world` the 4x4 pose, so a pixel (u, v) with depth d back-projects
+to cam_to_world @ [d (u - cx) / fx, d (v - cy) / fy, d, 1].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pytest_gap.errors import RenderBackendError, SimInputError
+from pytest_gap.sim.gl import render_backend_error, render_unavailable_reason
+
+# User-facing camera names -> MuJoCo camera names in LIBERO scenes.
+CAMERA_ALIASES = {"agentview": "agentview", "front": "agentview", "wrist": "robot0_eye_in_hand"}
+
+
+@dataclass
+class CameraFrame:
+    camera: str
+    rgb: np.ndarray | None
+    depth: np.ndarray | None = None  # metres along the optical axis, float32 HxW
+    segmentation: np.ndarray | None = None  # int32 HxW, index into labels; 0 = nothing named
+    labels: dict[int, str] = field(default_factory=dict)
+    intrinsics: np.ndarray = field(default_factory=lambda: np.eye(3))
+    cam_to_world: np.ndarray = field(default_factory=lambda: np.eye(4))
+
+    def mask(self, name: str) -> np.ndarray:
+        """Pixels showing the named object (all False if it is not visible)."""
+        if self.segmentation is None:
+            raise SimInputError("this frame was rendered without segmentation")
+        ids = [i for i, label in self.labels.items() if label == name]
+        return np.isin(self.segmentation, ids)
+
+    def points(self, mask: np.ndarray | None = None) -> np.ndarray:
+        """World-frame 3-D points (N, 3) of the depth pixels under `mask` (all if None)."""
+        if self.depth is None:
+            raise SimInputError("this frame was rendered without depth")
+        v, u = np.nonzero(mask if mask is not None else np.ones_like(self.depth, dtype=bool))
+        d = self.depth[v, u].astype(np.float64)
+        fx, fy = self.intrinsics[0, 0], self.intrinsics[1, 1]
+        cx, cy = self.intrinsics[0, 2], self.intrinsics[1, 2]
+        cam = np.stack([d * (u - cx) / fx, d * (v - cy) / fy, d, np.ones_like(d)])
+        return (self.cam_to_world @ cam)[:3].T
+
+
+def resolve_camera(model, name: str) -> str:
+    mj_name = CAMERA_ALIASES.get(name, name)
+    names = [model.camera(i).name for i in range(model.ncam)]
+    if mj_name not in names:
+        raise SimInputError(
+            f"unknown camera {name!r}: use one of {sorted(set(CAMERA_ALIASES) | set(names))}"
+        )
+    return mj_name
+
+
+class SceneRenderer:
+    """Renders cameras of one MuJoCo model/data pair; one GL renderer per image size."""
+
+    def __init__(self, model, data, geom_labels: np.ndarray, labels: dict[int, str]):
+        self._model = model
+        self._data = data
+        self._geom_labels = geom_labels  # geom id -> label index
+        self._labels = labels
+        self._renderers: dict[tuple[int, int], object] = {}
+
+    def _renderer(self, height: int, width: int):
+        key = (height, width)
+        if key not in self._renderers:
+            reason = render_unavailable_reason()
+            if reason:
+                raise RenderBackendError(reason)
+            import mujoco
+
+            vis = self._model.vis.global_
+            vis.offwidth, vis.offheight = max(vis.offwidth, width), max(vis.offheight, height)
+            try:
+                self._renderers[key] = mujoco.Renderer(self._model, height, width)
+            except Exception as exc:  # context creation failures come as several types
+                raise render_backend_error(exc) from exc
+        return self._renderers[key]
+
+    def rgb(self, camera: str, height: int, width: int) -> np.ndarray:
+        renderer = self._renderer(height, width)
+        renderer.update_scene(self._data, camera=camera)
+        return renderer.render()
+
+    def frame(
+        self,
+        camera: str,
+        height: int,
+        width: int,
+        *,
+        rgb: bool = True,
+        depth: bool = False,
+        segmentation: bool = False,
+    ) -> CameraFrame:
+        camera = resolve_camera(self._model, camera)
+        renderer = self._renderer(height, width)
+        renderer.update_scene(self._data, camera=camera)
+        out = CameraFrame(camera=camera, rgb=renderer.render() if rgb else None)
+        if depth:
+            renderer.enable_depth_rendering()
+            try:
+                out.depth = renderer.render().copy()
+            finally:
+                renderer.disable_depth_rendering()
+        if segmentation:
+            renderer.enable_segmentation_rendering()
+            try:
+                raw = renderer.render()
+            finally:
+                renderer.disable_segmentation_rendering()
+            import mujoco
+
+            geom_ids, obj_types = raw[..., 0], raw[..., 1]
+            is_geom = (obj_types == int(mujoco.mjtObj.mjOBJ_GEOM)) & (geom_ids >= 0)
+            seg = np.zeros(geom_ids.shape, dtype=np.int32)
+            seg[is_geom] = self._geom_labels[geom_ids[is_geom]]
+            out.segmentation = seg
+            out.labels = dict(self._labels)
+        out.intrinsics, out.cam_to_world = self.camera_geometry(camera, height, width)
+        return out
+
+    def camera_geometry(self, camera: str, height: int, width: int):
+        cam = self._model.camera(resolve_camera(self._model, camera))
+        fovy = np.deg2rad(float(cam.fovy[0]))
+        f = 0.5 * height / np.tan(0.5 * fovy)
+        intrinsics = np.array([[f, 0.0, width / 2.0], [0.0, f, height / 2.0], [0.0, 0.0, 1.0]])
+        pose = np.eye(4)
+        # MuJoCo cameras look down -z with y up; flip y and z for the OpenCV convention.
+        pose[:3, :3] = self._data.cam_xmat[cam.id].reshape(3, 3) @ np.diag([1.0, -1.0, -1.0])
+        pose[:3, 3] = self._data.cam_xpos[cam.id]
+        return intrinsics, pose
+
+    def close(self) -> None:
+        for renderer in self._renderers.values():
+            renderer.close()
+        self._renderers.clear()

@@ -1,0 +1,327 @@
+"""The benchmark's families and variations, and the scene perturbations they generate.
+
+A variation is resolved from (family, variation) to a LIBERO suite plus, for generated
+families, a perturbation of each episode's initial layout. Perturbations are pure functions of
+(family, variation, task, seed) and the init state's layout, drawn from a SHA-256-seeded RNG,
+so every process, mode and cell sees the same scene for the same seed. Objects are only moved
+in the table plane; each keeps its own height and orientation, so it rests where it rested.
+
+Every generated layout is checked before it is used, and redrawn (deterministically) otherwise:
+- no two objects' footprints (collision-geometry bounding boxes) come closer than 1 cm;
+- every moved object's centre lies in the arm's reach rectangle REACH;
+- no target is hidden: the sight line from the front (agentview) camera to the top of each
+  target crosses no other object's bounding box.
+
+Families (base scenes: the 10 libero_object tasks, task numbering as libero_object):
+- posvar/pos_var: the container moves to one cell of a 20x20 grid over GRID_RECT; the seed
+  picks among the cells whose layout passes the checks.
+- posvar/permutation: the non-container objects' positions are permuted (never the identity).
+- posvar/basket_swap: the container and one other object exchange places.
+- posvar/all: objects permuted, then the container exchanges places with one object, then the
+  container moves to a grid cell.
+- grocery_packing/object: "pack N listed items into the basket", N = 2 + task % 4; the seed
+  picks which N of the scene's items; success when all are in the basket, completion the
+  delivered fraction.
+- grocery_packing/permutation: as object, and the items' positions are permuted too.
+- libero/<suite> (spatial, object, goal, 10, 90) and libero_pro/<variant> (every LIBERO-PRO
+  suite the package ships, e.g. object_swap, goal_lan, object_temp_x0.3): the package's own
+  suites, unchanged.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import itertools
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from pytest_gap.errors import SimInputError
+from pytest_gap.sim.suites import CLASSIC_SUITES, TaskSpec, list_suites
+
+# Container-centre grid for pos_var, world frame (robot base at x = -0.6): x from the front
+# row of LIBERO's object regions to the back, y across the table.
+GRID_RECT = (-0.25, 0.10, -0.28, 0.28)  # x_min, x_max, y_min, y_max
+GRID_SIZE = 20
+# Where a moved object's centre may go: LIBERO's object regions plus a margin the arm reaches.
+REACH = (-0.30, 0.20, -0.33, 0.33)
+CLEARANCE = 0.01
+MAX_DRAWS = 500
+
+GENERATED = {
+    "posvar": ("pos_var", "permutation", "basket_swap", "all"),
+    "grocery_packing": ("object", "permutation"),
+}
+GENERATED_BASE_SUITE = "libero_object"
+
+
+class Footprint(BaseModel):
+    """An object's table-plane footprint: bounding box corners relative to its centre."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    category: str
+    xy: tuple[float, float]
+    lo: tuple[float, float]
+    hi: tuple[float, float]
+    height: float
+
+
+class SceneLayout(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    objects: dict[str, Footprint]
+    container: str
+    camera: tuple[float, float, float]
+
+    @classmethod
+    def from_scene(cls, scene, container: str) -> SceneLayout:
+        objects = {}
+        for obj in scene.objects(include_fixtures=False):
+            pos = scene.pose(obj.name).pos
+            lo, hi = scene.world_aabb(obj.name)
+            objects[obj.name] = Footprint(
+                name=obj.name,
+                category=obj.category,
+                xy=(float(pos[0]), float(pos[1])),
+                lo=(float(lo[0] - pos[0]), float(lo[1] - pos[1])),
+                hi=(float(hi[0] - pos[0]), float(hi[1] - pos[1])),
+                height=float(hi[2] - lo[2]),
+            )
+        cam = scene.camera_position("agentview")
+        return cls(objects=objects, container=container, camera=tuple(float(c) for c in cam))
+
+    @property
+    def items(self) -> list[str]:
+        return [n for n in self.objects if n != self.container]
+
+
+class Perturbation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    family: str
+    variation: str
+    task_id: int
+    seed: int
+    moves: dict[str, tuple[float, float]]
+    goal: tuple[tuple[str, ...], ...] | None = None
+    prompt: str | None = None
+    details: dict[str, Any] = {}
+
+
+# -- validity -----------------------------------------------------------------------------------
+def _box(fp: Footprint, xy) -> tuple[np.ndarray, np.ndarray]:
+    c = np.asarray(xy, float)
+    return c + fp.lo, c + fp.hi
+
+
+def _segment_hits_box(p0, p1, lo, hi) -> bool:
+    """Slab test: does the segment p0->p1 pass through the axis-aligned box [lo, hi]?"""
+    t0, t1 = 0.0, 1.0
+    d = p1 - p0
+    for axis in range(3):
+        if abs(d[axis]) < 1e-12:
+            if not lo[axis] <= p0[axis] <= hi[axis]:
+                return False
+            continue
+        a, b = (lo[axis] - p0[axis]) / d[axis], (hi[axis] - p0[axis]) / d[axis]
+        t0, t1 = max(t0, min(a, b)), min(t1, max(a, b))
+        if t0 > t1:
+            return False
+    return True
+
+
+def layout_problems(
+    layout: SceneLayout, positions: dict[str, tuple[float, float]], targets: list[str]
+) -> list[str]:
+    """Why a layout (object -> centre xy) is not valid; empty when it is."""
+    problems = []
+    boxes = {n: _box(layout.objects[n], xy) for n, xy in positions.items()}
+    for a, b in itertools.combinations(positions, 2):
+        (alo, ahi), (blo, bhi) = boxes[a], boxes[b]
+        gap = np.maximum(blo - ahi, alo - bhi)
+        if np.all(gap < CLEARANCE):
+            problems.append(f"{a} overlaps {b}")
+    x0, x1, y0, y1 = REACH
+    for name, (x, y) in positions.items():
+        if positions[name] != layout.objects[name].xy and not (x0 <= x <= x1 and y0 <= y <= y1):
+            problems.append(f"{name} out of reach at ({x:.3f}, {y:.3f})")
+    cam = np.asarray(layout.camera)
+    for target in targets:
+        fp = layout.objects[target]
+        top = np.array([*positions[target], 0.9 * fp.height])
+        for other, (lo, hi) in boxes.items():
+            if other == target:
+                continue
+            h = layout.objects[other].height
+            if _segment_hits_box(cam, top, np.array([*lo, 0.0]), np.array([*hi, h])):
+                problems.append(f"{target} hidden behind {other}")
+    return problems
+
+
+# -- generators ---------------------------------------------------------------------------------
+def grid_cells() -> list[tuple[int, int, float, float]]:
+    """(row, col, x, y) of every pos_var cell centre."""
+    x0, x1, y0, y1 = GRID_RECT
+    dx, dy = (x1 - x0) / GRID_SIZE, (y1 - y0) / GRID_SIZE
+    return [
+        (i, j, x0 + (i + 0.5) * dx, y0 + (j + 0.5) * dy)
+        for i in range(GRID_SIZE)
+        for j in range(GRID_SIZE)
+    ]
+
+
+def _permute(layout, rng, names, positions):
+    """A non-identity permutation of `names`' positions."""
+    order = rng.permutation(len(names))
+    while len(names) > 1 and np.all(order == np.arange(len(names))):
+        order = rng.permutation(len(names))
+    moved = dict(positions)
+    for src, dst in zip(names, order, strict=True):
+        moved[src] = positions[names[dst]]
+    return moved, {n: names[d] for n, d in zip(names, order, strict=True)}
+
+
+def _valid_cells(layout, positions, targets):
+    cont = layout.container
+    cells = []
+    for i, j, x, y in grid_cells():
+        trial = dict(positions, **{cont: (x, y)})
+        if not layout_problems(layout, trial, targets):
+            cells.append((i, j, x, y))
+    return cells
+
+
+def _draw(layout: SceneLayout, kind: str, rng, targets: list[str]):
+    """One valid layout for a posvar-like kind; returns (positions, details)."""
+    base = {n: fp.xy for n, fp in layout.objects.items()}
+    cont = layout.container
+    items = layout.items
+    for _ in range(MAX_DRAWS):
+        positions, details = dict(base), {}
+        if kind in ("permutation", "all"):
+            positions, mapping = _permute(layout, rng, items, positions)
+            details["permutation"] = mapping  # object -> the object whose place it took
+        if kind in ("basket_swap", "all"):
+            partner = items[int(rng.integers(len(items)))]
+            positions[cont], positions[partner] = positions[partner], positions[cont]
+            details["swapped_with"] = partner
+        if kind in ("pos_var", "all"):
+            cells = _valid_cells(layout, positions, targets)
+            if not cells:
+                if kind == "pos_var":
+                    break
+                continue
+            i, j, x, y = cells[int(rng.integers(len(cells)))]
+            positions[cont] = (x, y)
+            details["grid_cell"] = [i, j]
+        if not layout_problems(layout, positions, targets):
+            return positions, details
+    raise SimInputError(
+        f"no valid {kind} layout found for this init state in {MAX_DRAWS} draws; "
+        "report the family, task and seed"
+    )
+
+
+def _stable_rng(*key: object) -> np.random.Generator:
+    digest = hashlib.sha256("/".join(map(str, key)).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def _spoken(category: str) -> str:
+    return category.replace("_", " ")
+
+
+def _grocery_prompt(layout: SceneLayout, items: list[str]) -> str:
+    names = [f"the {_spoken(layout.objects[i].category)}" for i in items]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"pack {listed} into the {_spoken(layout.objects[layout.container].category)}"
+
+
+# -- variations ---------------------------------------------------------------------------------
+class Variation(BaseModel):
+    """A resolved (family, variation): which suite, and how each episode is perturbed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    family: str
+    variation: str
+    suite: str
+
+    @property
+    def generated(self) -> bool:
+        return self.family in GENERATED
+
+    def perturbation(self, task: TaskSpec, seed: int, scene) -> Perturbation | None:
+        if not self.generated:
+            return None
+        goal = [tuple(p) for p in scene.goal_state()]
+        container = next(
+            (p[2].removesuffix("_contain_region") for p in goal if p[0] == "in"), None
+        )
+        if container is None:
+            raise SimInputError(
+                f"{self.family}/{self.variation}: task {task.task_id} of {task.suite} has no "
+                "container goal; generated families need libero_object-like scenes"
+            )
+        layout = SceneLayout.from_scene(scene, container)
+        return self.generate(task.task_id, seed, layout, goal)
+
+    def generate(
+        self, task_id: int, seed: int, layout: SceneLayout, goal: list[tuple[str, ...]]
+    ) -> Perturbation:
+        """The perturbation for (task, seed) on `layout`; pure and deterministic."""
+        rng = _stable_rng(self.family, self.variation, task_id, seed)
+        base = {n: fp.xy for n, fp in layout.objects.items()}
+        new_goal = prompt = None
+        if self.family == "grocery_packing":
+            n_items = 2 + task_id % 4
+            picked = rng.choice(len(layout.items), size=n_items, replace=False)
+            targets = [layout.items[int(i)] for i in sorted(picked)]
+            region = f"{layout.container}_contain_region"
+            new_goal = tuple(("in", t, region) for t in targets)
+            prompt = _grocery_prompt(layout, targets)
+            kind = "permutation" if self.variation == "permutation" else None
+        else:
+            targets = [p[1] for p in goal if p[0] == "in"]
+            kind = self.variation
+        positions, details = _draw(layout, kind, rng, targets) if kind else (base, {})
+        moves = {n: xy for n, xy in positions.items() if xy != base[n]}
+        return Perturbation(
+            family=self.family,
+            variation=self.variation,
+            task_id=task_id,
+            seed=seed,
+            moves=moves,
+            goal=new_goal,
+            prompt=prompt,
+            details={**details, "targets": targets},
+        )
+
+
+def libero_pro_variants() -> list[str]:
+    return [s.removeprefix("libero_") for s in list_suites() if s not in CLASSIC_SUITES]
+
+
+def list_families() -> dict[str, list[str]]:
+    return {
+        **{f: list(v) for f, v in GENERATED.items()},
+        "libero": [s.removeprefix("libero_") for s in CLASSIC_SUITES],
+        "libero_pro": libero_pro_variants(),
+    }
+
+
+def resolve(family: str, variation: str) -> Variation:
+    families = list_families()
+    if family not in families:
+        raise SimInputError(f"unknown family {family!r}: use one of {sorted(families)}")
+    options = families[family]
+    if variation not in options:
+        close = difflib.get_close_matches(str(variation), options, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else f"use one of {options}"
+        raise SimInputError(f"unknown variation {variation!r} of family {family}: {hint}")
+    suite = GENERATED_BASE_SUITE if family in GENERATED else f"libero_{variation}"
+    return Variation(family=family, variation=variation, suite=suite)

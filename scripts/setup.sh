@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian/Ubuntu machine: GL libraries for headless MuJoCo, then .venv with
+# pytest-gap and its pinned LIBERO. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if ! dpkg -s libosmesa6 libegl1 libegl-mesa0 >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq libosmesa6 libegl1 libegl-mesa0 >/dev/null
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[dev]"
