@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -88,8 +87,11 @@ def main() -> int:
     env.close()
 
     rates = {}
-    for label, cams in (("no camera", ()), ("one camera", ("agentview",)),
-                        ("two cameras", ("agentview", "wrist"))):
+    for label, cams in (
+        ("no camera", ()),
+        ("one camera", ("agentview",)),
+        ("two cameras", ("agentview", "wrist")),
+    ):
         with make_env(args.suite, args.task, EnvOptions(cameras=cams)) as cam_env:
             rates[label] = _steps_per_s(cam_env, args.steps)
 
@@ -97,18 +99,22 @@ def main() -> int:
 
     fresh_cold = create_cold + first_reset
     fresh_warm = create_warm + fresh_reset
-    print(f"suite {args.suite} task {args.task}  (reset = init state + perturbation + 10 settle steps)")
+    print(f"suite {args.suite} task {args.task}  (reset = init state + 10 settle steps)")
     print(f"env create, first in process   {create_cold:7.3f} s  + reset {first_reset:.3f} s")
     print(f"env create, warm process       {create_warm:7.3f} s  + reset {fresh_reset:.3f} s")
     print(f"pooled reset (median of {len(resets)})    {pooled:7.3f} s")
     print(f"ratio pooled / (fresh create + reset), first in process: {pooled / fresh_cold:.3f}")
-    print(f"ratio pooled / (fresh create + reset), warm process:     {pooled / fresh_warm:.3f}"
-          "   target <= 0.333")
+    print(
+        f"ratio pooled / (fresh create + reset), warm process:     {pooled / fresh_warm:.3f}"
+        "   target <= 0.333"
+    )
     for label, rate in rates.items():
         print(f"control steps/s, {label:12s} {rate:7.1f}   (256x256, multisampling off)")
     print(f"ratio steps/s two cameras / no camera: {rates['two cameras'] / rates['no camera']:.3f}")
-    print(f"memory: python+libero {mem['base_mb']:.0f} MB, with one env {mem['env_mb']:.0f} MB, "
-          f"peak {mem['peak_mb']:.0f} MB (env adds {mem['env_mb'] - mem['base_mb']:.0f} MB)")
+    print(
+        f"memory: python+libero {mem['base_mb']:.0f} MB, with one env {mem['env_mb']:.0f} MB, "
+        f"peak {mem['peak_mb']:.0f} MB (env adds {mem['env_mb'] - mem['base_mb']:.0f} MB)"
+    )
     ok = pooled / fresh_warm <= 1 / 3
     print(f"target pooled reset <= 1/3 of fresh create + reset: {'MET' if ok else 'MISSED'}")
     return 0 if ok else 1

@@ -9,7 +9,6 @@ from pytest_gap.errors import EpisodeError, SimInputError
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.sim.pool import EnvPool
 from pytest_gap.sim.variations import resolve
-
 from tests.helpers import drop_into
 
 NOOP = [0, 0, 0, 0, 0, 0, -1]

@@ -11,19 +11,37 @@ from pytest_gap.sim.suites import get_suite, get_task, list_suites
 
 def test_classic_and_pro_suites_are_registered_with_their_task_counts():
     suites = set(list_suites())
-    for name, n in [("libero_spatial", 10), ("libero_object", 10), ("libero_goal", 10),
-                    ("libero_10", 10), ("libero_90", 90)]:
+    for name, n in [
+        ("libero_spatial", 10),
+        ("libero_object", 10),
+        ("libero_goal", 10),
+        ("libero_10", 10),
+        ("libero_90", 90),
+    ]:
         assert name in suites
         assert get_suite(name).n_tasks == n
-    pro = {"libero_object_swap", "libero_goal_lan", "libero_spatial_object", "libero_10_task",
-           "libero_object_temp_x0.1", "libero_object_temp_y0.5"}
+    pro = {
+        "libero_object_swap",
+        "libero_goal_lan",
+        "libero_spatial_object",
+        "libero_10_task",
+        "libero_object_temp_x0.1",
+        "libero_object_temp_y0.5",
+    }
     assert pro <= suites
 
 
 @pytest.mark.parametrize(
     ("suite", "steps"),
-    [("libero_spatial", 220), ("libero_object", 280), ("libero_goal", 300), ("libero_10", 520),
-     ("libero_90", 400), ("libero_object_swap", 280), ("libero_goal_lan", 300)],
+    [
+        ("libero_spatial", 220),
+        ("libero_object", 280),
+        ("libero_goal", 300),
+        ("libero_10", 520),
+        ("libero_90", 400),
+        ("libero_object_swap", 280),
+        ("libero_goal_lan", 300),
+    ],
 )
 def test_max_steps_follow_libero_protocol(suite, steps):
     assert get_suite(suite).max_steps == steps

@@ -150,7 +150,9 @@ class LiberoEnv:
     @property
     def episode(self) -> EpisodeInfo:
         if self._episode is None:
-            raise EpisodeError(f"{self.task.suite} task {self.task.task_id}: call reset(seed) first")
+            raise EpisodeError(
+                f"{self.task.suite} task {self.task.task_id}: call reset(seed) first"
+            )
         return self._episode
 
     @property

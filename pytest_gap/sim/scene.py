@@ -207,9 +207,7 @@ class SceneView:
     @property
     def renderer(self) -> SceneRenderer:
         if self._renderer is None:
-            self._renderer = SceneRenderer(
-                self._model, self._data, self._geom_labels, self._labels
-            )
+            self._renderer = SceneRenderer(self._model, self._data, self._geom_labels, self._labels)
         return self._renderer
 
     def render(

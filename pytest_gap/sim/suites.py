@@ -115,7 +115,7 @@ def _registry() -> dict[str, SuiteSpec]:
             # Suites LIBERO does not register (LIBERO-PRO position shifts): reuse the task order
             # of the registered suite with the same files, so task ids line up with the base.
             base = _base_of(folder.name)
-            candidates = [ordered.get(base or "", [])] + list(ordered.values())
+            candidates = [ordered.get(base or "", []), *list(ordered.values())]
             names = next((n for n in candidates if set(n) == on_disk), sorted(on_disk))
         if not names or not set(names) <= on_disk:
             continue

@@ -259,9 +259,7 @@ class Variation(BaseModel):
         if not self.generated:
             return None
         goal = [tuple(p) for p in scene.goal_state()]
-        container = next(
-            (p[2].removesuffix("_contain_region") for p in goal if p[0] == "in"), None
-        )
+        container = next((p[2].removesuffix("_contain_region") for p in goal if p[0] == "in"), None)
         if container is None:
             raise SimInputError(
                 f"{self.family}/{self.variation}: task {task.task_id} of {task.suite} has no "

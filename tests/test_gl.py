@@ -1,0 +1,78 @@
+"""MUJOCO_GL: a user's choice is kept; otherwise egl, then osmesa; one clear error if none works."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+_SCRIPT = """
+import json, os, sys
+from pytest_gap.sim import gl
+{patch}
+from pytest_gap.errors import RenderBackendError
+from pytest_gap.sim.libero import EnvOptions, make_env
+out = {{"chosen": gl.ensure_gl_backend(), "exported": os.environ.get("MUJOCO_GL")}}
+with make_env("libero_object", 0) as env:
+    env.reset(0)
+    out["physics"] = env.step([0, 0, 0, 0, 0, 0, -1]).steps
+    try:
+        out["shape"] = list(env.scene.render("agentview", height=32, width=32).rgb.shape)
+    except RenderBackendError as exc:
+        out["error"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def _run(env_gl: str | None, patch: str = "") -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    if env_gl is not None:
+        env["MUJOCO_GL"] = env_gl
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT.format(patch=patch)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_unset_mujoco_gl_defaults_to_egl_and_is_exported_to_children():
+    out = _run(None)
+    assert out["chosen"] == out["exported"] == "egl"
+    assert out["shape"] == [32, 32, 3]
+
+
+def test_a_users_mujoco_gl_is_respected():
+    out = _run("osmesa")
+    assert out["chosen"] == out["exported"] == "osmesa"
+    assert out["shape"] == [32, 32, 3]
+
+
+def test_falls_back_to_osmesa_when_egl_fails():
+    # Fault injection: this machine's EGL works, so the probe is told it did not.
+    patch = (
+        "real = gl._probe\ngl._probe = lambda b: 'EGL_NOT_INITIALIZED' if b == 'egl' else real(b)"
+    )
+    out = _run(None, patch)
+    assert out["chosen"] == "osmesa" and out["shape"] == [32, 32, 3]
+
+
+def test_no_backend_keeps_physics_and_gives_one_clear_render_error():
+    patch = "gl._probe = lambda b: f'lib{b} missing'"
+    out = _run(None, patch)
+    assert out["chosen"] == "disable" and out["physics"] == 1
+    message = out["error"]
+    assert "\n" not in message
+    assert "egl: libegl missing" in message and "osmesa: libosmesa missing" in message
+    assert "install libegl1 libegl-mesa0 or libosmesa6" in message
+
+
+def test_a_broken_user_backend_names_the_variable_and_the_fix():
+    out = _run("glx")  # no X display on a headless machine
+    assert out["chosen"] == "glx"
+    assert out["error"].startswith("MUJOCO_GL=glx: could not create an OpenGL context")
+    assert "unset MUJOCO_GL" in out["error"]
