@@ -189,3 +189,44 @@ def test_init_states_and_perturbations_are_identical_across_processes():
     assert outs[0] == outs[1]
     assert outs[0]["posvar/all/0"]["init"] == 0 and outs[0]["posvar/all/51"]["init"] == 1
     assert outs[0]["posvar/all/0"]["moves"] != outs[0]["posvar/all/51"]["moves"]
+
+
+def _toy_layout():
+    from pytest_gap.sim.variations import Footprint, SceneLayout
+
+    def box(name, xy, half, height):
+        return Footprint(
+            name=name, category=name, xy=xy, lo=(-half, -half), hi=(half, half), height=height
+        )
+
+    objects = {
+        "basket": box("basket", (0.0, 0.25), 0.08, 0.14),
+        "soup": box("soup", (-0.1, -0.2), 0.03, 0.08),
+        "milk": box("milk", (0.1, -0.2), 0.03, 0.13),
+    }
+    return SceneLayout(objects=objects, container="basket", camera=(0.9, 0.0, 0.65))
+
+
+def test_layout_checks_reject_overlap_out_of_reach_and_hidden_targets():
+    from pytest_gap.sim.variations import layout_problems
+
+    layout = _toy_layout()
+    base = {n: fp.xy for n, fp in layout.objects.items()}
+    assert layout_problems(layout, base, ["soup"]) == []
+    overlap = dict(base, milk=(-0.08, -0.2))
+    assert "soup overlaps milk" in layout_problems(layout, overlap, ["soup"])
+    far = dict(base, milk=(0.6, -0.2))
+    assert layout_problems(layout, far, ["soup"]) == ["milk out of reach at (0.600, -0.200)"]
+    # The tall basket straight between the front camera (x = 0.9) and the soup hides it.
+    hidden = dict(base, basket=(0.1, 0.0), soup=(-0.15, 0.0))
+    assert "soup hidden behind basket" in layout_problems(layout, hidden, ["soup"])
+
+
+def test_generation_is_a_pure_function_of_its_inputs():
+    layout = _toy_layout()
+    goal = [("in", "soup", "basket_contain_region")]
+    variation = resolve("posvar", "all")
+    first = variation.generate(2, 11, layout, goal)
+    variation.generate(2, 12, layout, goal)
+    assert variation.generate(2, 11, layout, goal) == first
+    assert resolve("posvar", "all").generate(3, 11, layout, goal) != first

@@ -1,0 +1,1 @@
+"""Simulation layer: LIBERO in-process. Knows nothing of pytest or benchmarks."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +93,6 @@ class EpisodeInfo:
     perturbation: Perturbation | None = None
     video: Path | None = None
     video_frames: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def quat_xyzw_to_axis_angle(quat: np.ndarray) -> np.ndarray:
