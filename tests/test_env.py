@@ -150,6 +150,8 @@ def test_bad_actions_and_calls_outside_an_episode_raise_one_line_errors():
         with pytest.raises(SimInputError, match="expected 7 finite numbers") as err:
             env.step(bad)
         assert "\n" not in str(err.value)
+    with pytest.raises(SimInputError, match="runs on suite libero_object_swap"):
+        env.reset(0, variation=resolve("libero_pro", "object_swap"))
     with pytest.raises(SimInputError, match="unknown camera"):
         make_env("libero_object", 1, EnvOptions(cameras=("topdown",)))
     env.close()

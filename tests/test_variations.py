@@ -202,7 +202,7 @@ def _toy_layout():
     objects = {
         "basket": box("basket", (0.0, 0.25), 0.08, 0.14),
         "soup": box("soup", (-0.1, -0.2), 0.03, 0.08),
-        "milk": box("milk", (0.1, -0.2), 0.03, 0.13),
+        "milk": box("milk", (0.1, -0.2), 0.03, 0.3),  # a tall carton
     }
     return SceneLayout(objects=objects, container="basket", camera=(0.9, 0.0, 0.65))
 
@@ -217,9 +217,12 @@ def test_layout_checks_reject_overlap_out_of_reach_and_hidden_targets():
     assert "soup overlaps milk" in layout_problems(layout, overlap, ["soup"])
     far = dict(base, milk=(0.6, -0.2))
     assert layout_problems(layout, far, ["soup"]) == ["milk out of reach at (0.600, -0.200)"]
-    # The tall basket straight between the front camera (x = 0.9) and the soup hides it.
-    hidden = dict(base, basket=(0.1, 0.0), soup=(-0.15, 0.0))
-    assert "soup hidden behind basket" in layout_problems(layout, hidden, ["soup"])
+    # The front camera looks down steeply: the soup stays visible over the low basket ...
+    behind_basket = dict(base, basket=(0.1, 0.0), soup=(-0.15, 0.0))
+    assert layout_problems(layout, behind_basket, ["soup"]) == []
+    # ... but not behind the tall carton.
+    hidden = dict(base, milk=(0.1, 0.0), soup=(-0.1, 0.0))
+    assert layout_problems(layout, hidden, ["soup"]) == ["soup hidden behind milk"]
 
 
 def test_generation_is_a_pure_function_of_its_inputs():

@@ -177,6 +177,12 @@ class LiberoEnv:
         reset, `finish_video()` or `close()`.
         """
         self._check_open()
+        if variation is not None and variation.suite != self.task.suite:
+            raise SimInputError(
+                f"variation {variation.family}/{variation.variation} runs on suite "
+                f"{variation.suite}, but this env is {self.task.suite}; create the env for "
+                f"{variation.suite}"
+            )
         self.finish_video()
         index, state = self.task.init_state(seed)
         np.random.seed(index)
