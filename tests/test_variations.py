@@ -233,3 +233,40 @@ def test_generation_is_a_pure_function_of_its_inputs():
     variation.generate(2, 12, layout, goal)
     assert variation.generate(2, 11, layout, goal) == first
     assert resolve("posvar", "all").generate(3, 11, layout, goal) != first
+
+
+def _drive_to(env, goal, max_steps=150):
+    """Proportional Cartesian control through the env's 7-D action, gripper pointing down."""
+    for _ in range(max_steps):
+        err = goal - env.scene.gripper().eef_pos
+        if np.linalg.norm(err) < 0.008:
+            break
+        env.step(np.concatenate([np.clip(15 * err, -1, 1), [0, 0, 0, -1]]))
+    return float(np.linalg.norm(goal - env.scene.gripper().eef_pos))
+
+
+def test_the_arm_reaches_the_grid_corners_and_the_reach_boundary():
+    from pytest_gap.sim.libero import EnvOptions, make_env
+    from pytest_gap.sim.variations import REACH_RADII, ROBOT_BASE_XY, in_reach
+
+    x0, x1, y0, y1 = GRID_RECT
+    points = [(x, y) for x in (x0, x1) for y in (y0, y1)]
+    for degrees in (-22, 0, 22):
+        angle = np.deg2rad(degrees)
+        far = np.array(ROBOT_BASE_XY) + REACH_RADII[1] * np.array([np.cos(angle), np.sin(angle)])
+        points.append(tuple(far))
+    assert all(in_reach(x, y) for x, y in points)
+    with make_env("libero_object", 0, EnvOptions(max_steps=5000)) as env:
+        env.reset(0)
+        # A test's hand clears the table, so only the arm's kinematics can get in the way.
+        for i, obj in enumerate(env.scene.objects()):
+            joint = env.raw.objects_dict[obj.name].joints[-1]
+            qpos = env.raw.sim.data.get_joint_qpos(joint).copy()
+            qpos[:2] = (1.5 + 0.3 * i, 1.5)
+            env.raw.sim.data.set_joint_qpos(joint, qpos)
+        env.raw.sim.forward()
+        home = np.array([-0.15, 0.0, 0.25])
+        for x, y in points:
+            for z in (0.17, 0.03):  # above the tallest object; grasp height of a flat box
+                _drive_to(env, home)
+                assert _drive_to(env, np.array([x, y, z])) < 0.01, (x, y, z)

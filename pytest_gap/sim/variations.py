@@ -8,7 +8,9 @@ in the table plane; each keeps its own height and orientation, so it rests where
 
 Every generated layout is checked before it is used, and redrawn (deterministically) otherwise:
 - no two objects' footprints (collision-geometry bounding boxes) come closer than 1 cm;
-- every moved object's centre lies in the arm's reach rectangle REACH;
+- every moved object's centre is within the arm's reach: between REACH_RADII of the robot
+  base in the table plane and at most REACH_HALF_WIDTH to either side (measured: the gripper
+  reaches such points pointing down, from 1.5 cm above the table to 25 cm);
 - no target is hidden: the sight line from the front (agentview) camera to the top of each
   target crosses no other object's bounding box.
 
@@ -45,8 +47,10 @@ from pytest_gap.sim.suites import CLASSIC_SUITES, TaskSpec, list_suites
 # row of LIBERO's object regions to the back, y across the table.
 GRID_RECT = (-0.25, 0.10, -0.28, 0.28)  # x_min, x_max, y_min, y_max
 GRID_SIZE = 20
-# Where a moved object's centre may go: LIBERO's object regions plus a margin the arm reaches.
-REACH = (-0.30, 0.20, -0.33, 0.33)
+# Where a moved object's centre may go (the tests drive the gripper to this boundary).
+ROBOT_BASE_XY = (-0.6, 0.0)
+REACH_RADII = (0.30, 0.76)
+REACH_HALF_WIDTH = 0.30
 CLEARANCE = 0.01
 MAX_DRAWS = 500
 
@@ -113,6 +117,11 @@ class Perturbation(BaseModel):
 
 
 # -- validity -----------------------------------------------------------------------------------
+def in_reach(x: float, y: float) -> bool:
+    r = np.hypot(x - ROBOT_BASE_XY[0], y - ROBOT_BASE_XY[1])
+    return REACH_RADII[0] <= r <= REACH_RADII[1] and abs(y) <= REACH_HALF_WIDTH
+
+
 def _box(fp: Footprint, xy) -> tuple[np.ndarray, np.ndarray]:
     c = np.asarray(xy, float)
     return c + fp.lo, c + fp.hi
@@ -145,9 +154,8 @@ def layout_problems(
         gap = np.maximum(blo - ahi, alo - bhi)
         if np.all(gap < CLEARANCE):
             problems.append(f"{a} overlaps {b}")
-    x0, x1, y0, y1 = REACH
     for name, (x, y) in positions.items():
-        if positions[name] != layout.objects[name].xy and not (x0 <= x <= x1 and y0 <= y <= y1):
+        if positions[name] != layout.objects[name].xy and not in_reach(x, y):
             problems.append(f"{name} out of reach at ({x:.3f}, {y:.3f})")
     cam = np.asarray(layout.camera)
     for target in targets:
