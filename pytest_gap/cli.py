@@ -9,7 +9,7 @@ from pytest_gap.errors import GapError
 
 
 def _cmd_suites(args: argparse.Namespace) -> int:
-    from pytest_gap.sim.suites import get_suite, list_suites
+    from pytest_gap.sim.suites import get_suite, list_suites, unusable_suites
 
     if args.suite:
         suite = get_suite(args.suite)
@@ -21,6 +21,8 @@ def _cmd_suites(args: argparse.Namespace) -> int:
     for name in list_suites():
         suite = get_suite(name)
         print(f"{name:45s} {suite.n_tasks:3d} tasks  max_steps {suite.max_steps}")
+    for name, why in unusable_suites().items():
+        print(f"{name:45s} not usable: {why}")
     return 0
 
 

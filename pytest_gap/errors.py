@@ -15,3 +15,11 @@ class RenderBackendError(GapError, RuntimeError):
 
 class EpisodeError(GapError, RuntimeError):
     """The env was used outside an episode (step before reset, step after the step limit)."""
+
+
+class VariationError(GapError, RuntimeError):
+    """A generated family could not produce a valid layout (a generator bug, not user input)."""
+
+
+class VideoError(GapError, RuntimeError):
+    """An episode video could not be written."""

@@ -7,6 +7,14 @@ import numpy as np
 from pytest_gap.sim.libero import LiberoEnv
 
 
+def poses(env: LiberoEnv) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Settled (position, wxyz quaternion) of every movable object."""
+    return {
+        o.name: (env.scene.pose(o.name).pos.copy(), env.scene.pose(o.name).quat.copy())
+        for o in env.scene.objects()
+    }
+
+
 def positions(env: LiberoEnv) -> dict[str, np.ndarray]:
     """Settled xy of every movable object."""
     return {o.name: env.scene.pose(o.name).pos[:2].copy() for o in env.scene.objects()}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pytest_gap.errors import EpisodeError, SimInputError
+from pytest_gap.errors import EpisodeError, SimInputError, VariationError
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.sim.pool import EnvPool
-from pytest_gap.sim.variations import resolve
+from pytest_gap.sim.variations import Variation, resolve
 from tests.helpers import drop_into
 
 NOOP = [0, 0, 0, 0, 0, 0, -1]
@@ -55,7 +55,10 @@ def test_settle_steps_are_ten_uncounted_noop_steps():
 
 def test_step_limit_truncates_and_is_the_suite_protocol_by_default(object_env):
     assert object_env.max_steps == 280
-    with make_env("libero_object", 0, EnvOptions(max_steps=3)) as env:
+    # Multisampling (4x MSAA) is off unless asked for: it costs a third more per frame.
+    assert object_env.raw.sim.model._model.vis.quality.offsamples == 0
+    with make_env("libero_object", 0, EnvOptions(max_steps=3, multisample=True)) as env:
+        assert env.raw.sim.model._model.vis.quality.offsamples == 4
         env.reset(0)
         results = [env.step(NOOP) for _ in range(3)]
         assert [r.truncated for r in results] == [False, False, True]
@@ -66,18 +69,21 @@ def test_step_limit_truncates_and_is_the_suite_protocol_by_default(object_env):
         assert env.step(NOOP).steps == 1
 
 
-def test_pooled_env_replays_a_fresh_env_bit_for_bit(object_env):
+@pytest.mark.parametrize(("suite", "task"), [("libero_object", 2), ("libero_goal", 1)])
+def test_pooled_env_replays_a_fresh_env_bit_for_bit(suite, task):
     rng = np.random.default_rng(7)
     actions = [np.append(rng.uniform(-1, 1, 6), rng.choice([-1.0, 1.0])) for _ in range(60)]
+    variation = resolve("posvar", "basket_swap") if suite == "libero_object" else None
     pool = EnvPool(max_envs=1)
-    pooled = pool.get("libero_object", 0)
+    pooled = pool.get(suite, task)
     _rollout(pooled, 5, actions[:30])  # dirty it: other seed, gripper closed, arm moved
-    _rollout(pooled, 9, actions[30:], resolve("posvar", "all"))
-    assert pool.get("libero_object", 0) is pooled and pool.stats.reused == 1
-    again = _rollout(pooled, 3, actions, resolve("posvar", "basket_swap"))
-    fresh = _rollout(object_env, 3, actions, resolve("posvar", "basket_swap"))
-    assert np.array_equal(again, fresh)
+    _rollout(pooled, 9, actions[30:], variation)
+    assert pool.get(suite, task) is pooled and pool.stats.reused == 1
+    again = _rollout(pooled, 3, actions, variation)
     pool.close()
+    with make_env(suite, task) as fresh_env:  # never used before this episode
+        fresh = _rollout(fresh_env, 3, actions, variation)
+    assert np.array_equal(again, fresh)
 
 
 def test_pool_is_a_bounded_lru():
@@ -146,7 +152,7 @@ def test_bad_actions_and_calls_outside_an_episode_raise_one_line_errors():
     with pytest.raises(EpisodeError, match="reset"):
         env.step(NOOP)
     env.reset(0)
-    for bad in ([0, 0, 0], [0, 0, 0, 0, 0, 0, float("nan")], "left"):
+    for bad in ([0, 0, 0], [0, 0, 0, 0, 0, 0, float("nan")], "left", [[1], [1, 2]], np.ones(40)):
         with pytest.raises(SimInputError, match="expected 7 finite numbers") as err:
             env.step(bad)
         assert "\n" not in str(err.value)
@@ -155,3 +161,28 @@ def test_bad_actions_and_calls_outside_an_episode_raise_one_line_errors():
     with pytest.raises(SimInputError, match="unknown camera"):
         make_env("libero_object", 1, EnvOptions(cameras=("topdown",)))
     env.close()
+
+
+class _BrokenVariation(Variation):
+    """Fault injection: a generator that fails after the scene was reset."""
+
+    def perturbation(self, task, seed, scene):
+        raise VariationError("injected")
+
+
+def test_a_failed_reset_leaves_no_episode_behind(object_env):
+    object_env.reset(0)
+    object_env.step(NOOP)
+    broken = _BrokenVariation(family="posvar", variation="all", suite="libero_object")
+    with pytest.raises(VariationError):
+        object_env.reset(4, variation=broken)
+    with pytest.raises(EpisodeError, match="call reset"):
+        object_env.step(NOOP)
+
+
+def test_reset_leaves_the_callers_global_numpy_rng_alone(object_env):
+    np.random.seed(123)
+    expected = np.random.rand(3)
+    np.random.seed(123)
+    object_env.reset(5)
+    assert np.array_equal(np.random.rand(3), expected)

@@ -75,4 +75,5 @@ def test_a_broken_user_backend_names_the_variable_and_the_fix():
     out = _run("glx")  # no X display on a headless machine
     assert out["chosen"] == "glx"
     assert out["error"].startswith("MUJOCO_GL=glx: could not create an OpenGL context")
+    assert "\n" not in out["error"]
     assert "unset MUJOCO_GL" in out["error"]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pytest_gap.errors import SimInputError
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.sim.variations import resolve
-from pytest_gap.sim.video import read_frames
+from pytest_gap.sim.video import VideoWriter, read_frames
 
 pytestmark = pytest.mark.images
 
@@ -30,6 +31,27 @@ def test_observation_has_exactly_the_requested_cameras_upright(camera_env):
     # Upright: the robot stands behind the table, in the upper half of the front view.
     robot_rows = np.nonzero(frame.mask("robot"))[0]
     assert robot_rows.size and robot_rows.mean() < 128 / 2
+
+
+def test_images_are_what_libero_itself_renders_turned_upright():
+    """Same state, LIBERO's own OffScreenRenderEnv: same pixels once its image is flipped."""
+    options = EnvOptions(cameras=("agentview", "wrist"), height=96, width=96, multisample=True)
+    with make_env("libero_object", 2, options) as env:
+        # Imported only now: pytest-gap picks the GL backend before anything imports mujoco.
+        from libero.libero.envs import OffScreenRenderEnv
+
+        ours = env.reset(3)
+        theirs = OffScreenRenderEnv(
+            bddl_file_name=str(env.task.bddl_file), camera_heights=96, camera_widths=96
+        )
+        try:
+            theirs.reset()
+            obs = theirs.set_init_state(env.raw.sim.get_state().flatten())
+        finally:
+            theirs.close()
+    for name, key in (("agentview", "agentview_image"), ("wrist", "robot0_eye_in_hand_image")):
+        diff = np.abs(ours.images[name].astype(int) - obs[key][::-1].astype(int))
+        assert diff.mean() < 1.0, name  # LIBERO's images are stored upside down
 
 
 def test_state_only_env_renders_nothing(object_env):
@@ -55,6 +77,27 @@ def test_depth_and_segmentation_back_project_onto_the_objects(camera_env):
         u, v = (frame.intrinsics @ (cam[:3] / cam[2]))[:2]
         rows, cols = np.nonzero(mask)
         assert np.min(np.hypot(cols - u, rows - v)) < 3, name
+
+
+def test_floor_pixels_back_project_onto_the_floor(camera_env):
+    camera_env.reset(0)
+    frame = camera_env.scene.render("agentview", height=128, width=160)
+    floor = frame.points(frame.segmentation == 0)
+    floor = floor[np.abs(floor[:, 2]) < 0.05]  # drop the far wall and the sky
+    assert len(floor) > 1000
+    assert np.abs(np.median(floor[:, 2])) < 0.001
+    with pytest.raises(SimInputError, match="alphabet_soup_1"):
+        frame.mask("alphabet_soup")  # the scene name carries its instance suffix
+
+
+def test_odd_sized_frames_are_padded_not_lost(tmp_path):
+    writer = VideoWriter(tmp_path / "odd.mp4")
+    for value in (10, 120, 240):
+        writer.append(np.full((63, 65, 3), value, np.uint8))
+    assert writer.close() == 3
+    frames = read_frames(tmp_path / "odd.mp4")
+    assert frames.shape == (3, 64, 66, 3)
+    assert [int(np.median(f)) for f in frames] == pytest.approx([10, 120, 240], abs=3)
 
 
 @pytest.mark.parametrize(

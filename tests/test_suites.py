@@ -83,6 +83,7 @@ def test_seed_maps_to_init_state_modulo_count():
     [
         (lambda: get_suite("libero_objet"), "did you mean libero_object"),
         (lambda: get_task("libero_object", 10), "valid ids are 0..9"),
+        (lambda: get_suite("libero_object_with_trigger"), "ships no init states for 10 of"),
         (lambda: get_task("libero_object", -1), "valid ids are 0..9"),
         (lambda: get_task("libero_object", "3"), "must be an integer"),
         (lambda: get_task("libero_object", 0).init_state(-1), "seeds are integers >= 0"),

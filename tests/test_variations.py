@@ -11,17 +11,23 @@ import pytest
 
 from pytest_gap.errors import SimInputError
 from pytest_gap.sim.variations import GRID_RECT, grid_cells, list_families, resolve
-from tests.helpers import positions
+from tests.helpers import poses, positions
 
 SEEDS = (0, 1, 17)
 TOL = 0.006  # settling moves an object a few millimetres at most
 
 
 def _episode(env, seed, family, variation):
+    """Settled xy before and after the variation; heights and orientations must not change."""
     env.reset(seed)
-    base = positions(env)
+    before = poses(env)
     env.reset(seed, variation=resolve(family, variation))
-    return base, positions(env), env.episode.perturbation
+    after = poses(env)
+    for name, (pos, quat) in before.items():
+        assert after[name][0][2] == pytest.approx(pos[2], abs=0.003), f"{name} height changed"
+        assert abs(np.dot(after[name][1], quat)) > 0.9999, f"{name} orientation changed"
+    xy = {n: p[:2] for n, (p, _) in before.items()}
+    return xy, {n: p[:2] for n, (p, _) in after.items()}, env.episode.perturbation
 
 
 def _same(a, b):
@@ -165,9 +171,13 @@ import json, hashlib, sys
 from pytest_gap.sim.libero import make_env
 from pytest_gap.sim.variations import resolve
 out = {}
+order = [("posvar", "all"), ("posvar", "pos_var"), ("grocery_packing", "permutation")]
+seeds = [0, 51]
+if sys.argv[1] == "reversed":  # episode order must not matter
+    order, seeds = order[::-1], seeds[::-1]
 with make_env("libero_object", 4) as env:
-    for fam, var in [("posvar", "all"), ("posvar", "pos_var"), ("grocery_packing", "permutation")]:
-        for seed in (0, 51):
+    for fam, var in order:
+        for seed in seeds:
             env.reset(seed, variation=resolve(fam, var))
             p = env.episode.perturbation
             out[f"{fam}/{var}/{seed}"] = {
@@ -181,8 +191,8 @@ print(json.dumps(out, sort_keys=True))
 
 def test_init_states_and_perturbations_are_identical_across_processes():
     procs = [
-        subprocess.Popen([sys.executable, "-c", _PROBE], stdout=subprocess.PIPE, text=True)
-        for _ in range(2)
+        subprocess.Popen([sys.executable, "-c", _PROBE, order], stdout=subprocess.PIPE, text=True)
+        for order in ("forward", "reversed")
     ]
     outs = [json.loads(p.communicate(timeout=300)[0].strip().splitlines()[-1]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
@@ -251,10 +261,11 @@ def test_the_arm_reaches_the_grid_corners_and_the_reach_boundary():
 
     x0, x1, y0, y1 = GRID_RECT
     points = [(x, y) for x in (x0, x1) for y in (y0, y1)]
-    for degrees in (-22, 0, 22):
-        angle = np.deg2rad(degrees)
-        far = np.array(ROBOT_BASE_XY) + REACH_RADII[1] * np.array([np.cos(angle), np.sin(angle)])
-        points.append(tuple(far))
+    for radius in REACH_RADII:
+        for degrees in (-22, 0, 22):
+            angle = np.deg2rad(degrees)
+            rim = np.array(ROBOT_BASE_XY) + radius * np.array([np.cos(angle), np.sin(angle)])
+            points.append(tuple(rim))
     assert all(in_reach(x, y) for x, y in points)
     with make_env("libero_object", 0, EnvOptions(max_steps=5000)) as env:
         env.reset(0)

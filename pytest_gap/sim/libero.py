@@ -136,13 +136,10 @@ class LiberoEnv:
         model.vis.quality.offsamples = 4 if self.options.multisample else 0
         self.scene = SceneView(self.raw)
         self._cameras = {c: resolve_camera(model, c) for c in self.options.cameras}
-        self._goal: tuple[Predicate, ...] = tuple(
-            tuple(p) for p in self.raw.parsed_problem["goal_state"]
-        )
         self._steps = 0
         self._episode: EpisodeInfo | None = None
         self._video: VideoWriter | None = None
-        self._video_cameras: tuple[str, ...] = ()
+        self._video_cameras: dict[str, str] = {}
         self._closed = False
 
     # -- episodes ----------------------------------------------------------------------------
@@ -185,9 +182,18 @@ class LiberoEnv:
             )
         self.finish_video()
         index, state = self.task.init_state(seed)
+        # Until this reset completes there is no episode: a failure below must not leave the
+        # previous episode's seed and goal attached to a half-reset scene.
+        self._episode, self._steps = None, 0
+        # LIBERO draws fixture placement from NumPy's global RNG; seed it for this init state
+        # and give the caller's generator back untouched.
+        caller_rng = np.random.get_state()
         np.random.seed(index)
-        with _quiet():
-            self._control.reset()
+        try:
+            with _quiet():
+                self._control.reset()
+        finally:
+            np.random.set_state(caller_rng)
         # The gripper's command filter survives a soft reset; a fresh env starts it at zero.
         self.raw.robots[0].gripper.current_action[:] = 0.0
         self._control.set_init_state(state)
@@ -205,8 +211,10 @@ class LiberoEnv:
             self.raw.step(NOOP_ACTION)
         self._steps = 0
         if video is not None:
+            model = self.raw.sim.model._model
+            names = ("agentview", "wrist") if video_wrist else ("agentview",)
+            self._video_cameras = {c: resolve_camera(model, c) for c in names}
             self._video = VideoWriter(video, fps=CONTROL_HZ)
-            self._video_cameras = ("agentview", "wrist") if video_wrist else ("agentview",)
             self._episode.video = self._video.path
         return self._observe_and_record()
 
@@ -225,11 +233,13 @@ class LiberoEnv:
         episode = self.episode
         try:
             act = np.asarray(action, dtype=np.float64).reshape(-1)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError):  # strings, ragged lists, None
             act = np.empty(0)
         if act.shape != (7,) or not np.all(np.isfinite(act)):
+            shown = " ".join(repr(action).split())
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
             raise SimInputError(
-                f"action {action!r}: expected 7 finite numbers "
+                f"action {shown} (shape {act.shape}): expected 7 finite numbers "
                 "(dx dy dz, axis-angle 3, gripper -1 open / +1 close)"
             )
         if self._steps >= self.max_steps:
@@ -282,10 +292,9 @@ class LiberoEnv:
         obs = self.observe()
         if self._video is not None:
             frames = []
-            for cam in self._video_cameras:
-                image = obs.images.get(cam)
+            for name, mj in self._video_cameras.items():
+                image = obs.images.get(name)
                 if image is None:  # render once per step, shared with the observation
-                    mj = resolve_camera(self.raw.sim.model._model, cam)
                     image = self.scene.renderer.rgb(mj, self.options.height, self.options.width)
                 frames.append(image)
             self._video.append(np.concatenate(frames, axis=1))

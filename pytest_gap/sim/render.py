@@ -30,10 +30,14 @@ class CameraFrame:
     cam_to_world: np.ndarray = field(default_factory=lambda: np.eye(4))
 
     def mask(self, name: str) -> np.ndarray:
-        """Pixels showing the named object (all False if it is not visible)."""
+        """Pixels showing the named object (all False if it is in the scene but not visible)."""
         if self.segmentation is None:
             raise SimInputError("this frame was rendered without segmentation")
         ids = [i for i, label in self.labels.items() if label == name]
+        if not ids:
+            raise SimInputError(
+                f"no object {name!r} in this frame's labels: {sorted(self.labels.values())}"
+            )
         return np.isin(self.segmentation, ids)
 
     def points(self, mask: np.ndarray | None = None) -> np.ndarray:
@@ -59,14 +63,23 @@ def resolve_camera(model, name: str) -> str:
 
 
 class SceneRenderer:
-    """Renders cameras of one MuJoCo model/data pair; one GL renderer per image size."""
+    """Renders cameras of one MuJoCo model/data pair; one GL renderer per image size.
+
+    `rgb` and `frame` take resolved MuJoCo camera names (see `resolve_camera`)."""
 
     def __init__(self, model, data, geom_labels: np.ndarray, labels: dict[int, str]):
+        import mujoco
+
         self._model = model
         self._data = data
         self._geom_labels = geom_labels  # geom id -> label index
         self._labels = labels
         self._renderers: dict[tuple[int, int], object] = {}
+        # As robosuite renders LIBERO: visual meshes (group 1) only, never the collision
+        # geometry of group 0, which policies trained on LIBERO images have never seen.
+        self._option = mujoco.MjvOption()
+        self._option.geomgroup[0] = 0
+        self._option.geomgroup[1] = 1
 
     def _renderer(self, height: int, width: int):
         key = (height, width)
@@ -86,7 +99,7 @@ class SceneRenderer:
 
     def rgb(self, camera: str, height: int, width: int) -> np.ndarray:
         renderer = self._renderer(height, width)
-        renderer.update_scene(self._data, camera=camera)
+        renderer.update_scene(self._data, camera=camera, scene_option=self._option)
         return renderer.render()
 
     def frame(
@@ -99,9 +112,8 @@ class SceneRenderer:
         depth: bool = False,
         segmentation: bool = False,
     ) -> CameraFrame:
-        camera = resolve_camera(self._model, camera)
         renderer = self._renderer(height, width)
-        renderer.update_scene(self._data, camera=camera)
+        renderer.update_scene(self._data, camera=camera, scene_option=self._option)
         out = CameraFrame(camera=camera, rgb=renderer.render() if rgb else None)
         if depth:
             renderer.enable_depth_rendering()
@@ -127,10 +139,14 @@ class SceneRenderer:
         return out
 
     def camera_geometry(self, camera: str, height: int, width: int):
-        cam = self._model.camera(resolve_camera(self._model, camera))
+        """(intrinsics, cam_to_world) for a resolved MuJoCo camera name."""
+        cam = self._model.camera(camera)
         fovy = np.deg2rad(float(cam.fovy[0]))
         f = 0.5 * height / np.tan(0.5 * fovy)
-        intrinsics = np.array([[f, 0.0, width / 2.0], [0.0, f, height / 2.0], [0.0, 0.0, 1.0]])
+        # Pixel (u, v) covers [u, u + 1); integer indices address pixel centres, so the
+        # optical axis falls at (W - 1) / 2, (H - 1) / 2 in index coordinates.
+        cx, cy = (width - 1) / 2.0, (height - 1) / 2.0
+        intrinsics = np.array([[f, 0.0, cx], [0.0, f, cy], [0.0, 0.0, 1.0]])
         pose = np.eye(4)
         # MuJoCo cameras look down -z with y up; flip y and z for the OpenCV convention.
         pose[:3, :3] = self._data.cam_xmat[cam.id].reshape(3, 3) @ np.diag([1.0, -1.0, -1.0])

@@ -221,7 +221,12 @@ class SceneView:
         segmentation: bool = True,
     ) -> CameraFrame:
         return self.renderer.frame(
-            camera, height, width, rgb=rgb, depth=depth, segmentation=segmentation
+            resolve_camera(self._model, camera),
+            height,
+            width,
+            rgb=rgb,
+            depth=depth,
+            segmentation=segmentation,
         )
 
     def close(self) -> None:

@@ -101,13 +101,19 @@ def _init_file(init_dir: Path, task_name: str) -> Path | None:
     return None
 
 
-@functools.cache
 def _registry() -> dict[str, SuiteSpec]:
+    return _scan()[0]
+
+
+@functools.cache
+def _scan() -> tuple[dict[str, SuiteSpec], dict[str, str]]:
+    """(usable suites, unusable suite -> why) from the package's BDDL and init-state folders."""
     from libero.libero.benchmark import task_maps
 
     bddl_root, init_root = _paths()
     ordered: dict[str, list[str]] = {s: list(t) for s, t in task_maps.items() if t}
     suites: dict[str, SuiteSpec] = {}
+    unusable: dict[str, str] = {}
     for folder in sorted(p for p in bddl_root.iterdir() if p.is_dir()):
         on_disk = {p.stem for p in folder.glob("*.bddl")}
         names = ordered.get(folder.name)
@@ -118,9 +124,15 @@ def _registry() -> dict[str, SuiteSpec]:
             candidates = [ordered.get(base or "", []), *list(ordered.values())]
             names = next((n for n in candidates if set(n) == on_disk), sorted(on_disk))
         if not names or not set(names) <= on_disk:
+            unusable[folder.name] = "the package ships no BDDL file for some of its tasks"
             continue
-        if any(_init_file(init_root / folder.name, n) is None for n in names):
-            continue  # a suite without init states cannot be evaluated reproducibly
+        missing = [n for n in names if _init_file(init_root / folder.name, n) is None]
+        if missing:
+            unusable[folder.name] = (
+                f"the package ships no init states for {len(missing)} of its {len(names)} "
+                "tasks, so it cannot be evaluated reproducibly"
+            )
+            continue
         base = _base_of(folder.name)
         suites[folder.name] = SuiteSpec(
             name=folder.name,
@@ -128,15 +140,22 @@ def _registry() -> dict[str, SuiteSpec]:
             max_steps=MAX_STEPS_BY_BASE.get(base, DEFAULT_MAX_STEPS),
             task_names=tuple(names),
         )
-    return suites
+    return suites, unusable
 
 
 def list_suites() -> list[str]:
     return list(_registry())
 
 
+def unusable_suites() -> dict[str, str]:
+    """Suite folders the package ships that cannot be evaluated, and why."""
+    return dict(_scan()[1])
+
+
 def get_suite(name: str) -> SuiteSpec:
-    suites = _registry()
+    suites, unusable = _scan()
+    if name in unusable:
+        raise SimInputError(f"LIBERO suite {name!r} is not usable: {unusable[name]}")
     if name not in suites:
         close = difflib.get_close_matches(str(name), suites, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `gap suites` lists them"

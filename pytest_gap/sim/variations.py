@@ -12,7 +12,10 @@ Every generated layout is checked before it is used, and redrawn (deterministica
   base in the table plane and at most REACH_HALF_WIDTH to either side (measured: the gripper
   reaches such points pointing down, from 1.5 cm above the table to 25 cm);
 - no target is hidden: the sight line from the front (agentview) camera to the top of each
-  target crosses no other object's bounding box.
+  target crosses no other object's bounding box (objects stand on the table, at z = 0 in
+  libero_object scenes).
+Layouts are read from the simulator rounded to 0.1 mm, so last-digit float differences between
+machines cannot change which cells or permutations pass.
 
 Families (base scenes: the 10 libero_object tasks, task numbering as libero_object):
 - posvar/pos_var: the container moves to one cell of a 20x20 grid over GRID_RECT; the seed
@@ -40,11 +43,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from pytest_gap.errors import SimInputError
+from pytest_gap.errors import SimInputError, VariationError
 from pytest_gap.sim.suites import CLASSIC_SUITES, TaskSpec, list_suites
 
-# Container-centre grid for pos_var, world frame (robot base at x = -0.6): x from the front
-# row of LIBERO's object regions to the back, y across the table.
+# Container-centre grid for pos_var, world frame: x from the row of LIBERO's object regions
+# nearest the robot (ROBOT_BASE_XY) to the farthest, y across the table.
 GRID_RECT = (-0.25, 0.10, -0.28, 0.28)  # x_min, x_max, y_min, y_max
 GRID_SIZE = 20
 # Where a moved object's centre may go (the tests drive the gripper to this boundary).
@@ -83,6 +86,9 @@ class SceneLayout(BaseModel):
 
     @classmethod
     def from_scene(cls, scene, container: str) -> SceneLayout:
+        def mm(values) -> tuple[float, ...]:
+            return tuple(round(float(v), 4) for v in values)
+
         objects = {}
         for obj in scene.objects(include_fixtures=False):
             pos = scene.pose(obj.name).pos
@@ -90,13 +96,13 @@ class SceneLayout(BaseModel):
             objects[obj.name] = Footprint(
                 name=obj.name,
                 category=obj.category,
-                xy=(float(pos[0]), float(pos[1])),
-                lo=(float(lo[0] - pos[0]), float(lo[1] - pos[1])),
-                hi=(float(hi[0] - pos[0]), float(hi[1] - pos[1])),
-                height=float(hi[2] - lo[2]),
+                xy=mm(pos[:2]),
+                lo=mm(lo[:2] - pos[:2]),
+                hi=mm(hi[:2] - pos[:2]),
+                height=mm([hi[2] - lo[2]])[0],
             )
-        cam = scene.camera_position("agentview")
-        return cls(objects=objects, container=container, camera=tuple(float(c) for c in cam))
+        cam = mm(scene.camera_position("agentview"))
+        return cls(objects=objects, container=container, camera=cam)
 
     @property
     def items(self) -> list[str]:
@@ -182,7 +188,7 @@ def grid_cells() -> list[tuple[int, int, float, float]]:
     ]
 
 
-def _permute(layout, rng, names, positions):
+def _permute(rng, names, positions):
     """A non-identity permutation of `names`' positions."""
     order = rng.permutation(len(names))
     while len(names) > 1 and np.all(order == np.arange(len(names))):
@@ -204,14 +210,14 @@ def _valid_cells(layout, positions, targets):
 
 
 def _draw(layout: SceneLayout, kind: str, rng, targets: list[str]):
-    """One valid layout for a posvar-like kind; returns (positions, details)."""
+    """One valid layout for a posvar-like kind; returns (positions, details), or None."""
     base = {n: fp.xy for n, fp in layout.objects.items()}
     cont = layout.container
     items = layout.items
     for _ in range(MAX_DRAWS):
         positions, details = dict(base), {}
         if kind in ("permutation", "all"):
-            positions, mapping = _permute(layout, rng, items, positions)
+            positions, mapping = _permute(rng, items, positions)
             details["permutation"] = mapping  # object -> the object whose place it took
         if kind in ("basket_swap", "all"):
             partner = items[int(rng.integers(len(items)))]
@@ -221,17 +227,14 @@ def _draw(layout: SceneLayout, kind: str, rng, targets: list[str]):
             cells = _valid_cells(layout, positions, targets)
             if not cells:
                 if kind == "pos_var":
-                    break
+                    return None  # nothing else is random: another draw cannot help
                 continue
             i, j, x, y = cells[int(rng.integers(len(cells)))]
             positions[cont] = (x, y)
             details["grid_cell"] = [i, j]
         if not layout_problems(layout, positions, targets):
             return positions, details
-    raise SimInputError(
-        f"no valid {kind} layout found for this init state in {MAX_DRAWS} draws; "
-        "report the family, task and seed"
-    )
+    return None
 
 
 def _stable_rng(*key: object) -> np.random.Generator:
@@ -294,7 +297,14 @@ class Variation(BaseModel):
         else:
             targets = [p[1] for p in goal if p[0] == "in"]
             kind = self.variation
-        positions, details = _draw(layout, kind, rng, targets) if kind else (base, {})
+        drawn = _draw(layout, kind, rng, targets) if kind else (base, {})
+        if drawn is None:
+            raise VariationError(
+                f"{self.family}/{self.variation} task {task_id} seed {seed}: no valid layout "
+                "(overlap, reach or visibility) could be drawn for this init state; this is a "
+                "generator bug, please report the family, task and seed"
+            )
+        positions, details = drawn
         moves = {n: xy for n, xy in positions.items() if xy != base[n]}
         return Perturbation(
             family=self.family,

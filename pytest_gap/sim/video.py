@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pytest_gap.errors import VideoError
+
 
 class VideoWriter:
     def __init__(self, path: str | Path, fps: int = 20):
@@ -21,13 +23,23 @@ class VideoWriter:
         )
 
     def append(self, frame: np.ndarray) -> None:
-        self._writer.append_data(np.ascontiguousarray(frame, dtype=np.uint8))
+        frame = np.asarray(frame, dtype=np.uint8)
+        # H.264 in yuv420p needs even sizes; repeat the last row/column rather than rescale.
+        pad = ((0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0))
+        if any(p[1] for p in pad):
+            frame = np.pad(frame, pad, mode="edge")
+        self._writer.append_data(np.ascontiguousarray(frame))
         self.frames += 1
 
     def close(self) -> int:
+        """Finish the file; return the number of frames written."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            if self.frames and (not self.path.is_file() or self.path.stat().st_size == 0):
+                raise VideoError(
+                    f"video {self.path}: ffmpeg wrote nothing for {self.frames} frames"
+                )
         return self.frames
 
 
