@@ -1,0 +1,1 @@
+"""Robot skills a workflow can call: registry, perception, motion, gripper."""

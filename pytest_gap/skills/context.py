@@ -1,0 +1,53 @@
+"""What a skill may touch: the env's action interface, its cameras, and its scene queries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pytest_gap.sim.libero import LiberoEnv, StepResult
+from pytest_gap.sim.render import CameraFrame
+
+
+class TaskSucceeded(Exception):  # noqa: N818  (control flow, not an error)
+    """The simulator's goal check passed during a skill: the run stops here, successfully."""
+
+
+class StepLimitReached(Exception):  # noqa: N818
+    """The episode's or the workflow's sim-step budget is spent."""
+
+
+@dataclass
+class SkillContext:
+    env: LiberoEnv
+    max_sim_steps: int | None = None
+    images: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (label, rgb) for traces
+    keep_images: bool = False
+    events: list[dict[str, Any]] = field(default_factory=list)
+    memory: dict[str, Any] = field(default_factory=dict)  # scratch state of one run
+
+    @property
+    def steps(self) -> int:
+        return self.env.steps
+
+    def act(self, action) -> StepResult:
+        """One control step through the env's 7-D action; stops the run on success or budget."""
+        if self.max_sim_steps is not None and self.env.steps >= self.max_sim_steps:
+            raise StepLimitReached(f"workflow sim-step limit {self.max_sim_steps} reached")
+        if self.env.steps >= self.env.max_steps:
+            raise StepLimitReached(f"episode step limit {self.env.max_steps} reached")
+        result = self.env.step(action)
+        if result.success:
+            raise TaskSucceeded()
+        return result
+
+    def render(self, camera: str, *, height: int = 256, width: int = 256) -> CameraFrame:
+        frame = self.env.scene.render(camera, height=height, width=width)
+        if self.keep_images and frame.rgb is not None:
+            self.images.append((camera, frame.rgb))
+        return frame
+
+    def note(self, message: str, **data: Any) -> None:
+        self.events.append({"message": message, "step": self.env.steps, **data})

@@ -1,0 +1,98 @@
+"""Small geometry: oriented boxes from point clouds, rotations for a top-down gripper."""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel
+
+
+class Box(BaseModel):
+    """An oriented bounding box resting upright: yaw about world z, half extents in its frame."""
+
+    center: tuple[float, float, float]
+    half_extents: tuple[float, float, float]
+    yaw: float  # radians, the box's x axis in the table plane
+
+    @property
+    def top(self) -> float:
+        return self.center[2] + self.half_extents[2]
+
+    @property
+    def bottom(self) -> float:
+        return self.center[2] - self.half_extents[2]
+
+    def contains(self, point, margin: float = 0.0) -> bool:
+        local = _rot_z(-self.yaw) @ (np.asarray(point, float) - np.asarray(self.center))
+        return bool(np.all(np.abs(local) <= np.asarray(self.half_extents) + margin))
+
+
+def _rot_z(angle: float) -> np.ndarray:
+    c, s = np.cos(angle), np.sin(angle)
+    return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
+
+
+def box_from_points(points: np.ndarray, floor: float = 0.0) -> Box:
+    """Upright OBB of a point cloud: PCA in the table plane, z from the floor to the top.
+
+    The underside of a resting object is never seen, so the box extends down to `floor`
+    when the lowest visible point is within 3 cm of it.
+    """
+    xy = points[:, :2]
+    mean = xy.mean(axis=0)
+    cov = np.cov((xy - mean).T) if len(xy) > 2 else np.eye(2)
+    _, vecs = np.linalg.eigh(cov)
+    major = vecs[:, 1]
+    yaw = float(np.arctan2(major[1], major[0]))
+    local = (xy - mean) @ np.array([[np.cos(yaw), -np.sin(yaw)], [np.sin(yaw), np.cos(yaw)]])
+    lo, hi = local.min(axis=0), local.max(axis=0)
+    mid = (lo + hi) / 2
+    center_xy = mean + _rot_z(yaw)[:2, :2] @ mid
+    z_lo, z_hi = float(points[:, 2].min()), float(points[:, 2].max())
+    if z_lo - floor < 0.03:
+        z_lo = floor
+    return Box(
+        center=(float(center_xy[0]), float(center_xy[1]), (z_lo + z_hi) / 2),
+        half_extents=(float((hi - lo)[0] / 2), float((hi - lo)[1] / 2), (z_hi - z_lo) / 2),
+        yaw=yaw,
+    )
+
+
+def wrap_half_turn(angle: float) -> float:
+    """Map an angle to (-pi/2, pi/2]: a parallel gripper is symmetric under half turns."""
+    angle = (angle + np.pi / 2) % np.pi - np.pi / 2
+    return float(angle if angle > -np.pi / 2 else angle + np.pi)
+
+
+def down_rotation(yaw: float) -> np.ndarray:
+    """Hand orientation pointing down, rotated by `yaw` about world z.
+
+    At yaw 0 this is LIBERO's start pose: hand z down, hand y along world -y. The Panda's
+    fingers close along the hand's y axis.
+    """
+    return _rot_z(yaw) @ np.diag([1.0, -1.0, -1.0])
+
+
+def rotation_error(current: np.ndarray, desired: np.ndarray) -> np.ndarray:
+    """World-frame axis-angle vector rotating `current` onto `desired`."""
+    r = desired @ current.T
+    angle = np.arccos(np.clip((np.trace(r) - 1) / 2, -1.0, 1.0))
+    if angle < 1e-6:
+        return np.zeros(3)
+    axis = np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]])
+    norm = np.linalg.norm(axis)
+    if norm < 1e-9:  # a half turn: pick the axis from the symmetric part
+        w, v = np.linalg.eigh((r + np.eye(3)) / 2)
+        axis = v[:, np.argmax(w)]
+        norm = 1.0
+    return axis / norm * angle
+
+
+def quat_xyzw_to_matrix(q) -> np.ndarray:
+    x, y, z, w = q
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+        ]
+    )

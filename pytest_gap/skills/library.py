@@ -1,0 +1,300 @@
+"""The built-in skills. Each acts only through the env's 7-D action and its cameras; the one
+privileged read is `check_success`, which asks the simulator's own goal check."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel
+
+from pytest_gap.skills import motion, perception
+from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.geometry import Box, wrap_half_turn
+from pytest_gap.skills.registry import SkillFailure, skill
+
+HOME = (-0.15, 0.0, 0.25)
+OPEN, CLOSE = -1.0, 1.0
+HOLD_WIDTH = 0.004  # fingers stopped this far apart: something is between them
+
+
+# -- outputs -------------------------------------------------------------------------------------
+class Observation(BaseModel):
+    visible: list[str]
+    gripper_width: float
+    eef_position: list[float]
+
+
+class Motion(BaseModel):
+    reached: bool
+    error: float
+    position: list[float]
+
+
+class Gripper(BaseModel):
+    width: float
+    holding: bool
+
+
+class Located(BaseModel):
+    name: str
+    category: str
+    box: Box
+    pixels: int
+
+
+class Grasp(BaseModel):
+    position: list[float]
+    yaw: float
+    width: float
+
+
+class GraspCandidates(BaseModel):
+    candidates: list[Grasp]
+    best: Grasp
+
+
+class Picked(BaseModel):
+    holding: bool
+    attempts: int
+    lifted_by: float
+
+
+class Placed(BaseModel):
+    released: bool
+    position: list[float]
+
+
+class Inside(BaseModel):
+    inside: bool
+
+
+class Success(BaseModel):
+    success: bool
+    completion: float
+
+
+class TaskInfo(BaseModel):
+    prompt: str
+    items: list[str]
+    container: str
+
+
+class NextItem(BaseModel):
+    item: str
+    remaining: int
+    done: bool
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _width(ctx: SkillContext) -> float:
+    return ctx.env.scene.gripper().width
+
+
+def _position(ctx: SkillContext) -> list[float]:
+    return [float(v) for v in ctx.env.scene.gripper().eef_pos]
+
+
+def _gripper(ctx: SkillContext, command: float, min_steps: int = 10, steps: int = 20) -> Gripper:
+    """Command the fingers and hold the hand still until they stop moving.
+
+    The Panda's finger command ramps over about 8 control steps, so nothing moves at first
+    when reversing direction: wait at least `min_steps` before judging that they stopped.
+    """
+    pos, yaw = ctx.env.scene.gripper().eef_pos, motion.hand_yaw(ctx)
+    last = _width(ctx)
+    for i in range(steps):
+        motion.servo(ctx, pos, yaw, command, max_steps=1, tolerance=0.0)
+        width = _width(ctx)
+        if i >= min_steps and abs(width - last) < 2e-4:
+            break
+        last = width
+    width = _width(ctx)
+    return Gripper(width=width, holding=command == CLOSE and width > HOLD_WIDTH)
+
+
+# -- skills --------------------------------------------------------------------------------------
+@skill
+def observe(ctx: SkillContext) -> Observation:
+    """Look with the front camera: which scene objects are visible, and the gripper state."""
+    return Observation(
+        visible=perception.visible_objects(ctx),
+        gripper_width=_width(ctx),
+        eef_position=_position(ctx),
+    )
+
+
+@skill
+def home(ctx: SkillContext) -> Motion:
+    """Move the hand to the home pose above the table centre, pointing down."""
+    error = motion.travel(ctx, HOME, 0.0, OPEN if _width(ctx) > HOLD_WIDTH * 2 else CLOSE)
+    return Motion(reached=error < 0.02, error=error, position=_position(ctx))
+
+
+@skill
+def open_gripper(ctx: SkillContext) -> Gripper:
+    """Open the fingers (releases whatever is held)."""
+    return _gripper(ctx, OPEN)
+
+
+@skill
+def close_gripper(ctx: SkillContext) -> Gripper:
+    """Close the fingers; `holding` tells whether they stopped on something."""
+    return _gripper(ctx, CLOSE)
+
+
+@skill
+def locate(ctx: SkillContext, name: str) -> Located:
+    """Find an object by name: segmentation + depth -> point cloud -> oriented bounding box."""
+    scene_name = perception.ground_name(ctx, name)
+    box, pixels = perception.locate_box(ctx, scene_name)
+    category = ctx.env.scene.object(scene_name).category
+    return Located(name=scene_name, category=category, box=box, pixels=pixels)
+
+
+@skill
+def grasp_candidates(ctx: SkillContext, box: Box) -> GraspCandidates:
+    """Top-down grasps for a box: fingers across its narrower side, at a height it allows."""
+    hx, hy, hz = box.half_extents
+    across_y = hx >= hy  # fingers close across the narrower horizontal axis
+    narrow = hy if across_y else hx
+    # Hand y (the closing axis) at yaw 0 is world -y; rotate it onto the narrow axis.
+    closing_angle = box.yaw + (np.pi / 2 if across_y else 0.0)
+    yaw = wrap_half_turn(closing_angle - np.pi / 2)
+    depth = min(0.035, hz)  # fingertips reach 3.5 cm down, less on flat things
+    z = max(box.top - depth, box.bottom + 0.01)
+    cands = []
+    for dz in (0.0, -0.01):
+        position = [box.center[0], box.center[1], max(z + dz, 0.008)]
+        cands.append(Grasp(position=position, yaw=yaw, width=2 * narrow))
+    return GraspCandidates(candidates=cands, best=cands[0])
+
+
+@skill
+def move_to(
+    ctx: SkillContext,
+    position: list[float],
+    yaw: float = 0.0,
+    gripper: Literal["open", "closed"] = "open",
+    planner: Literal["builtin", "curobo"] = "builtin",
+) -> Motion:
+    """Move the grip site to a position, pointing down at a yaw (IK-checked, collision-aware)."""
+    if len(position) != 3:
+        raise SkillFailure(f"position must be [x, y, z], got {position}")
+    if planner == "curobo":
+        motion.curobo_planner()  # says clearly when cuRobo is absent
+    motion.require_reachable(ctx, position, yaw)
+    error = motion.travel(ctx, position, yaw, OPEN if gripper == "open" else CLOSE)
+    return Motion(reached=error < 0.015, error=error, position=_position(ctx))
+
+
+@skill
+def lift(ctx: SkillContext, height: float = 0.2) -> Motion:
+    """Raise the hand straight up to `height` metres above the table, keeping the grip."""
+    pos = ctx.env.scene.gripper().eef_pos
+    command = CLOSE if ctx.env.scene.gripper().width < 0.07 else OPEN
+    error = motion.servo(ctx, [pos[0], pos[1], height], motion.hand_yaw(ctx), command)
+    return Motion(reached=error < 0.015, error=error, position=_position(ctx))
+
+
+@skill
+def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
+    """Locate, approach from above, grasp and lift an object; retry once if it did not rise."""
+    scene_name = perception.ground_name(ctx, name)
+    attempts = 0
+    for attempt in range(retries + 1):
+        attempts = attempt + 1
+        box, _ = perception.locate_box(ctx, scene_name)
+        grasp = grasp_candidates(ctx, box).candidates[min(attempt, 1)]
+        above = [*grasp.position[:2], max(box.top + 0.08, 0.15)]
+        motion.require_reachable(ctx, grasp.position, grasp.yaw)
+        _gripper(ctx, OPEN, min_steps=4)
+        motion.travel(ctx, above, grasp.yaw, OPEN)
+        motion.servo(ctx, grasp.position, grasp.yaw, OPEN, max_steps=60)
+        closed = _gripper(ctx, CLOSE)
+        if not closed.holding:
+            motion.servo(ctx, above, grasp.yaw, OPEN, max_steps=40)
+            continue
+        motion.servo(ctx, [*grasp.position[:2], motion.SAFE_Z], grasp.yaw, CLOSE, tolerance=0.02)
+        after, _ = perception.locate_box(ctx, scene_name)
+        rose = after.bottom - box.bottom
+        if _width(ctx) > HOLD_WIDTH and rose > 0.05:
+            ctx.memory["held"] = scene_name
+            return Picked(holding=True, attempts=attempts, lifted_by=rose)
+        _gripper(ctx, OPEN)
+    return Picked(holding=False, attempts=attempts, lifted_by=0.0)
+
+
+@skill
+def place(ctx: SkillContext, container: str) -> Placed:
+    """Carry what is held above a container, lower it in, release, and back off upwards."""
+    scene_name = perception.ground_name(ctx, container)
+    box, _ = perception.locate_box(ctx, scene_name)
+    yaw = motion.hand_yaw(ctx)
+    eef_z = ctx.env.scene.gripper().eef_pos[2]
+    held = ctx.memory.get("held")
+    # How far the held object hangs below the grip site, from a look at it in the hand.
+    hang = eef_z - perception.locate_box(ctx, held)[0].bottom if held else 0.03
+    hang = float(np.clip(hang, 0.0, 0.2))
+    # Lower the object's bottom to 4 cm under the rim (never below 2 cm over the floor).
+    bottom = max(box.top - 0.04, box.bottom + 0.02)
+    release = [box.center[0], box.center[1], bottom + hang]
+    motion.require_reachable(ctx, release, yaw)
+    cruise = max(motion.SAFE_Z, box.top + hang + 0.04)
+    motion.travel(ctx, release, yaw, CLOSE, safe_z=cruise)
+    _gripper(ctx, OPEN)
+    ctx.memory.pop("held", None)
+    pos = ctx.env.scene.gripper().eef_pos
+    motion.servo(ctx, [pos[0], pos[1], motion.SAFE_Z], yaw, OPEN, tolerance=0.02, max_steps=40)
+    return Placed(released=True, position=release)
+
+
+@skill
+def verify_in_container(ctx: SkillContext, name: str, container: str) -> Inside:
+    """Look whether an object rests inside a container (its centre within the container's box)."""
+    obj = perception.locate_box(ctx, perception.ground_name(ctx, name))[0]
+    box = perception.locate_box(ctx, perception.ground_name(ctx, container))[0]
+    center = np.asarray(obj.center)
+    inside = box.contains([center[0], center[1], box.center[2]], margin=-0.01)
+    return Inside(inside=bool(inside and obj.bottom < box.top))
+
+
+@skill
+def check_success(ctx: SkillContext) -> Success:
+    """Ask the simulator's goal check whether the task is done, and how much of it."""
+    return Success(success=ctx.env.success(), completion=ctx.env.completion())
+
+
+_PICK_PLACE = re.compile(r"pick (?:up )?(?:the )?(.+?) and place it (?:in|into|on) (?:the )?(.+)")
+_PACK = re.compile(r"pack (.+) into (?:the )?(.+)")
+
+
+@skill
+def read_task(ctx: SkillContext) -> TaskInfo:
+    """Read the instruction: the items to move and the container they go to."""
+    prompt = ctx.env.episode.prompt.strip().rstrip(".")
+    text = prompt.lower()
+    match = _PICK_PLACE.fullmatch(text)
+    if match:
+        return TaskInfo(prompt=prompt, items=[match.group(1)], container=match.group(2))
+    match = _PACK.fullmatch(text)
+    if match:
+        items = re.split(r",\s*|\s+and\s+", match.group(1))
+        items = [re.sub(r"^the\s+", "", i).strip() for i in items if i.strip()]
+        return TaskInfo(prompt=prompt, items=items, container=match.group(2))
+    raise SkillFailure(f"cannot read items and container from the instruction {prompt!r}")
+
+
+@skill
+def next_item(
+    ctx: SkillContext, items: list[str], container: str, max_attempts: int = 2
+) -> NextItem:
+    """The first listed item not yet in the container and not tried `max_attempts` times."""
+    tries = ctx.memory.setdefault("next_item_attempts", {})
+    remaining = [i for i in items if not verify_in_container(ctx, i, container).inside]
+    for item in remaining:
+        if tries.get(item, 0) < max_attempts:
+            tries[item] = tries.get(item, 0) + 1
+            return NextItem(item=item, remaining=len(remaining), done=False)
+    return NextItem(item="", remaining=len(remaining), done=True)

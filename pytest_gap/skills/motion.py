@@ -1,0 +1,136 @@
+"""Arm motion through the env's 7-D OSC_POSE action: IK reachability, closed-loop servoing.
+
+The controller is proportional in the world frame: position error (metres) times 15 and
+orientation error (axis-angle, radians) times 2, clipped to the action range, which the OSC
+controller scales to 5 cm and 0.5 rad per step. Collision awareness is what tabletop
+pick-and-place needs: moves between places go up to a safe height, across, then down.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.geometry import down_rotation, quat_xyzw_to_matrix, rotation_error
+from pytest_gap.skills.registry import SkillFailure
+
+POS_GAIN = 15.0
+ROT_GAIN = 2.0
+SAFE_Z = 0.25  # above every object of LIBERO's tabletop scenes (tallest about 0.15 m)
+
+
+def hand_pose(ctx: SkillContext) -> tuple[np.ndarray, np.ndarray]:
+    grip = ctx.env.scene.gripper()
+    return grip.eef_pos, quat_xyzw_to_matrix(grip.hand_quat_xyzw)
+
+
+def hand_yaw(ctx: SkillContext) -> float:
+    _, rot = hand_pose(ctx)
+    x_axis = rot[:, 0]
+    return float(np.arctan2(x_axis[1], x_axis[0]))
+
+
+def servo(
+    ctx: SkillContext,
+    position,
+    yaw: float,
+    gripper: float,
+    *,
+    tolerance: float = 0.008,
+    max_steps: int = 150,
+) -> float:
+    """Drive the grip site to `position` pointing down at `yaw`; return the final error (m)."""
+    target = np.asarray(position, float)
+    desired = down_rotation(yaw)
+    error = np.inf
+    for _ in range(max_steps):
+        pos, rot = hand_pose(ctx)
+        delta = target - pos
+        rot_err = rotation_error(rot, desired)
+        error = float(np.linalg.norm(delta))
+        if error < tolerance and np.linalg.norm(rot_err) < 0.05:
+            return error
+        action = np.concatenate(
+            [np.clip(POS_GAIN * delta, -1, 1), np.clip(ROT_GAIN * rot_err, -1, 1), [gripper]]
+        )
+        ctx.act(action)
+    return error
+
+
+def travel(
+    ctx: SkillContext,
+    position,
+    yaw: float,
+    gripper: float,
+    *,
+    safe_z: float = SAFE_Z,
+    tolerance: float = 0.008,
+) -> float:
+    """Up to `safe_z`, across, then down to `position`; return the final error (m)."""
+    target = np.asarray(position, float)
+    pos, _ = hand_pose(ctx)
+    if np.linalg.norm(target[:2] - pos[:2]) > 0.03:
+        cruise = max(safe_z, target[2])
+        if pos[2] < cruise - 0.02:
+            servo(ctx, [pos[0], pos[1], cruise], hand_yaw(ctx), gripper, tolerance=0.02)
+        servo(ctx, [target[0], target[1], cruise], yaw, gripper, tolerance=0.015)
+    return servo(ctx, target, yaw, gripper, tolerance=tolerance)
+
+
+def solve_ik(ctx: SkillContext, position, yaw: float, iterations: int = 200) -> float:
+    """Damped least-squares IK on a scratch copy of the model state; return the residual (m).
+
+    Answers "can the arm put its grip site there, pointing down?" without moving anything.
+    """
+    import mujoco
+
+    raw = ctx.env.raw
+    model = raw.sim.model._model
+    data = mujoco.MjData(model)
+    data.qpos[:] = raw.sim.data._data.qpos
+    robot = raw.robots[0]
+    qidx = np.asarray(robot._ref_joint_pos_indexes)
+    didx = np.asarray(robot._ref_joint_vel_indexes)
+    site = robot.eef_site_id
+    hand = model.body(robot.robot_model.eef_name).id
+    lo, hi = model.jnt_range[robot._ref_joint_indexes].T
+    target = np.asarray(position, float)
+    desired = down_rotation(yaw)
+    jacp, jacr = np.zeros((3, model.nv)), np.zeros((3, model.nv))
+    residual = np.inf
+    for _ in range(iterations):
+        mujoco.mj_kinematics(model, data)
+        mujoco.mj_comPos(model, data)
+        pos_err = target - data.site_xpos[site]
+        rot_err = rotation_error(data.xmat[hand].reshape(3, 3), desired)
+        residual = float(np.linalg.norm(pos_err))
+        if residual < 1e-3 and np.linalg.norm(rot_err) < 1e-2:
+            break
+        mujoco.mj_jacSite(model, data, jacp, jacr, site)
+        jac = np.vstack([jacp[:, didx], jacr[:, didx]])
+        err = np.concatenate([pos_err, 0.5 * rot_err])
+        dq = jac.T @ np.linalg.solve(jac @ jac.T + 1e-4 * np.eye(6), err)
+        data.qpos[qidx] = np.clip(data.qpos[qidx] + dq, lo, hi)
+    return residual
+
+
+def require_reachable(ctx: SkillContext, position, yaw: float) -> None:
+    residual = solve_ik(ctx, position, yaw)
+    if residual > 0.01:
+        raise SkillFailure(
+            f"pose {np.round(position, 3).tolist()} yaw {yaw:.2f} is out of the arm's reach "
+            f"(IK residual {residual:.3f} m)"
+        )
+
+
+def curobo_planner():
+    """NVIDIA cuRobo's motion generator, if installed (GPU machines, installed from source)."""
+    try:
+        from curobo.wrap.reacher.motion_gen import MotionGen  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise SkillFailure(
+            "planner 'curobo' needs NVIDIA cuRobo, which is not installed here (it needs a CUDA "
+            "GPU and is installed from NVIDIA's source, not PyPI 'curobo'); use planner "
+            "'builtin'"
+        ) from exc
+    return MotionGen

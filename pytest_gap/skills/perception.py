@@ -1,0 +1,73 @@
+"""Perception from rendered images: segmentation + depth -> point cloud -> oriented box.
+
+Two cameras see each object from the front (agentview) and from above (birdview), so the
+box covers more than the camera-facing surface. Names are grounded against the scene's object
+categories ("the alphabet soup" -> alphabet_soup_1).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+import numpy as np
+
+from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.geometry import Box, box_from_points
+from pytest_gap.skills.registry import SkillFailure
+
+CAMERAS = ("agentview", "birdview")
+MIN_PIXELS = 8
+
+
+def _normal(text: str) -> str:
+    text = re.sub(r"^(the|a|an)\s+", "", text.strip().lower())
+    return re.sub(r"[\s\-]+", "_", text)
+
+
+def ground_name(ctx: SkillContext, name: str) -> str:
+    """The scene object a user- or LLM-given name refers to."""
+    objects = ctx.env.scene.objects(include_fixtures=False)
+    key = _normal(name)
+    exact = [o.name for o in objects if o.name == key]
+    if exact:
+        return exact[0]
+    by_category = [o.name for o in objects if o.category == key]
+    if len(by_category) == 1:
+        return by_category[0]
+    if len(by_category) > 1:
+        raise SkillFailure(
+            f"{name!r} is ambiguous here: {', '.join(by_category)}; name one of them exactly"
+        )
+    categories = sorted({o.category for o in objects})
+    close = difflib.get_close_matches(key, categories, n=1, cutoff=0.75)
+    if close:
+        return ground_name(ctx, close[0])
+    raise SkillFailure(
+        f"no object called {name!r} in this scene; it has {', '.join(c.replace('_', ' ') for c in categories)}"
+    )
+
+
+def locate_box(ctx: SkillContext, scene_name: str) -> tuple[Box, int]:
+    """Box of the named object from the cameras' depth and segmentation; (box, pixels)."""
+    clouds, pixels = [], 0
+    for camera in CAMERAS:
+        frame = ctx.render(camera)
+        mask = frame.mask(scene_name)
+        pixels += int(mask.sum())
+        if mask.sum() >= MIN_PIXELS:
+            clouds.append(frame.points(mask))
+    if not clouds:
+        raise SkillFailure(f"{scene_name} is not visible from {' or '.join(CAMERAS)}")
+    points = np.concatenate(clouds)
+    # Depth edges of neighbours can leak into a mask: keep the bulk of the cloud.
+    center = np.median(points, axis=0)
+    dist = np.linalg.norm(points[:, :2] - center[:2], axis=1)
+    points = points[dist <= np.percentile(dist, 98) + 0.005]
+    return box_from_points(points), pixels
+
+
+def visible_objects(ctx: SkillContext, camera: str = "agentview") -> list[str]:
+    frame = ctx.render(camera)
+    names = [o.name for o in ctx.env.scene.objects(include_fixtures=False)]
+    return [n for n in names if frame.mask(n).sum() >= MIN_PIXELS]

@@ -1,0 +1,130 @@
+"""The skill registry: typed robot skills a workflow may call, and their catalogue.
+
+A skill is a function `fn(ctx, **inputs) -> OutputModel`. Its inputs are read from the
+signature (annotations and defaults) and its outputs from the return annotation, a pydantic
+model, so a workflow can be type-checked before anything runs and the catalogue can be handed
+to an LLM as a tool list. Workflows can only name registered skills: a workflow file carries
+no code.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, create_model
+
+from pytest_gap.errors import GapError
+
+
+class SkillFailure(GapError, RuntimeError):
+    """A skill ran but could not do its job (object not found, grasp missed, unreachable).
+
+    Workflows route on it through a node's `on_error` edge; it is not an infrastructure error.
+    """
+
+
+@dataclass(frozen=True)
+class SkillSpec:
+    name: str
+    doc: str
+    fn: Any
+    inputs: type[BaseModel]
+    outputs: type[BaseModel]
+
+    @property
+    def summary(self) -> str:
+        return self.doc.strip().splitlines()[0] if self.doc.strip() else ""
+
+    def describe(self) -> dict[str, Any]:
+        """The catalogue entry: name, one-line doc, JSON schemas of inputs and outputs."""
+        return {
+            "name": self.name,
+            "description": self.summary,
+            "inputs": self.inputs.model_json_schema(),
+            "outputs": self.outputs.model_json_schema(),
+        }
+
+
+_SKILLS: dict[str, SkillSpec] = {}
+
+
+def skill(fn):
+    """Register `fn` as a skill under its function name."""
+    hints = typing.get_type_hints(fn)
+    params = list(inspect.signature(fn).parameters.values())[1:]  # after ctx
+    fields = {
+        p.name: (hints[p.name], ... if p.default is inspect.Parameter.empty else p.default)
+        for p in params
+    }
+    inputs = create_model(f"{fn.__name__}_inputs", __config__=ConfigDict(extra="forbid"), **fields)
+    outputs = hints.get("return")
+    if not (isinstance(outputs, type) and issubclass(outputs, BaseModel)):
+        raise TypeError(f"skill {fn.__name__} must return a pydantic model")
+    if fn.__name__ in _SKILLS:
+        raise ValueError(f"skill {fn.__name__} registered twice")
+    _SKILLS[fn.__name__] = SkillSpec(fn.__name__, fn.__doc__ or "", fn, inputs, outputs)
+    return fn
+
+
+def _load_builtin_skills() -> None:
+    import pytest_gap.skills.library  # noqa: F401  (registers on import)
+
+
+def get_skill(name: str) -> SkillSpec | None:
+    _load_builtin_skills()
+    return _SKILLS.get(name)
+
+
+def skill_names() -> list[str]:
+    _load_builtin_skills()
+    return sorted(_SKILLS)
+
+
+def catalogue() -> list[dict[str, Any]]:
+    """Every skill's typed signature, machine-readable (the LLM's tool list)."""
+    return [get_skill(n).describe() for n in skill_names()]
+
+
+# -- types, for checking a workflow's data bindings --------------------------------------------
+def type_key(annotation: Any) -> tuple:
+    """A comparable description of a field type: ('float',), ('list', ('str',)), ('model', N)."""
+    if annotation is Any:
+        return ("any",)
+    origin = get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return type_key(args[0]) if len(args) == 1 else ("any",)
+    if origin is Literal:
+        kinds = {type(a) for a in get_args(annotation)}
+        return type_key(kinds.pop()) if len(kinds) == 1 else ("any",)
+    if origin in (list, tuple):
+        args = [a for a in get_args(annotation) if a is not Ellipsis]
+        inner = {type_key(a) for a in args}
+        return ("list", inner.pop() if len(inner) == 1 else ("any",))
+    if origin is dict:
+        return ("dict",)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return ("model", annotation.__name__)
+    if annotation in (bool, int, float, str):
+        return (annotation.__name__,)
+    return ("any",)
+
+
+def type_label(key: tuple) -> str:
+    if key[0] == "list":
+        return f"list of {type_label(key[1])}"
+    return key[-1] if key[0] == "model" else key[0]
+
+
+def compatible(source: tuple, target: tuple) -> bool:
+    if "any" in (source[0], target[0]) or source == target:
+        return True
+    if source == ("int",) and target == ("float",):
+        return True
+    if source[0] == target[0] == "list":
+        return compatible(source[1], target[1])
+    return False

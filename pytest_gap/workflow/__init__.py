@@ -1,0 +1,1 @@
+"""Workflows: typed graphs of robot skills. Knows nothing of benchmarks."""
