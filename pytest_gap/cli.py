@@ -35,6 +35,72 @@ def _cmd_families(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_skills(args: argparse.Namespace) -> int:
+    import json
+
+    from pytest_gap.skills.registry import catalogue
+
+    entries = catalogue()
+    if args.json:
+        print(json.dumps(entries, indent=1))
+        return 0
+    for entry in entries:
+        inputs = ", ".join(entry["inputs"].get("properties", {}))
+        print(f"{entry['name']}({inputs})  {entry['description']}")
+    return 0
+
+
+def _parse_sets(pairs: list[str]) -> dict[str, str]:
+    values = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise GapError(f"--set {pair!r}: expected KEY=VALUE, e.g. --set target=milk")
+        values[key] = value
+    return values
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pytest_gap.sim.libero import EnvOptions, make_env
+    from pytest_gap.sim.variations import resolve
+    from pytest_gap.workflow.executor import run_workflow
+    from pytest_gap.workflow.schema import load_workflow
+    from pytest_gap.workflow.templates import task_placeholders
+
+    variation = resolve(args.family, args.variation)
+    trace_dir = Path(
+        args.trace_dir
+        or f"gap_runs/{Path(args.workflow).name}_{args.family}_{args.variation}"
+        f"_task{args.task:02d}_seed{args.seed:03d}/trace"
+    )
+    cameras = ("agentview",) if args.video else ()
+    with make_env(variation.suite, args.task, EnvOptions(cameras=cameras)) as env:
+        obs = env.reset(args.seed, variation=variation, video=args.video, video_wrist=args.wrist)
+        values = {**task_placeholders(obs.prompt), **_parse_sets(args.set)}
+        workflow = load_workflow(args.workflow, values)
+        result = run_workflow(workflow, env, trace_dir=trace_dir, keep_images=args.images)
+        frames = env.finish_video()
+    verdict = "SUCCESS" if result.success else "FAILURE"
+    print(f"{verdict}  {args.family}/{args.variation} task {args.task} seed {args.seed}")
+    print(f"  prompt      {obs.prompt}")
+    print(
+        f"  completion  {result.completion:.2f}   steps {result.steps}   "
+        f"nodes {result.node_executions}   wall {result.duration_s:.1f} s"
+    )
+    print(
+        f"  exit        {result.exit_status}"
+        + (f" at {result.end_node}" if result.end_node else "")
+    )
+    if result.error:
+        print(f"  error       {result.error}")
+    print(f"  trace       {result.trace_path}")
+    if args.video:
+        print(f"  video       {args.video} ({frames} frames)")
+    return 0 if result.success else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gap", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -43,6 +109,27 @@ def build_parser() -> argparse.ArgumentParser:
     suites.set_defaults(func=_cmd_suites)
     families = sub.add_parser("families", help="list benchmark families and their variations")
     families.set_defaults(func=_cmd_families)
+    skills = sub.add_parser("skills", help="list the skills a workflow can call")
+    skills.add_argument("--json", action="store_true", help="the machine-readable catalogue")
+    skills.set_defaults(func=_cmd_skills)
+    run = sub.add_parser("run", help="run one trial of a workflow and print the outcome")
+    run.add_argument("workflow", help="workflow directory (holding workflow.json)")
+    run.add_argument("--family", required=True)
+    run.add_argument("--variation", required=True)
+    run.add_argument("--task", type=int, required=True)
+    run.add_argument("--seed", type=int, required=True)
+    run.add_argument("--video", help="write an mp4 of the episode here")
+    run.add_argument("--wrist", action="store_true", help="add the wrist camera to the video")
+    run.add_argument("--trace-dir", help="where trace/dag_trace.json goes")
+    run.add_argument("--images", action="store_true", help="keep perception images in the trace")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fill a {{placeholder}} (target and container come from the instruction)",
+    )
+    run.set_defaults(func=_cmd_run)
     return parser
 
 

@@ -200,10 +200,13 @@ class LiberoEnv:
         perturbation = variation.perturbation(self.task, seed, self.scene) if variation else None
         goal = tuple(tuple(p) for p in self.raw.parsed_problem["goal_state"])
         prompt = self.task.prompt
+        self.max_steps = self.options.max_steps or self.suite.max_steps
         if perturbation is not None:
             self._apply(perturbation)
             goal = perturbation.goal or goal
             prompt = perturbation.prompt or prompt
+            if self.options.max_steps is None and perturbation.max_steps:
+                self.max_steps = perturbation.max_steps
         self._episode = EpisodeInfo(
             seed=seed, init_state=index, prompt=prompt, goal=goal, perturbation=perturbation
         )

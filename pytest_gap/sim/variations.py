@@ -26,7 +26,7 @@ Families (base scenes: the 10 libero_object tasks, task numbering as libero_obje
   container moves to a grid cell.
 - grocery_packing/object: "pack N listed items into the basket", N = 2 + task % 4; the seed
   picks which N of the scene's items; success when all are in the basket, completion the
-  delivered fraction.
+  delivered fraction; the step limit is libero_object's 280 per listed item.
 - grocery_packing/permutation: as object, and the items' positions are permuted too.
 - libero/<suite> (spatial, object, goal, 10, 90) and libero_pro/<variant> (every LIBERO-PRO
   suite the package ships, e.g. object_swap, goal_lan, object_temp_x0.3): the package's own
@@ -44,7 +44,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from pytest_gap.errors import SimInputError, VariationError
-from pytest_gap.sim.suites import CLASSIC_SUITES, TaskSpec, list_suites
+from pytest_gap.sim.suites import CLASSIC_SUITES, MAX_STEPS_BY_BASE, TaskSpec, list_suites
 
 # Container-centre grid for pos_var, world frame: x from the row of LIBERO's object regions
 # nearest the robot (ROBOT_BASE_XY) to the farthest, y across the table.
@@ -119,6 +119,7 @@ class Perturbation(BaseModel):
     moves: dict[str, tuple[float, float]]
     goal: tuple[tuple[str, ...], ...] | None = None
     prompt: str | None = None
+    max_steps: int | None = None  # None = the suite's protocol value
     details: dict[str, Any] = {}
 
 
@@ -285,7 +286,7 @@ class Variation(BaseModel):
         """The perturbation for (task, seed) on `layout`; pure and deterministic."""
         rng = _stable_rng(self.family, self.variation, task_id, seed)
         base = {n: fp.xy for n, fp in layout.objects.items()}
-        new_goal = prompt = None
+        new_goal = prompt = max_steps = None
         if self.family == "grocery_packing":
             n_items = 2 + task_id % 4
             picked = rng.choice(len(layout.items), size=n_items, replace=False)
@@ -293,6 +294,7 @@ class Variation(BaseModel):
             region = f"{layout.container}_contain_region"
             new_goal = tuple(("in", t, region) for t in targets)
             prompt = _grocery_prompt(layout, targets)
+            max_steps = MAX_STEPS_BY_BASE[GENERATED_BASE_SUITE] * n_items
             kind = "permutation" if self.variation == "permutation" else None
         else:
             targets = [p[1] for p in goal if p[0] == "in"]
@@ -314,6 +316,7 @@ class Variation(BaseModel):
             moves=moves,
             goal=new_goal,
             prompt=prompt,
+            max_steps=max_steps,
             details={**details, "targets": targets},
         )
 

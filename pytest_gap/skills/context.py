@@ -11,11 +11,11 @@ from pytest_gap.sim.libero import LiberoEnv, StepResult
 from pytest_gap.sim.render import CameraFrame
 
 
-class TaskSucceeded(Exception):  # noqa: N818  (control flow, not an error)
+class TaskSucceeded(Exception):
     """The simulator's goal check passed during a skill: the run stops here, successfully."""
 
 
-class StepLimitReached(Exception):  # noqa: N818
+class StepLimitReached(Exception):
     """The episode's or the workflow's sim-step budget is spent."""
 
 

@@ -3,12 +3,12 @@ privileged read is `check_success`, which asks the simulator's own goal check.""
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel
 
+from pytest_gap.instructions import parse_instruction
 from pytest_gap.skills import motion, perception
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import Box, wrap_half_turn
@@ -237,13 +237,19 @@ def place(ctx: SkillContext, container: str) -> Placed:
     # How far the held object hangs below the grip site, from a look at it in the hand.
     hang = eef_z - perception.locate_box(ctx, held)[0].bottom if held else 0.03
     hang = float(np.clip(hang, 0.0, 0.2))
-    # Lower the object's bottom to 4 cm under the rim (never below 2 cm over the floor).
-    bottom = max(box.top - 0.04, box.bottom + 0.02)
-    release = [box.center[0], box.center[1], bottom + hang]
+    # Free room inside: the centre or a quadrant 3 cm out, whichever has least in it.
+    c, off = np.asarray(box.center[:2]), 0.03
+    spots = [tuple(c + d) for d in ((0, 0), (off, off), (off, -off), (-off, off), (-off, -off))]
+    spot, occupied = perception.free_spot(ctx, scene_name, box, spots)
+    # Lower the object's bottom to 4 cm under the rim, and 2 cm over what is already there.
+    bottom = max(box.top - 0.04, occupied + 0.02)
+    release = [spot[0], spot[1], bottom + hang]
     motion.require_reachable(ctx, release, yaw)
     cruise = max(motion.SAFE_Z, box.top + hang + 0.04)
     motion.travel(ctx, release, yaw, CLOSE, safe_z=cruise)
     _gripper(ctx, OPEN)
+    if held:
+        ctx.memory.setdefault("placed", set()).add(held)
     ctx.memory.pop("held", None)
     pos = ctx.env.scene.gripper().eef_pos
     motion.servo(ctx, [pos[0], pos[1], motion.SAFE_Z], yaw, OPEN, tolerance=0.02, max_steps=40)
@@ -266,24 +272,14 @@ def check_success(ctx: SkillContext) -> Success:
     return Success(success=ctx.env.success(), completion=ctx.env.completion())
 
 
-_PICK_PLACE = re.compile(r"pick (?:up )?(?:the )?(.+?) and place it (?:in|into|on) (?:the )?(.+)")
-_PACK = re.compile(r"pack (.+) into (?:the )?(.+)")
-
-
 @skill
 def read_task(ctx: SkillContext) -> TaskInfo:
     """Read the instruction: the items to move and the container they go to."""
-    prompt = ctx.env.episode.prompt.strip().rstrip(".")
-    text = prompt.lower()
-    match = _PICK_PLACE.fullmatch(text)
-    if match:
-        return TaskInfo(prompt=prompt, items=[match.group(1)], container=match.group(2))
-    match = _PACK.fullmatch(text)
-    if match:
-        items = re.split(r",\s*|\s+and\s+", match.group(1))
-        items = [re.sub(r"^the\s+", "", i).strip() for i in items if i.strip()]
-        return TaskInfo(prompt=prompt, items=items, container=match.group(2))
-    raise SkillFailure(f"cannot read items and container from the instruction {prompt!r}")
+    prompt = ctx.env.episode.prompt
+    parsed = parse_instruction(prompt)
+    if parsed is None:
+        raise SkillFailure(f"cannot read items and container from the instruction {prompt!r}")
+    return TaskInfo(prompt=prompt, items=parsed.items, container=parsed.container)
 
 
 @skill
@@ -292,7 +288,15 @@ def next_item(
 ) -> NextItem:
     """The first listed item not yet in the container and not tried `max_attempts` times."""
     tries = ctx.memory.setdefault("next_item_attempts", {})
-    remaining = [i for i in items if not verify_in_container(ctx, i, container).inside]
+    placed = ctx.memory.get("placed", set())
+
+    def delivered(item: str) -> bool:
+        try:
+            return verify_in_container(ctx, item, container).inside
+        except SkillFailure:  # unseen: buried in the container if this run put it there
+            return perception.ground_name(ctx, item) in placed
+
+    remaining = [i for i in items if not delivered(i)]
     for item in remaining:
         if tries.get(item, 0) < max_attempts:
             tries[item] = tries.get(item, 0) + 1

@@ -17,6 +17,7 @@ from pytest_gap.skills.registry import SkillFailure
 POS_GAIN = 15.0
 ROT_GAIN = 2.0
 SAFE_Z = 0.25  # above every object of LIBERO's tabletop scenes (tallest about 0.15 m)
+STALL_STEPS = 25
 
 
 def hand_pose(ctx: SkillContext) -> tuple[np.ndarray, np.ndarray]:
@@ -39,16 +40,23 @@ def servo(
     tolerance: float = 0.008,
     max_steps: int = 150,
 ) -> float:
-    """Drive the grip site to `position` pointing down at `yaw`; return the final error (m)."""
+    """Drive the grip site to `position` pointing down at `yaw`; return the final error (m).
+
+    Gives up early when blocked (no millimetre of progress in STALL_STEPS steps)."""
     target = np.asarray(position, float)
     desired = down_rotation(yaw)
-    error = np.inf
-    for _ in range(max_steps):
+    error, best, best_at = np.inf, np.inf, 0
+    for i in range(max_steps):
         pos, rot = hand_pose(ctx)
         delta = target - pos
         rot_err = rotation_error(rot, desired)
         error = float(np.linalg.norm(delta))
         if error < tolerance and np.linalg.norm(rot_err) < 0.05:
+            return error
+        if error < best - 0.001:
+            best, best_at = error, i
+        elif i - best_at > STALL_STEPS:
+            ctx.note("servo stalled", target=target.round(3).tolist(), error=round(error, 4))
             return error
         action = np.concatenate(
             [np.clip(POS_GAIN * delta, -1, 1), np.clip(ROT_GAIN * rot_err, -1, 1), [gripper]]

@@ -40,12 +40,11 @@ def ground_name(ctx: SkillContext, name: str) -> str:
             f"{name!r} is ambiguous here: {', '.join(by_category)}; name one of them exactly"
         )
     categories = sorted({o.category for o in objects})
+    spoken = ", ".join(c.replace("_", " ") for c in categories)
     close = difflib.get_close_matches(key, categories, n=1, cutoff=0.75)
     if close:
         return ground_name(ctx, close[0])
-    raise SkillFailure(
-        f"no object called {name!r} in this scene; it has {', '.join(c.replace('_', ' ') for c in categories)}"
-    )
+    raise SkillFailure(f"no object called {name!r} in this scene; it has {spoken}")
 
 
 def locate_box(ctx: SkillContext, scene_name: str) -> tuple[Box, int]:
@@ -71,3 +70,30 @@ def visible_objects(ctx: SkillContext, camera: str = "agentview") -> list[str]:
     frame = ctx.render(camera)
     names = [o.name for o in ctx.env.scene.objects(include_fixtures=False)]
     return [n for n in names if frame.mask(n).sum() >= MIN_PIXELS]
+
+
+def free_spot(
+    ctx: SkillContext,
+    container: str,
+    box: Box,
+    spots: list[tuple[float, float]],
+    radius: float = 0.035,
+) -> tuple[tuple[float, float], float]:
+    """The spot inside a container with the least already in it, seen from above.
+
+    Returns (spot, height of the highest thing within `radius` of it; the floor if none)."""
+    frame = ctx.render("birdview")
+    labels = {i for i, n in frame.labels.items() if n not in (container, "robot")}
+    mask = np.isin(frame.segmentation, list(labels))
+    points = frame.points(mask) if mask.any() else np.zeros((0, 3))
+    inside = np.array([box.contains([p[0], p[1], box.center[2]]) for p in points], bool)
+    points = points[inside] if len(points) else points
+    best, best_height = spots[0], np.inf
+    for spot in spots:
+        near = (
+            np.linalg.norm(points[:, :2] - np.asarray(spot), axis=1) < radius if len(points) else []
+        )
+        height = float(points[near, 2].max()) if np.any(near) else box.bottom
+        if height < best_height - 0.005:
+            best, best_height = spot, height
+    return best, best_height

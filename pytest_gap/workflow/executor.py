@@ -1,0 +1,227 @@
+"""Run a validated workflow against a LIBERO env. Never raises because a workflow failed.
+
+The run ends at an end node, when the simulator's goal check passes (whatever node is
+running: LIBERO's protocol stops at the first successful step), or at a safety limit: the
+episode's or the workflow's sim-step budget, `max_node_executions`, or a node's `max_visits`.
+A skill failure follows the node's `on_error` edge, or ends the run with exit status `error`.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from pytest_gap.sim.libero import LiberoEnv
+from pytest_gap.skills.context import SkillContext, StepLimitReached, TaskSucceeded
+from pytest_gap.skills.registry import SkillFailure, get_skill
+from pytest_gap.workflow.schema import (
+    AllOf,
+    AnyOf,
+    Compare,
+    Condition,
+    EndNode,
+    NotOf,
+    RouterNode,
+    SkillCall,
+    ToolNode,
+    Workflow,
+)
+from pytest_gap.workflow.trace import TraceRecorder
+
+# Exit statuses: how the run ended (success is the simulator's verdict, reported separately).
+END_SUCCESS = "end_success"
+END_FAILURE = "end_failure"
+TASK_SUCCESS = "task_success"
+STEP_LIMIT = "step_limit"
+NODE_LIMIT = "node_limit"
+LOOP_CAP = "loop_cap"
+ERROR = "error"
+
+
+class RunResult(BaseModel):
+    success: bool
+    completion: float
+    exit_status: str
+    end_node: str | None = None
+    error: str | None = None
+    outputs: dict[str, Any] = {}
+    duration_s: float
+    steps: int
+    node_executions: int
+    trace_path: str | None = None
+
+
+class _RefMissing(Exception):
+    pass
+
+
+def resolve_ref(outputs: dict[str, Any], ref: str) -> Any:
+    node, *path = ref.split(".")
+    if node not in outputs:
+        raise _RefMissing(f"$ref {ref!r}: node {node} has not run yet")
+    value = outputs[node]
+    for part in path:
+        if isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
+            raise _RefMissing(f"$ref {ref!r}: {part!r} is not in the output")
+    return value
+
+
+def resolve_inputs(inputs: dict[str, Any], outputs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: resolve_ref(outputs, v["$ref"]) if isinstance(v, dict) and set(v) == {"$ref"} else v
+        for k, v in inputs.items()
+    }
+
+
+_OPS = {
+    "eq": lambda a, b: a == b,
+    "ne": lambda a, b: a != b,
+    "lt": lambda a, b: a < b,
+    "le": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b,
+    "ge": lambda a, b: a >= b,
+    "in": lambda a, b: a in b,
+    "truthy": lambda a, _: bool(a),
+    "falsy": lambda a, _: not a,
+}
+
+
+def evaluate(cond: Condition, outputs: dict[str, Any]) -> bool:
+    if isinstance(cond, Compare):
+        value = cond.value
+        if isinstance(value, dict) and set(value) == {"$ref"}:
+            value = resolve_ref(outputs, value["$ref"])
+        return bool(_OPS[cond.op](resolve_ref(outputs, cond.ref), value))
+    if isinstance(cond, AllOf):
+        return all(evaluate(c, outputs) for c in cond.all)
+    if isinstance(cond, AnyOf):
+        return any(evaluate(c, outputs) for c in cond.any)
+    assert isinstance(cond, NotOf)
+    return not evaluate(cond.not_, outputs)
+
+
+def _call(ctx: SkillContext, call: ToolNode | SkillCall, outputs: dict[str, Any]):
+    spec = get_skill(call.skill)
+    resolved = resolve_inputs(call.inputs, outputs)
+    try:
+        args = spec.inputs.model_validate(resolved)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise SkillFailure(
+            f"input {'.'.join(map(str, first['loc']))} of {call.skill}: {first['msg']}"
+        ) from None
+    kwargs = {name: getattr(args, name) for name in spec.inputs.model_fields}
+    return resolved, spec.fn(ctx, **kwargs).model_dump(mode="json")
+
+
+def run_workflow(
+    workflow: Workflow,
+    env: LiberoEnv,
+    *,
+    trace_dir=None,
+    keep_images: bool = False,
+) -> RunResult:
+    """Run from `workflow.start` on an env that was just reset; return what happened."""
+    ctx = SkillContext(env, max_sim_steps=workflow.limits.max_sim_steps, keep_images=keep_images)
+    trace = TraceRecorder(workflow, trace_dir)
+    t0 = time.perf_counter()
+    outputs: dict[str, Any] = {}
+    visits: dict[str, int] = {}
+    executions = 0
+    current = workflow.start
+    exit_status, end_node, error = ERROR, None, None
+
+    while True:
+        node = workflow.nodes[current]
+        if executions >= workflow.limits.max_node_executions:
+            exit_status = NODE_LIMIT
+            error = (
+                f"max_node_executions {workflow.limits.max_node_executions} reached at {current}"
+            )
+            break
+        visits[current] = visits.get(current, 0) + 1
+        if not isinstance(node, EndNode) and visits[current] > node.max_visits:
+            exit_status, error = LOOP_CAP, f"node {current} exceeded max_visits {node.max_visits}"
+            break
+        executions += 1
+        trace.start(current, env.steps)
+        ctx.images.clear()
+        resolved: Any = None
+        try:
+            if isinstance(node, ToolNode):
+                resolved, outputs[current] = _call(ctx, node, outputs)
+                trace.finish(
+                    current,
+                    "ok",
+                    env.steps,
+                    inputs=resolved,
+                    outputs=outputs[current],
+                    images=list(ctx.images),
+                )
+                nxt = node.next
+            elif isinstance(node, RouterNode):
+                nxt, decision = node.default, {"route": "default", "next": node.default}
+                for i, route in enumerate(node.routes):
+                    if evaluate(route.when, outputs):
+                        nxt, decision = route.next, {"route": i, "next": route.next}
+                        break
+                trace.finish(current, "ok", env.steps, decision=decision)
+            else:
+                for call in node.recovery:
+                    _call(ctx, call, outputs)
+                trace.finish(current, "ok", env.steps)
+                exit_status = END_SUCCESS if node.status == "success" else END_FAILURE
+                end_node = current
+                break
+        except TaskSucceeded:
+            trace.finish(current, "ok", env.steps, inputs=resolved, images=list(ctx.images))
+            trace.event("task_success", node=current, step=env.steps)
+            exit_status, end_node = TASK_SUCCESS, current
+            break
+        except StepLimitReached as exc:
+            trace.finish(current, "error", env.steps, inputs=resolved, error=str(exc))
+            exit_status, error = STEP_LIMIT, str(exc)
+            break
+        except (SkillFailure, _RefMissing) as exc:
+            message = f"{current}: {exc}"
+            trace.finish(
+                current, "error", env.steps, inputs=resolved, error=message, images=list(ctx.images)
+            )
+            on_error = getattr(node, "on_error", None)
+            if on_error is None:
+                exit_status, error = ERROR, message
+                break
+            trace.event("on_error", node=current, next=on_error, error=str(exc))
+            nxt = on_error
+        except Exception as exc:  # a bug or a simulator fault: recorded, never raised
+            message = f"{current}: {type(exc).__name__}: {exc}"
+            trace.finish(current, "error", env.steps, inputs=resolved, error=message)
+            trace.event("exception", node=current, traceback=traceback.format_exc(limit=8))
+            exit_status, error = ERROR, message
+            break
+        trace.edge(current, nxt)
+        current = nxt
+
+    for event in ctx.events:
+        trace.event("skill", **event)
+    success = exit_status == TASK_SUCCESS or env.success()
+    result = RunResult(
+        success=success,
+        completion=1.0 if success else env.completion(),
+        exit_status=exit_status,
+        end_node=end_node,
+        error=error,
+        outputs=outputs,
+        duration_s=round(time.perf_counter() - t0, 3),
+        steps=env.steps,
+        node_executions=executions,
+    )
+    path = trace.write(result.model_dump(exclude={"outputs", "trace_path"}))
+    return result.model_copy(update={"trace_path": str(path) if path else None})
