@@ -37,3 +37,61 @@ def test_unknown_suite_exits_2_with_one_line():
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0
     assert "did you mean libero_object" in out.stderr
+
+
+def test_gap_skills_lists_the_catalogue():
+    out = _gap("skills")
+    assert out.returncode == 0
+    assert any(line.startswith("locate(name)") for line in out.stdout.splitlines())
+    import json
+
+    assert {e["name"] for e in json.loads(_gap("skills", "--json").stdout)} >= {"pick", "place"}
+
+
+def test_gap_run_prints_outcome_trace_and_video(tmp_path):
+    video = tmp_path / "ep.mp4"
+    out = subprocess.run(
+        [
+            GAP,
+            "run",
+            "examples/workflows/pick_place",
+            "--family",
+            "posvar",
+            "--variation",
+            "basket_swap",
+            "--task",
+            "7",
+            "--seed",
+            "2",
+            "--video",
+            str(video),
+            "--trace-dir",
+            str(tmp_path / "trace"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "SUCCESS  posvar/basket_swap task 7 seed 2"
+    assert "pick up the milk and place it in the basket" in out.stdout
+    assert f"  trace       {tmp_path / 'trace' / 'dag_trace.json'}" in lines
+    assert (tmp_path / "trace" / "dag_trace.json").is_file() and video.stat().st_size > 0
+
+
+def test_gap_run_reports_bad_inputs_in_one_line(tmp_path):
+    out = _gap(
+        "run",
+        "examples/workflows/pick_place",
+        "--family",
+        "posvar",
+        "--variation",
+        "pos-var",
+        "--task",
+        "0",
+        "--seed",
+        "0",
+    )
+    assert out.returncode == 2 and "did you mean pos_var" in out.stderr
+    assert out.stderr.strip().count("\n") == 0

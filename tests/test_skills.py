@@ -1,0 +1,98 @@
+"""Each skill on a real scene: perception accuracy, motion accuracy, gripper, task reading."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pytest_gap.sim.libero import EnvOptions, make_env
+from pytest_gap.sim.variations import resolve
+from pytest_gap.skills import library as skills
+from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.geometry import quat_xyzw_to_matrix
+from pytest_gap.skills.registry import SkillFailure
+
+LOCATE_TOL_XY = 0.015  # box centre vs the object's true centre, metres
+MOVE_TOL = 0.015
+
+
+@pytest.fixture(scope="module")
+def env():
+    with make_env("libero_object", 1, EnvOptions(max_steps=2000)) as e:
+        yield e
+
+
+@pytest.mark.parametrize(("seed", "variation"), [(0, None), (3, ("posvar", "all"))])
+def test_locate_box_contains_each_objects_true_position(env, seed, variation):
+    env.reset(seed, variation=resolve(*variation) if variation else None)
+    ctx = SkillContext(env)
+    for obj in env.scene.objects():
+        found = skills.locate(ctx, obj.category.replace("_", " "))
+        assert found.name == obj.name and found.pixels > 50
+        lo, hi = env.scene.world_aabb(obj.name)
+        truth = (lo + hi) / 2
+        assert np.linalg.norm(np.asarray(found.box.center[:2]) - truth[:2]) < LOCATE_TOL_XY, obj
+        assert found.box.contains(truth, margin=0.01), obj.name
+        assert found.box.top == pytest.approx(hi[2], abs=0.015)
+
+
+def test_locate_grounds_names_and_fails_clearly(env):
+    env.reset(0)
+    ctx = SkillContext(env)
+    assert skills.locate(ctx, "The Cream Cheese").name == "cream_cheese_1"
+    assert skills.locate(ctx, "cream_cheese_1").name == "cream_cheese_1"
+    with pytest.raises(SkillFailure, match="no object called 'banana' in this scene; it has"):
+        skills.locate(ctx, "banana")
+
+
+def test_move_to_reaches_the_pose_and_refuses_unreachable_ones(env):
+    env.reset(0)
+    ctx = SkillContext(env)
+    target = [0.05, -0.05, 0.2]
+    moved = skills.move_to(ctx, target, yaw=0.6)
+    grip = env.scene.gripper()
+    assert moved.reached and np.linalg.norm(grip.eef_pos - target) < MOVE_TOL
+    rot = quat_xyzw_to_matrix(grip.hand_quat_xyzw)
+    assert rot[2, 2] < -0.99  # pointing down
+    assert np.arctan2(rot[1, 0], rot[0, 0]) == pytest.approx(0.6, abs=0.05)
+    steps = env.steps
+    with pytest.raises(SkillFailure, match="out of the arm's reach"):
+        skills.move_to(ctx, [0.9, 0.0, 0.1])
+    assert env.steps == steps  # refused before moving
+    with pytest.raises(SkillFailure, match="needs NVIDIA cuRobo, which is not installed"):
+        skills.move_to(ctx, target, planner="curobo")
+
+
+def test_grasp_candidates_close_across_the_narrow_side(env):
+    env.reset(0)
+    ctx = SkillContext(env)
+    box = skills.locate(ctx, "cream cheese").box  # a flat box, 8 x 4 cm
+    best = skills.grasp_candidates(ctx, box).best
+    closing = np.array([np.sin(best.yaw), -np.cos(best.yaw)])  # hand y axis in the table plane
+    narrow = np.array([np.cos(box.yaw), np.sin(box.yaw)])
+    if box.half_extents[0] >= box.half_extents[1]:
+        narrow = np.array([-narrow[1], narrow[0]])
+    assert abs(closing @ narrow) > 0.95
+    assert best.width < 0.06 and best.position[2] < box.top
+
+
+def test_gripper_and_lift_and_success_check(env):
+    env.reset(0)
+    ctx = SkillContext(env)
+    closed = skills.close_gripper(ctx)
+    assert not closed.holding and closed.width < 0.004
+    assert skills.open_gripper(ctx).width > 0.07
+    lifted = skills.lift(ctx, height=0.3)
+    assert lifted.reached and env.scene.gripper().eef_pos[2] == pytest.approx(0.3, abs=0.015)
+    assert skills.check_success(ctx).model_dump() == {"success": False, "completion": 0.0}
+    assert skills.observe(ctx).visible  # something is in view
+
+
+def test_read_task_and_next_item(env):
+    env.reset(2, variation=resolve("grocery_packing", "object"))
+    ctx = SkillContext(env)
+    task = skills.read_task(ctx)
+    assert task.container == "basket" and len(task.items) == 2 + 1 % 4
+    first = skills.next_item(ctx, task.items, task.container)
+    assert first.item == task.items[0] and first.remaining == len(task.items)
+    assert skills.next_item(ctx, task.items, task.container, max_attempts=1).item == task.items[1]
