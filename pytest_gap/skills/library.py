@@ -262,8 +262,10 @@ def verify_in_container(ctx: SkillContext, name: str, container: str) -> Inside:
     obj = perception.locate_box(ctx, perception.ground_name(ctx, name))[0]
     box = perception.locate_box(ctx, perception.ground_name(ctx, container))[0]
     center = np.asarray(obj.center)
-    inside = box.contains([center[0], center[1], box.center[2]], margin=-0.01)
-    return Inside(inside=bool(inside and obj.bottom < box.top))
+    # Inside the walls (the box is the outer hull; walls and a margin take 2.5 cm) and with
+    # its centre below the rim, not perched on top of what is already in there.
+    within = box.contains([center[0], center[1], box.center[2]], margin=-0.025)
+    return Inside(inside=bool(within and center[2] < box.top - 0.01))
 
 
 @skill

@@ -1,0 +1,134 @@
+"""Success and completion of the reference graphs, per family/variation, on real LIBERO.
+
+    python bench/graph_success.py [--tasks 0-9] [--seeds 5] [--workers 2] [--only pick_place]
+
+Targets (issue 3): pick_place on libero/object >= 0.95 and on each posvar variation >= 0.90;
+pack_all on grocery_packing completion >= 0.95. Trials of one task share one env; tasks are
+spread over worker processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAN = [
+    ("pick_place", "libero", "object", "success", 0.95),
+    ("pick_place", "posvar", "pos_var", "success", 0.90),
+    ("pick_place", "posvar", "permutation", "success", 0.90),
+    ("pick_place", "posvar", "basket_swap", "success", 0.90),
+    ("pick_place", "posvar", "all", "success", 0.90),
+    ("pack_all", "grocery_packing", "object", "completion", 0.95),
+    ("pack_all", "grocery_packing", "permutation", "completion", 0.95),
+]
+
+
+def _run_task(job: tuple[int, list[int], list[tuple[str, str, str]]]) -> list[dict]:
+    task, seeds, cells = job
+    from pytest_gap.sim.pool import EnvPool
+    from pytest_gap.sim.variations import resolve
+    from pytest_gap.workflow.executor import run_workflow
+    from pytest_gap.workflow.schema import load_workflow
+    from pytest_gap.workflow.templates import task_placeholders
+
+    pool, rows = EnvPool(max_envs=1), []
+    for graph, family, variation_name in cells:
+        variation = resolve(family, variation_name)
+        env = pool.get(variation.suite, task)
+        for seed in seeds:
+            t0 = time.perf_counter()
+            obs = env.reset(seed, variation=variation)
+            workflow = load_workflow(
+                ROOT / "examples/workflows" / graph, task_placeholders(obs.prompt)
+            )
+            result = run_workflow(workflow, env)
+            rows.append(
+                {
+                    "graph": graph,
+                    "family": family,
+                    "variation": variation_name,
+                    "task": task,
+                    "seed": seed,
+                    "success": result.success,
+                    "completion": result.completion,
+                    "steps": result.steps,
+                    "exit_status": result.exit_status,
+                    "error": result.error,
+                    "wall_s": round(time.perf_counter() - t0, 2),
+                }
+            )
+    pool.close()
+    return rows
+
+
+def _ids(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default="0-9")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--only", choices=["pick_place", "pack_all"])
+    parser.add_argument("--out", help="write every trial as JSON here")
+    args = parser.parse_args()
+
+    plan = [p for p in PLAN if args.only in (None, p[0])]
+    cells = [(g, f, v) for g, f, v, _, _ in plan]
+    jobs = [(t, list(range(args.seeds)), cells) for t in _ids(args.tasks)]
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(args.workers) as workers:
+        rows = [r for chunk in workers.imap_unordered(_run_task, jobs) for r in chunk]
+    wall = time.perf_counter() - t0
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+    by_cell = defaultdict(list)
+    for row in rows:
+        by_cell[(row["graph"], row["family"], row["variation"])].append(row)
+    print(
+        f"{'graph':11s} {'family/variation':28s} {'n':>4s} {'success':>8s} {'completion':>10s} "
+        f"{'steps':>6s} {'wall_s':>7s}  target"
+    )
+    all_met = True
+    for graph, family, variation, metric, target in plan:
+        cell = by_cell[(graph, family, variation)]
+        n = len(cell)
+        success = sum(r["success"] for r in cell) / n
+        completion = sum(r["completion"] for r in cell) / n
+        value = success if metric == "success" else completion
+        met = value >= target
+        all_met &= met
+        print(
+            f"{graph:11s} {family + '/' + variation:28s} {n:4d} {success:8.3f} {completion:10.3f} "
+            f"{sum(r['steps'] for r in cell) / n:6.0f} {sum(r['wall_s'] for r in cell) / n:7.1f}  "
+            f"{metric} >= {target:.2f} {'MET' if met else 'MISSED'}"
+        )
+    failures = [r for r in rows if not r["success"]]
+    for r in sorted(failures, key=lambda r: (r["graph"], r["family"], r["variation"], r["task"]))[
+        :40
+    ]:
+        print(
+            f"  fail {r['family']}/{r['variation']} task {r['task']} seed {r['seed']}: "
+            f"{r['exit_status']} completion {r['completion']:.2f} {r['error'] or ''}"
+        )
+    print(
+        f"{len(rows)} trials in {wall:.0f} s with {args.workers} workers; "
+        f"targets {'all MET' if all_met else 'not all met'}"
+    )
+    return 0 if all_met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
