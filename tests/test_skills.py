@@ -93,6 +93,9 @@ def test_read_task_and_next_item(env):
     ctx = SkillContext(env)
     task = skills.read_task(ctx)
     assert task.container == "basket" and len(task.items) == 2 + 1 % 4
+    heights = {i: skills.locate(ctx, i).box.half_extents[2] for i in task.items}
+    tallest_first = sorted(task.items, key=lambda i: -heights[i])
     first = skills.next_item(ctx, task.items, task.container)
-    assert first.item == task.items[0] and first.remaining == len(task.items)
-    assert skills.next_item(ctx, task.items, task.container, max_attempts=1).item == task.items[1]
+    assert first.item == tallest_first[0] and first.remaining == len(task.items)
+    second = skills.next_item(ctx, task.items, task.container, max_attempts=1)
+    assert second.item == tallest_first[1]

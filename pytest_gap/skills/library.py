@@ -92,6 +92,11 @@ def _width(ctx: SkillContext) -> float:
     return ctx.env.scene.gripper().width
 
 
+def _keep_grip(ctx: SkillContext) -> float:
+    """The gripper command that keeps the fingers as they are: closed on what is held."""
+    return CLOSE if ctx.memory.get("held") or _width(ctx) < 0.07 else OPEN
+
+
 def _position(ctx: SkillContext) -> list[float]:
     return [float(v) for v in ctx.env.scene.gripper().eef_pos]
 
@@ -128,13 +133,14 @@ def observe(ctx: SkillContext) -> Observation:
 @skill
 def home(ctx: SkillContext) -> Motion:
     """Move the hand to the home pose above the table centre, pointing down."""
-    error = motion.travel(ctx, HOME, 0.0, OPEN if _width(ctx) > HOLD_WIDTH * 2 else CLOSE)
+    error = motion.travel(ctx, HOME, 0.0, _keep_grip(ctx))
     return Motion(reached=error < 0.02, error=error, position=_position(ctx))
 
 
 @skill
 def open_gripper(ctx: SkillContext) -> Gripper:
     """Open the fingers (releases whatever is held)."""
+    ctx.memory.pop("held", None)
     return _gripper(ctx, OPEN)
 
 
@@ -193,8 +199,7 @@ def move_to(
 def lift(ctx: SkillContext, height: float = 0.2) -> Motion:
     """Raise the hand straight up to `height` metres above the table, keeping the grip."""
     pos = ctx.env.scene.gripper().eef_pos
-    command = CLOSE if ctx.env.scene.gripper().width < 0.07 else OPEN
-    error = motion.servo(ctx, [pos[0], pos[1], height], motion.hand_yaw(ctx), command)
+    error = motion.servo(ctx, [pos[0], pos[1], height], motion.hand_yaw(ctx), _keep_grip(ctx))
     return Motion(reached=error < 0.015, error=error, position=_position(ctx))
 
 
@@ -237,9 +242,12 @@ def place(ctx: SkillContext, container: str) -> Placed:
     # How far the held object hangs below the grip site, from a look at it in the hand.
     hang = eef_z - perception.locate_box(ctx, held)[0].bottom if held else 0.03
     hang = float(np.clip(hang, 0.0, 0.2))
-    # Free room inside: the centre or a quadrant 3 cm out, whichever has least in it.
-    c, off = np.asarray(box.center[:2]), 0.03
-    spots = [tuple(c + d) for d in ((0, 0), (off, off), (off, -off), (-off, off), (-off, -off))]
+    # Free room inside: the centre, or 3 cm out along the hand's x axis, where the fingers
+    # stay clear of the walls; 2.5 cm out along the closing axis only if those are taken.
+    c = np.asarray(box.center[:2])
+    hand_x, closing = np.array([np.cos(yaw), np.sin(yaw)]), np.array([np.sin(yaw), -np.cos(yaw)])
+    offsets = [0.03 * hand_x, -0.03 * hand_x, 0 * hand_x, 0.025 * closing, -0.025 * closing]
+    spots = [tuple(c + d) for d in offsets]
     spot, occupied = perception.free_spot(ctx, scene_name, box, spots)
     # Lower the object's bottom to 4 cm under the rim, and 2 cm over what is already there.
     bottom = max(box.top - 0.04, occupied + 0.02)
@@ -261,11 +269,15 @@ def verify_in_container(ctx: SkillContext, name: str, container: str) -> Inside:
     """Look whether an object rests inside a container (its centre within the container's box)."""
     obj = perception.locate_box(ctx, perception.ground_name(ctx, name))[0]
     box = perception.locate_box(ctx, perception.ground_name(ctx, container))[0]
-    center = np.asarray(obj.center)
-    # Inside the walls (the box is the outer hull; walls and a margin take 2.5 cm) and with
-    # its centre below the rim, not perched on top of what is already in there.
-    within = box.contains([center[0], center[1], box.center[2]], margin=-0.025)
-    return Inside(inside=bool(within and center[2] < box.top - 0.01))
+    return Inside(inside=_inside(obj, box))
+
+
+def _inside(obj: Box, container: Box) -> bool:
+    """Within the walls (the box is the outer hull; walls and a margin take 2.5 cm), centre
+    below the rim: not perched on top of what is already in there."""
+    x, y, z = obj.center
+    within = container.contains([x, y, container.center[2]], margin=-0.025)
+    return bool(within and z < container.top - 0.01)
 
 
 @skill
@@ -288,18 +300,24 @@ def read_task(ctx: SkillContext) -> TaskInfo:
 def next_item(
     ctx: SkillContext, items: list[str], container: str, max_attempts: int = 2
 ) -> NextItem:
-    """The first listed item not yet in the container and not tried `max_attempts` times."""
+    """The tallest listed item not yet in the container and not tried `max_attempts` times.
+
+    Tall things go in first, standing, while there is room; flat ones fit on top later."""
     tries = ctx.memory.setdefault("next_item_attempts", {})
     placed = ctx.memory.get("placed", set())
-
-    def delivered(item: str) -> bool:
+    box = perception.locate_box(ctx, perception.ground_name(ctx, container))[0]
+    remaining: list[tuple[float, str]] = []
+    for item in items:
+        scene_name = perception.ground_name(ctx, item)
         try:
-            return verify_in_container(ctx, item, container).inside
+            found = perception.locate_box(ctx, scene_name)[0]
         except SkillFailure:  # unseen: buried in the container if this run put it there
-            return perception.ground_name(ctx, item) in placed
-
-    remaining = [i for i in items if not delivered(i)]
-    for item in remaining:
+            if scene_name not in placed:
+                remaining.append((0.0, item))
+            continue
+        if not _inside(found, box):
+            remaining.append((2 * found.half_extents[2], item))
+    for _, item in sorted(remaining, key=lambda r: -r[0]):
         if tries.get(item, 0) < max_attempts:
             tries[item] = tries.get(item, 0) + 1
             return NextItem(item=item, remaining=len(remaining), done=False)
