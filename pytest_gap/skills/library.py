@@ -249,9 +249,10 @@ def place(ctx: SkillContext, container: str) -> Placed:
     offsets = [0.03 * hand_x, -0.03 * hand_x, 0 * hand_x, 0.025 * closing, -0.025 * closing]
     spots = [tuple(c + d) for d in offsets]
     spot, occupied = perception.free_spot(ctx, scene_name, box, spots)
-    # Lower the object's bottom to 4 cm under the rim, and 2 cm over what is already there.
-    bottom = max(box.top - 0.04, occupied + 0.02)
-    release = [spot[0], spot[1], bottom + hang]
+    # Lower the object until it nearly rests on what is there, keeping the fingertips no
+    # deeper than 5 cm under the rim; a tall thing released high tips over the wall.
+    bottom = max(occupied, box.bottom) + 0.015
+    release = [spot[0], spot[1], max(bottom + hang, box.top - 0.05)]
     motion.require_reachable(ctx, release, yaw)
     cruise = max(motion.SAFE_Z, box.top + hang + 0.04)
     motion.travel(ctx, release, yaw, CLOSE, safe_z=cruise)
@@ -267,15 +268,21 @@ def place(ctx: SkillContext, container: str) -> Placed:
 @skill
 def verify_in_container(ctx: SkillContext, name: str, container: str) -> Inside:
     """Look whether an object rests inside a container (its centre within the container's box)."""
-    obj = perception.locate_box(ctx, perception.ground_name(ctx, name))[0]
+    scene_name = perception.ground_name(ctx, name)
+    obj = perception.locate_box(ctx, scene_name)[0]
     box = perception.locate_box(ctx, perception.ground_name(ctx, container))[0]
-    return Inside(inside=_inside(obj, box))
+    return Inside(inside=_inside(obj, box, ctx.memory.get("heights", {}).get(scene_name)))
 
 
-def _inside(obj: Box, container: Box) -> bool:
+def _inside(obj: Box, container: Box, height: float | None) -> bool:
     """Within the walls (the box is the outer hull; walls and a margin take 2.5 cm), centre
-    below the rim: not perched on top of what is already in there."""
+    below the rim: not perched on top of what is already in there.
+
+    The walls hide the lower part of what stands inside, so the centre comes from the visible
+    top and the height the object showed when it stood on the table, if it was seen there."""
     x, y, z = obj.center
+    if height is not None:
+        z = obj.top - height / 2
     within = container.contains([x, y, container.center[2]], margin=-0.025)
     return bool(within and z < container.top - 0.01)
 
@@ -315,7 +322,7 @@ def next_item(
             if scene_name not in placed:
                 remaining.append((0.0, item))
             continue
-        if not _inside(found, box):
+        if not _inside(found, box, ctx.memory.get("heights", {}).get(scene_name)):
             remaining.append((2 * found.half_extents[2], item))
     for _, item in sorted(remaining, key=lambda r: -r[0]):
         if tries.get(item, 0) < max_attempts:

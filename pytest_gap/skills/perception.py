@@ -63,7 +63,10 @@ def locate_box(ctx: SkillContext, scene_name: str) -> tuple[Box, int]:
     center = np.median(points, axis=0)
     dist = np.linalg.norm(points[:, :2] - center[:2], axis=1)
     points = points[dist <= np.percentile(dist, 98) + 0.005]
-    return box_from_points(points), pixels
+    box = box_from_points(points)
+    if box.bottom == 0.0:  # standing on the table, seen whole: remember how tall it is
+        ctx.memory.setdefault("heights", {})[scene_name] = 2 * box.half_extents[2]
+    return box, pixels
 
 
 def visible_objects(ctx: SkillContext, camera: str = "agentview") -> list[str]:
