@@ -239,23 +239,27 @@ def place(ctx: SkillContext, container: str) -> Placed:
     yaw = motion.hand_yaw(ctx)
     eef_z = ctx.env.scene.gripper().eef_pos[2]
     held = ctx.memory.get("held")
-    # How far the held object hangs below the grip site, from a look at it in the hand.
-    hang = eef_z - perception.locate_box(ctx, held)[0].bottom if held else 0.03
-    hang = float(np.clip(hang, 0.0, 0.2))
+    # How far the held object hangs below the grip site, and how far it reaches sideways,
+    # from a look at it in the hand.
+    held_box = perception.locate_box(ctx, held)[0] if held else None
+    hang = float(np.clip(eef_z - held_box.bottom, 0.0, 0.2)) if held_box else 0.03
+    reach = max(held_box.half_extents[:2]) if held_box else 0.03
     # Free room inside: the centre, or 3 cm out along the hand's x axis, where the fingers
     # stay clear of the walls; 2.5 cm out along the closing axis only if those are taken.
     c = np.asarray(box.center[:2])
     hand_x, closing = np.array([np.cos(yaw), np.sin(yaw)]), np.array([np.sin(yaw), -np.cos(yaw)])
-    offsets = [0.03 * hand_x, -0.03 * hand_x, 0 * hand_x, 0.025 * closing, -0.025 * closing]
+    out = min(0.03, max(0.0, 0.06 - reach))  # long things stay nearer the middle
+    offsets = [out * hand_x, -out * hand_x, 0 * hand_x, 0.8 * out * closing, -0.8 * out * closing]
     spots = [tuple(c + d) for d in offsets]
     spot, occupied = perception.free_spot(ctx, scene_name, box, spots)
     # Lower the object until it nearly rests on what is there, keeping the fingertips no
-    # deeper than 5 cm under the rim; a tall thing released high tips over the wall.
+    # deeper than 1 cm under the rim; a tall thing released high tips over the wall.
     bottom = max(occupied, box.bottom) + 0.015
-    release = [spot[0], spot[1], max(bottom + hang, box.top - 0.05)]
+    release = [spot[0], spot[1], max(bottom + hang, box.top - 0.01)]
     motion.require_reachable(ctx, release, yaw)
     cruise = max(motion.SAFE_Z, box.top + hang + 0.04)
-    motion.travel(ctx, release, yaw, CLOSE, safe_z=cruise)
+    # Lowering into a container stops where it is blocked: release from there.
+    motion.travel(ctx, release, yaw, CLOSE, safe_z=cruise, descend_steps=35)
     _gripper(ctx, OPEN)
     if held:
         ctx.memory.setdefault("placed", set()).add(held)

@@ -17,7 +17,7 @@ from pytest_gap.skills.registry import SkillFailure
 POS_GAIN = 15.0
 ROT_GAIN = 2.0
 SAFE_Z = 0.25  # above every object of LIBERO's tabletop scenes (tallest about 0.15 m)
-STALL_STEPS = 25
+STALL_STEPS = 15  # steps without 2 mm of progress: blocked, stop pushing
 
 
 def hand_pose(ctx: SkillContext) -> tuple[np.ndarray, np.ndarray]:
@@ -42,7 +42,7 @@ def servo(
 ) -> float:
     """Drive the grip site to `position` pointing down at `yaw`; return the final error (m).
 
-    Gives up early when blocked (no millimetre of progress in STALL_STEPS steps)."""
+    Gives up early when blocked (no 2 mm of progress in STALL_STEPS steps)."""
     target = np.asarray(position, float)
     desired = down_rotation(yaw)
     error, best, best_at = np.inf, np.inf, 0
@@ -53,7 +53,7 @@ def servo(
         error = float(np.linalg.norm(delta))
         if error < tolerance and np.linalg.norm(rot_err) < 0.05:
             return error
-        if error < best - 0.001:
+        if error < best - 0.002:
             best, best_at = error, i
         elif i - best_at > STALL_STEPS:
             ctx.note("servo stalled", target=target.round(3).tolist(), error=round(error, 4))
@@ -73,6 +73,7 @@ def travel(
     *,
     safe_z: float = SAFE_Z,
     tolerance: float = 0.008,
+    descend_steps: int = 80,
 ) -> float:
     """Up to `safe_z`, across, then down to `position`; return the final error (m)."""
     target = np.asarray(position, float)
@@ -82,7 +83,7 @@ def travel(
         if pos[2] < cruise - 0.02:
             servo(ctx, [pos[0], pos[1], cruise], hand_yaw(ctx), gripper, tolerance=0.02)
         servo(ctx, [target[0], target[1], cruise], yaw, gripper, tolerance=0.015)
-    return servo(ctx, target, yaw, gripper, tolerance=tolerance)
+    return servo(ctx, target, yaw, gripper, tolerance=tolerance, max_steps=descend_steps)
 
 
 def solve_ik(ctx: SkillContext, position, yaw: float, iterations: int = 200) -> float:
