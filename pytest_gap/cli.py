@@ -140,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     except GapError as exc:
         print(f"gap: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `gap suites | head`: the reader left, nothing is wrong
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
