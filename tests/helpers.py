@@ -6,6 +6,15 @@ import numpy as np
 
 from pytest_gap.sim.libero import LiberoEnv
 
+# The generated variations that move objects (grocery_packing/object only relabels the goal).
+MOVING_VARIATIONS = [
+    ("posvar", "pos_var"),
+    ("posvar", "permutation"),
+    ("posvar", "basket_swap"),
+    ("posvar", "all"),
+    ("grocery_packing", "permutation"),
+]
+
 
 def poses(env: LiberoEnv) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Settled (position, wxyz quaternion) of every movable object."""

@@ -9,6 +9,7 @@ from pytest_gap.errors import SimInputError
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.sim.variations import resolve
 from pytest_gap.sim.video import VideoWriter, read_frames
+from tests.helpers import MOVING_VARIATIONS
 
 pytestmark = pytest.mark.images
 
@@ -100,16 +101,7 @@ def test_odd_sized_frames_are_padded_not_lost(tmp_path):
     assert [int(np.median(f)) for f in frames] == pytest.approx([10, 120, 240], abs=3)
 
 
-@pytest.mark.parametrize(
-    ("family", "variation"),
-    [
-        ("posvar", "pos_var"),
-        ("posvar", "permutation"),
-        ("posvar", "basket_swap"),
-        ("posvar", "all"),
-        ("grocery_packing", "permutation"),
-    ],
-)
+@pytest.mark.parametrize(("family", "variation"), MOVING_VARIATIONS)
 def test_targets_are_never_hidden_from_the_front_camera(camera_env, family, variation):
     for seed in range(4):
         camera_env.reset(seed, variation=resolve(family, variation))

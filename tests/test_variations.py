@@ -11,7 +11,7 @@ import pytest
 
 from pytest_gap.errors import SimInputError
 from pytest_gap.sim.variations import GRID_RECT, grid_cells, list_families, resolve
-from tests.helpers import poses, positions
+from tests.helpers import MOVING_VARIATIONS, poses, positions
 
 SEEDS = (0, 1, 17)
 TOL = 0.006  # settling moves an object a few millimetres at most
@@ -106,16 +106,7 @@ def test_grocery_packing_lists_n_items_in_prompt_and_goal(variation):
         assert env.completion() == 0.0
 
 
-@pytest.mark.parametrize(
-    ("family", "variation"),
-    [
-        ("posvar", "pos_var"),
-        ("posvar", "permutation"),
-        ("posvar", "basket_swap"),
-        ("posvar", "all"),
-        ("grocery_packing", "permutation"),
-    ],
-)
+@pytest.mark.parametrize(("family", "variation"), MOVING_VARIATIONS)
 def test_generated_layouts_are_physically_valid(object_env, family, variation):
     for seed in range(6):
         object_env.reset(seed, variation=resolve(family, variation))
