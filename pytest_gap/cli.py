@@ -101,6 +101,40 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.success else 1
 
 
+def _cmd_benchmark(args: argparse.Namespace) -> int:
+    """Exit 0 success (gate PASS), 1 run exception or gate FAIL, 2 config problem."""
+    from pytest_gap.benchmark import BenchmarkRunError, run
+
+    try:
+        summary = run(
+            args.config,
+            gate=args.gate,
+            resume=args.resume,
+            families=args.families,
+            modes=args.modes,
+            output_dir=args.output_dir,
+            workers=args.n,
+            verbose=args.verbose,
+        )
+    except BenchmarkRunError as exc:
+        print(f"gap: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"run dir: {summary.run_dir}")
+    print(summary.gate_line)
+    if args.gate:
+        return 0 if summary.ok else 1
+    return 0 if summary.exit_code in (0, 1) else 1
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from pytest_gap.config import json_schema
+
+    print(json.dumps(json_schema(), indent=1))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gap", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -130,6 +164,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="fill a {{placeholder}} (target and container come from the instruction)",
     )
     run.set_defaults(func=_cmd_run)
+    bench = sub.add_parser("benchmark", help="run a benchmark config (pytest on it) and gate it")
+    bench.add_argument("config", help="benchmark YAML (grid or suites shape)")
+    bench.add_argument("--gate", action="store_true", help="exit 1 unless the gate passes")
+    bench.add_argument("--resume", action="store_true", help="reuse the latest run dir")
+    bench.add_argument("--families", nargs="+", help="only these families (grid configs)")
+    bench.add_argument("--modes", nargs="+", help="only these modes (grid configs)")
+    bench.add_argument("--output-dir", help="write the run dir here instead of the config's")
+    bench.add_argument(
+        "-n", type=int, help="parallel trial workers (default: the config's num_workers)"
+    )
+    bench.add_argument("-v", "--verbose", action="store_true", help="verbose pytest output")
+    bench.set_defaults(func=_cmd_benchmark)
+    schema = sub.add_parser("schema", help="print the benchmark YAML's JSON Schema")
+    schema.set_defaults(func=_cmd_schema)
     return parser
 
 

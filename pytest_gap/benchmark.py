@@ -1,0 +1,179 @@
+"""Python API: run a benchmark config through pytest and get its summary back.
+
+    from pytest_gap import benchmark
+    summary = benchmark.run("benchmarks/grid.yaml", gate=True)
+    assert summary.ok, summary.gate_line
+
+`run` wraps the async `run_benchmark`. Both launch `python -m pytest CONFIG` in a subprocess (the
+same session a user gets from the command line: items, xdist workers, run dir, summary, gate)
+and read back what the session wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel
+
+from pytest_gap.config import (
+    DEFAULT_GATE_THRESHOLD,
+    KNOWN_MODES,
+    BenchmarkConfig,
+    ModeOverride,
+    load_config,
+)
+from pytest_gap.errors import GapError
+from pytest_gap.plan import plan
+from pytest_gap.report import CellSummary
+
+__all__ = [
+    "DEFAULT_GATE_THRESHOLD",
+    "KNOWN_MODES",
+    "BenchmarkConfig",
+    "BenchmarkModeOverride",
+    "BenchmarkRunError",
+    "BenchmarkSummary",
+    "run",
+    "run_benchmark",
+]
+
+BenchmarkModeOverride = ModeOverride
+
+
+class BenchmarkRunError(GapError, RuntimeError):
+    """The pytest session ended without a summary (it crashed or was interrupted)."""
+
+
+class BenchmarkSummary(BaseModel):
+    ok: bool  # the gate passed (gated) or the session finished and scored trials (not gated)
+    gated: bool
+    gate_threshold: float
+    gate_line: str
+    success_rate: float
+    completion_rate: float
+    n_trials: int
+    n_success: int
+    run_dir: Path
+    cells: list[CellSummary]
+    summary: dict
+    exit_code: int  # the pytest session's exit status
+
+
+def default_workers(config: BenchmarkConfig) -> int:
+    if config.benchmark is not None:
+        return config.benchmark.num_workers
+    return sum(cell.num_workers for cell in plan(config))
+
+
+def pytest_args(
+    config_path: Path,
+    *,
+    gate: bool,
+    resume: bool,
+    families: list[str] | None = None,
+    modes: list[str] | None = None,
+    output_dir: str | Path | None = None,
+    workers: int = 1,
+    verbose: bool = False,
+    report_json: Path,
+) -> list[str]:
+    args = [str(config_path), f"--gap-report-json={report_json}"]
+    if not gate:
+        args.append("--gap-no-gate")
+    if resume:
+        args.append("--gap-resume")
+    if families:
+        args.append(f"--gap-families={','.join(families)}")
+    if modes:
+        args.append(f"--gap-modes={','.join(modes)}")
+    if output_dir:
+        args.append(f"--gap-output-dir={Path(output_dir).resolve()}")
+    if workers > 1:
+        args += ["-n", str(workers)]
+    args += ["-v", "--log-level=DEBUG"] if verbose else []
+    return args
+
+
+def _config_file(config: BenchmarkConfig | str | Path, tmp: Path) -> tuple[Path, BenchmarkConfig]:
+    if not isinstance(config, BenchmarkConfig):
+        return Path(config), load_config(config)
+    # A config built in Python: its paths are absolute already; written with 0600 since it
+    # may carry an API key, and removed with the temporary directory.
+    path = tmp / "benchmark.yaml"
+    data = config.model_dump(mode="json", exclude_none=True, exclude={"source"})
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        yaml.safe_dump(data, handle)
+    return path, config
+
+
+async def run_benchmark(
+    config: BenchmarkConfig | str | Path,
+    *,
+    gate: bool = False,
+    resume: bool = False,
+    families: list[str] | None = None,
+    modes: list[str] | None = None,
+    output_dir: str | Path | None = None,
+    workers: int | None = None,
+    verbose: bool = False,
+    quiet: bool = False,
+) -> BenchmarkSummary:
+    with tempfile.TemporaryDirectory(prefix="gap-benchmark-") as tmp:
+        path, loaded = _config_file(config, Path(tmp))
+        plan(loaded, families=families, modes=modes)  # config errors before anything starts
+        report_json = Path(tmp) / "report.json"
+        args = pytest_args(
+            path,
+            gate=gate,
+            resume=resume,
+            families=families,
+            modes=modes,
+            output_dir=output_dir,
+            workers=workers or default_workers(loaded),
+            verbose=verbose,
+            report_json=report_json,
+        )
+        quiet_io = asyncio.subprocess.DEVNULL if quiet else None
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pytest", *args, stdout=quiet_io, stderr=quiet_io
+        )
+        exit_code = await process.wait()
+        if not report_json.is_file():
+            raise BenchmarkRunError(
+                f"{path}: the pytest session ended with exit status {exit_code} and scored "
+                "nothing; run it with -v to see why"
+            )
+        report = json.loads(report_json.read_text())
+    entry = report["configs"][0]
+    run_dir = Path(entry["run_dir"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    gate_data = entry["gate"]
+    from pytest_gap.report import Gate
+
+    gate_result = Gate.model_validate(gate_data)
+    return BenchmarkSummary(
+        ok=gate_result.passed if gate else exit_code in (0, 1),
+        gated=gate,
+        gate_threshold=gate_result.threshold,
+        gate_line=gate_result.line(),
+        success_rate=gate_result.success_rate,
+        completion_rate=gate_result.completion_rate,
+        n_trials=gate_result.n_trials,
+        n_success=gate_result.n_success,
+        run_dir=run_dir,
+        cells=[CellSummary.model_validate(c) for c in summary["cells"]],
+        summary=summary,
+        exit_code=exit_code,
+    )
+
+
+def run(config: BenchmarkConfig | str | Path, **kwargs) -> BenchmarkSummary:
+    """Synchronous `run_benchmark` (do not call it from inside a running event loop)."""
+    return asyncio.run(run_benchmark(config, **kwargs))

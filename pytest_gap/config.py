@@ -1,0 +1,440 @@
+"""Benchmark YAML -> BenchmarkConfig: both shapes, every key and default, all errors at once.
+
+A benchmark YAML is standalone (no `base:` inheritance) and has one of two shapes:
+- grid: a `benchmark:` block sweeps modes x (family, variation) x policies;
+- suites: no `benchmark:` block; the `suites:` list is the cell axis.
+Unknown keys are errors (a typo must not silently fall back to a default). Relative paths
+resolve against the YAML's directory. Every problem is reported in one ConfigError, one line
+per problem, each naming the file and the key path.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
+
+from pytest_gap.errors import GapError
+
+KNOWN_MODES = ("llm_generation", "llm_plus_policy", "policy_only", "workflow")
+# The modes a grid runs when `modes:` is omitted: the benchmark's three ablation modes.
+DEFAULT_MODES = ("llm_generation", "llm_plus_policy", "policy_only")
+POLICY_MODES = ("llm_plus_policy", "policy_only")
+DEFAULT_GATE_THRESHOLD = 0.90
+
+
+class ConfigError(GapError, ValueError):
+    """A benchmark YAML that cannot be used; the message lists every problem, one per line."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class LLMConfig(_Strict):
+    provider: Literal["openrouter", "openai", "vertex"] = "openrouter"
+    model: str | None = None
+    endpoint: str | None = None
+    api_key: str | None = Field(default=None, repr=False)
+    project_id: str | None = None
+    region: str | None = None
+    temperature: float = 0.7
+    max_tokens: PositiveInt | None = None
+    max_concurrent_requests: PositiveInt = 4
+    cache_dir: Path | None = None
+
+
+class PolicyEntry(_Strict):
+    """One `policies:` registry entry: exactly one of url, command (alias start_cmd), preset."""
+
+    url: str | None = None
+    command: list[str] | str | None = Field(
+        default=None, validation_alias=AliasChoices("command", "start_cmd")
+    )
+    preset: str | None = None
+    env: dict[str, str] = {}
+    protocol: Literal["openpi", "vla-eval"] = "openpi"
+    privileged_state: bool = False
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> PolicyEntry:
+        given = [k for k in ("url", "command", "preset") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "set exactly one of url, command (or start_cmd), preset"
+                + (f"; got {', '.join(given)}" if given else "")
+            )
+        return self
+
+
+class PolicyManagerConfig(_Strict):
+    startup_timeout_s: NonNegativeFloat = 120.0
+    evict_grace_s: NonNegativeFloat = 10.0
+
+
+class TrialsConfig(_Strict):
+    trials_per_generation: PositiveInt = Field(
+        default=1, validation_alias=AliasChoices("trials_per_generation", "total")
+    )
+    task_ids: list[int] | None = None
+    output_dir: Path = Path("gap_runs")
+    num_workers: PositiveInt = 1
+    record_video: bool = False
+    enable_tracing: bool = True
+    # 0 turns the per-trial watchdog off.
+    task_timeout_secs: NonNegativeFloat = 0.0
+
+
+class CompositionConfig(_Strict):
+    max_validation_retries: int = Field(default=2, ge=0)
+
+
+class SkillsConfig(_Strict):
+    planner: Literal["ik", "curobo"] = "ik"
+
+
+class ModeOverride(_Strict):
+    n_seeds: PositiveInt | None = None
+    num_workers: PositiveInt | None = None
+    workflow_dir: Path | None = None
+    policy_id: str | None = None
+    extra: dict[str, Any] = {}
+
+
+class BenchmarkBlock(_Strict):
+    families: list[str] = ["posvar"]
+    # None: every variation of each family.
+    variations: list[str] | None = None
+    modes: list[str] = list(DEFAULT_MODES)
+    n_tasks: PositiveInt = 10
+    task_ids: list[int] | None = None
+    n_seeds: PositiveInt = 50
+    seeds: list[int] | None = None
+    num_workers: PositiveInt = 8
+    policies: list[str] = []
+    # None inherits trials.record_video.
+    record_video: bool | None = None
+    output_dir: Path = Path("benchmark_runs")
+    gate_threshold: float = Field(default=DEFAULT_GATE_THRESHOLD, ge=0.0, le=1.0)
+    smoke: bool = False
+    mode_overrides: dict[str, ModeOverride] = {}
+
+
+class SuiteEntry(_Strict):
+    """One suites-mode cell. `suite_name` is a LIBERO suite (`gap suites`) or family/variation."""
+
+    suite_name: str
+    task_prompts: dict[int, str] = {}
+    task_ids: list[int] | None = None
+    trials_per_generation: PositiveInt | None = None
+    seeds: list[int] | None = None
+    timeout_secs: NonNegativeFloat | None = None
+    num_workers: PositiveInt | None = None
+    objects: dict[str, str] = {}
+    workflow_dir: Path | None = None
+
+
+class BenchmarkConfig(_Strict):
+    """A whole benchmark YAML. `source` is the file it came from (set by `load_config`)."""
+
+    task: str = "auto"
+    llm: LLMConfig = LLMConfig()
+    skills: SkillsConfig = SkillsConfig()
+    policies: dict[str, PolicyEntry] = {}
+    policy_manager: PolicyManagerConfig = PolicyManagerConfig()
+    trials: TrialsConfig = TrialsConfig()
+    composition: CompositionConfig = CompositionConfig()
+    benchmark: BenchmarkBlock | None = None
+    suites: list[SuiteEntry] | None = None
+    # Suites mode's gate threshold (grid mode's lives in benchmark.gate_threshold).
+    gate_threshold: float = Field(default=DEFAULT_GATE_THRESHOLD, ge=0.0, le=1.0)
+    smoke: bool = False
+    source: Path | None = Field(default=None, exclude=True)
+
+    @property
+    def shape(self) -> Literal["grid", "suites"]:
+        return "grid" if self.benchmark is not None else "suites"
+
+    @property
+    def threshold(self) -> float:
+        return self.benchmark.gate_threshold if self.benchmark else self.gate_threshold
+
+    @property
+    def output_dir(self) -> Path:
+        return self.benchmark.output_dir if self.benchmark else self.trials.output_dir
+
+    def echo(self) -> dict[str, Any]:
+        """The config as JSON, without secrets (summaries and manifests carry this)."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        data.get("llm", {}).pop("api_key", None)
+        for entry in data.get("policies", {}).values():
+            entry.pop("env", None)  # env values may hold tokens
+        return data
+
+
+# -- loading ------------------------------------------------------------------------------------
+def _key_path(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def _describe(error: dict) -> str:
+    loc = error["loc"]
+    if error["type"] == "extra_forbidden":
+        parent, key = loc[:-1], loc[-1]
+        fields = _fields_at(parent)
+        close = difflib.get_close_matches(str(key), fields, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "remove it"
+        return f"{_key_path(loc)}: unknown key; {hint}"
+    message = error["msg"].removeprefix("Value error, ")
+    value = error.get("input")
+    got = "" if isinstance(value, dict | list) else f" (got {value!r})"
+    return f"{_key_path(loc)}: {message}{got}"
+
+
+def _fields_at(loc: tuple) -> list[str]:
+    """The known keys of the model at `loc` (for "did you mean" hints)."""
+    model: Any = BenchmarkConfig
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            # dict[str, Model] value: the key is user data, keep the same model's value type
+            continue
+        model = _model_of(field.annotation)
+    return list(model.model_fields) if model is not None else []
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _resolve_paths(config: BenchmarkConfig, base: Path) -> None:
+    def fix(path: Path | None) -> Path | None:
+        return None if path is None else (base / path).expanduser().resolve()
+
+    config.trials.output_dir = fix(config.trials.output_dir)
+    if config.llm.cache_dir is not None:
+        config.llm.cache_dir = fix(config.llm.cache_dir)
+    if config.benchmark is not None:
+        config.benchmark.output_dir = fix(config.benchmark.output_dir)
+        for override in config.benchmark.mode_overrides.values():
+            override.workflow_dir = fix(override.workflow_dir)
+    for entry in config.suites or []:
+        entry.workflow_dir = fix(entry.workflow_dir)
+
+
+def parse_config(data: Any, source: str | Path = "<config>", base: Path | None = None):
+    """Validate already-parsed YAML data. Raises ConfigError listing every problem."""
+    source = str(source)
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["the file must hold a mapping of keys (llm:, benchmark:, ...)"])
+    problems: list[str] = []
+    if "base" in data:
+        problems.append(
+            "base: benchmark YAMLs are standalone; copy the keys you need instead of inheriting"
+        )
+    if data.get("benchmark") is None and not data.get("suites"):
+        problems.append(
+            "neither a benchmark: block (grid mode) nor a non-empty suites: list (suites mode); "
+            "add one of them"
+        )
+    body = {k: v for k, v in data.items() if k != "base"}
+    base = base or Path.cwd()
+    config = None
+    try:
+        config = BenchmarkConfig.model_validate(body)
+    except ValidationError as exc:
+        problems += [_describe(e) for e in exc.errors()]
+    problems += semantic_problems(body, base)
+    if problems:
+        raise ConfigError(source, problems)
+    _resolve_paths(config, base)
+    config.source = Path(source).resolve() if source != "<config>" else None
+    return config
+
+
+def load_config(path: str | Path) -> BenchmarkConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read the file: {exc.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(str(path), [f"{where}not valid YAML: {problem}"]) from None
+    return parse_config(data, path, base=path.parent.resolve())
+
+
+# -- checks pydantic cannot express ---------------------------------------------------------------
+# These read the raw YAML data (defensively), so they are reported together with the structural
+# errors above instead of only after those are fixed.
+def semantic_problems(data: dict, base: Path) -> list[str]:
+    from pytest_gap.sim.variations import list_families
+
+    families = list_families()
+    problems: list[str] = []
+    policies = data.get("policies") if isinstance(data.get("policies"), dict) else {}
+    block = data.get("benchmark")
+    if isinstance(block, dict):
+        problems += _grid_problems(block, policies, families, base)
+        if data.get("suites"):
+            problems.append(
+                "suites: a grid config (with a benchmark: block) does not use a suites: list; "
+                "remove one of them"
+            )
+    suites = data.get("suites")
+    for i, entry in enumerate(suites if isinstance(suites, list) else []):
+        if isinstance(entry, dict):
+            problems += _suite_problems(f"suites.{i}", entry, base)
+    return problems
+
+
+def _strings(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _unknown(key: str, what: str, value: str, known) -> str:
+    known = list(known)
+    close = difflib.get_close_matches(value, known, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"use one of {', '.join(known)}"
+    return f"{key}: unknown {what} {value!r}; {hint}"
+
+
+def _grid_problems(block: dict, policies: dict, families, base: Path) -> list[str]:
+    problems = []
+    chosen = _strings(block.get("families", ["posvar"]))
+    for family in chosen:
+        if family not in families:
+            problems.append(_unknown("benchmark.families", "family", family, sorted(families)))
+    if block.get("variations") is not None:
+        known = sorted({v for f in chosen for v in families.get(f, [])})
+        for variation in _strings(block["variations"]):
+            if variation not in known:
+                problems.append(
+                    _unknown(
+                        "benchmark.variations", "variation of the chosen families", variation, known
+                    )
+                )
+    for mode in _strings(block.get("modes")):
+        if mode not in KNOWN_MODES:
+            problems.append(_unknown("benchmark.modes", "mode", mode, KNOWN_MODES))
+    overrides = block.get("mode_overrides")
+    for mode, override in overrides.items() if isinstance(overrides, dict) else []:
+        key = f"benchmark.mode_overrides.{mode}"
+        if mode not in KNOWN_MODES:
+            problems.append(_unknown("benchmark.mode_overrides", "mode", str(mode), KNOWN_MODES))
+        if not isinstance(override, dict):
+            continue
+        problems += _workflow_dir_problems(
+            f"{key}.workflow_dir", override.get("workflow_dir"), base
+        )
+        policy = override.get("policy_id")
+        if isinstance(policy, str) and policy not in policies:
+            problems.append(
+                f"{key}.policy_id: {policy!r} is not in the policies: registry; add it there"
+            )
+    for policy in _strings(block.get("policies")):
+        if policy not in policies:
+            problems.append(
+                f"benchmark.policies: {policy!r} is not in the policies: registry; add an entry "
+                "with url, command or preset"
+            )
+    problems += _id_problems("benchmark.task_ids", block.get("task_ids"))
+    problems += _id_problems("benchmark.seeds", block.get("seeds"))
+    return problems
+
+
+def _suite_problems(key: str, entry: dict, base: Path) -> list[str]:
+    problems = []
+    if isinstance(entry.get("suite_name"), str):
+        try:
+            suite_variation(entry["suite_name"])
+        except GapError as exc:
+            problems.append(f"{key}.suite_name: {exc}")
+    problems += _workflow_dir_problems(f"{key}.workflow_dir", entry.get("workflow_dir"), base)
+    problems += _id_problems(f"{key}.task_ids", entry.get("task_ids"))
+    problems += _id_problems(f"{key}.seeds", entry.get("seeds"))
+    prompts = entry.get("task_prompts")
+    problems += _id_problems(
+        f"{key}.task_prompts", list(prompts) if isinstance(prompts, dict) else None
+    )
+    return problems
+
+
+def _id_problems(key: str, ids: Any) -> list[str]:
+    if not isinstance(ids, list):
+        return []
+    ids = [i for i in ids if isinstance(i, int)]
+    problems = []
+    if any(i < 0 for i in ids):
+        problems.append(f"{key}: ids are 0-based and cannot be negative (got {ids})")
+    if len(set(ids)) != len(ids):
+        problems.append(f"{key}: an id is listed twice (got {ids})")
+    return problems
+
+
+def _workflow_dir_problems(key: str, raw: Any, base: Path) -> list[str]:
+    if not isinstance(raw, str):
+        return []
+    path = (base / raw).expanduser().resolve()
+    if not (path / "workflow.json").is_file():
+        return [f"{key}: {path} has no workflow.json; point it at a workflow directory"]
+    return []
+
+
+def suite_variation(suite_name: str):
+    """The Variation a suites-mode `suite_name` names: `family/variation` or a LIBERO suite."""
+    from pytest_gap.errors import SimInputError
+    from pytest_gap.sim.suites import list_suites
+    from pytest_gap.sim.variations import resolve
+
+    if "/" in suite_name:
+        family, _, variation = suite_name.partition("/")
+        return resolve(family, variation)
+    suites = list_suites()
+    if suite_name not in suites:
+        close = difflib.get_close_matches(suite_name, suites, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "see `gap suites` and `gap families`"
+        raise SimInputError(
+            f"unknown suite {suite_name!r}: name a LIBERO suite or a family/variation; {hint}"
+        )
+    from pytest_gap.sim.suites import CLASSIC_SUITES
+
+    family = "libero" if suite_name in CLASSIC_SUITES else "libero_pro"
+    return resolve(family, suite_name.removeprefix("libero_"))
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of the benchmark YAML, for editor completion and validation."""
+    schema = BenchmarkConfig.model_json_schema(by_alias=False)
+    schema["properties"].pop("source", None)
+    schema["title"] = "pytest-gap benchmark config"
+    return schema

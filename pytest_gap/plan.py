@@ -1,0 +1,283 @@
+"""BenchmarkConfig -> cells -> trials. Pure and deterministic: every xdist worker plans the same.
+
+A cell is one (mode, policy id, family, variation) of a grid, or one suites-mode entry; it scores
+its tasks x seeds. A cell that cannot run (a mode this version lacks, a template mode without
+its workflow_dir) is still planned, with `error` saying why: its trials are collected and fail
+as errored, so a gap in the grid is never silently skipped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from pytest_gap.config import POLICY_MODES, BenchmarkConfig, ConfigError, suite_variation
+
+MODE_MISSING = {
+    "llm_generation": (
+        "mode llm_generation needs LLM workflow generation (producers/llm.py), which this "
+        "pytest-gap version does not have yet; run the workflow mode with a fixed workflow_dir"
+    ),
+    "llm_plus_policy": (
+        "mode llm_plus_policy needs learned-policy serving and the run_policy skill, which this "
+        "pytest-gap version does not have yet"
+    ),
+    "policy_only": (
+        "mode policy_only needs learned-policy serving and the run_policy skill, which this "
+        "pytest-gap version does not have yet"
+    ),
+}
+
+
+class Cell(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    mode: str
+    policy_id: str | None = None
+    family: str
+    variation: str
+    suite: str  # the LIBERO suite the trials run on
+    suite_name: str | None = None  # suites mode: the entry's (de-duplicated) name
+    task_ids: tuple[int, ...]
+    seeds: tuple[int, ...]
+    workflow_dir: Path | None = None
+    timeout_s: float = 0.0
+    num_workers: int = 1
+    device_offset: int = 0  # suites mode staggers cells over GAP_MUJOCO_EGL_DEVICES
+    record_video: bool = False
+    enable_tracing: bool = True
+    task_prompts: dict[int, str] = {}
+    objects: dict[str, str] = {}
+    error: str | None = None
+
+    @property
+    def row(self) -> str:
+        """Pivot row: mode, or mode@policy_id on the policy axis."""
+        return f"{self.mode}@{self.policy_id}" if self.policy_id else self.mode
+
+    @property
+    def column(self) -> str:
+        return self.suite_name if self.suite_name else f"{self.family}/{self.variation}"
+
+    @property
+    def key(self) -> str:
+        """This cell's directory, relative to the run dir."""
+        if self.suite_name is not None:
+            return f"suites/{self.suite_name}"
+        policy = f"/{self.policy_id}" if self.policy_id else ""
+        return f"{self.mode}{policy}/{self.family}/{self.variation}"
+
+    @property
+    def id_parts(self) -> tuple[str, str]:
+        if self.suite_name is not None:
+            return ("suites", self.suite_name)
+        return (self.row, f"{self.family}/{self.variation}")
+
+    @property
+    def keywords(self) -> list[str]:
+        words = [self.mode, self.family, self.variation, self.suite]
+        words += [w for w in (self.policy_id, self.suite_name) if w]
+        return words
+
+    def trials(self) -> list[Trial]:
+        return [Trial(cell=self, task_id=t, seed=s) for t in self.task_ids for s in self.seeds]
+
+
+class Trial(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    cell: Cell
+    task_id: int
+    seed: int
+
+    @property
+    def id_parts(self) -> tuple[str, ...]:
+        return (*self.cell.id_parts, f"task{self.task_id:02d}", f"seed{self.seed:03d}")
+
+    @property
+    def id(self) -> str:
+        return "::".join(self.id_parts)
+
+    @property
+    def task_dir(self) -> str:
+        return f"{self.cell.key}/task_{self.task_id:02d}"
+
+    @property
+    def key(self) -> str:
+        """This trial's directory, relative to the run dir."""
+        return f"{self.task_dir}/seed_{self.seed:03d}"
+
+
+def plan(
+    config: BenchmarkConfig,
+    *,
+    families: list[str] | None = None,
+    modes: list[str] | None = None,
+) -> list[Cell]:
+    """The cells of a config, in a fixed order. `families`/`modes` restrict a grid."""
+    source = str(config.source or "<config>")
+    if config.benchmark is None:
+        if families or modes:
+            raise ConfigError(
+                source,
+                [
+                    "--families/--modes restrict a grid (benchmark:) config; this is a suites "
+                    "config, run it without them"
+                ],
+            )
+        return _suite_cells(config, source)
+    return _grid_cells(config, source, families, modes)
+
+
+def all_trials(cells: list[Cell]) -> list[Trial]:
+    return [trial for cell in cells for trial in cell.trials()]
+
+
+def _suite_size(suite: str) -> int:
+    from pytest_gap.sim.suites import get_suite
+
+    return get_suite(suite).n_tasks
+
+
+def _check_ids(source: str, key: str, ids: list[int], n_tasks: int, what: str) -> list[str]:
+    bad = [i for i in ids if i >= n_tasks]
+    if bad:
+        return [f"{key}: task ids {bad} do not exist in {what} ({n_tasks} tasks: 0-{n_tasks - 1})"]
+    return []
+
+
+def _grid_cells(config, source, families, modes) -> list[Cell]:
+    from pytest_gap.sim.variations import list_families, resolve
+
+    block = config.benchmark
+    problems = []
+    for key, chosen, known in (
+        ("--families", families, block.families),
+        ("--modes", modes, block.modes),
+    ):
+        for name in chosen or []:
+            if name not in known:
+                problems.append(f"{key} {name}: not in this config's list ({', '.join(known)})")
+    if problems:
+        raise ConfigError(source, problems)
+    record_video = (
+        block.record_video if block.record_video is not None else config.trials.record_video
+    )
+    known_variations = list_families()
+    cells = []
+    for mode in block.modes:
+        if modes and mode not in modes:
+            continue
+        override = block.mode_overrides.get(mode)
+        for policy_id in _policy_axis(mode, block.policies, override):
+            for family in block.families:
+                if families and family not in families:
+                    continue
+                for variation in known_variations[family]:
+                    if block.variations is not None and variation not in block.variations:
+                        continue
+                    resolved = resolve(family, variation)
+                    n_tasks = _suite_size(resolved.suite)
+                    if block.task_ids is not None:
+                        task_ids = block.task_ids
+                        problems += _check_ids(
+                            source,
+                            "benchmark.task_ids",
+                            task_ids,
+                            n_tasks,
+                            f"{family}/{variation}",
+                        )
+                    else:
+                        task_ids = list(range(min(block.n_tasks, n_tasks)))
+                    cells.append(
+                        Cell(
+                            mode=mode,
+                            policy_id=policy_id,
+                            family=family,
+                            variation=variation,
+                            suite=resolved.suite,
+                            task_ids=tuple(task_ids),
+                            seeds=tuple(_grid_seeds(block, override)),
+                            workflow_dir=override.workflow_dir if override else None,
+                            timeout_s=config.trials.task_timeout_secs,
+                            num_workers=(override and override.num_workers) or block.num_workers,
+                            record_video=record_video,
+                            enable_tracing=config.trials.enable_tracing,
+                            error=_grid_cell_error(mode, override),
+                        )
+                    )
+    if problems:
+        raise ConfigError(source, sorted(set(problems)))
+    return cells
+
+
+def _policy_axis(mode, policies, override) -> list[str | None]:
+    if mode not in POLICY_MODES:
+        return [None]  # llm_generation and workflow ignore the policy axis
+    if policies:
+        return list(policies)
+    return [override.policy_id if override and override.policy_id else None]
+
+
+def _grid_seeds(block, override) -> list[int]:
+    n = override.n_seeds if override and override.n_seeds else None
+    if block.seeds is not None:
+        return block.seeds[:n] if n else block.seeds
+    return list(range(n or block.n_seeds))
+
+
+def _grid_cell_error(mode: str, override) -> str | None:
+    if mode in MODE_MISSING:
+        return MODE_MISSING[mode]
+    if override is None or override.workflow_dir is None:
+        return (
+            f"benchmark.mode_overrides.{mode}.workflow_dir is not set: the {mode} mode runs "
+            "that workflow directory; set it (e.g. examples/workflows/pick_place)"
+        )
+    return None
+
+
+def _suite_cells(config: BenchmarkConfig, source: str) -> list[Cell]:
+    cells, problems, seen, offset = [], [], {}, 0
+    for i, entry in enumerate(config.suites or []):
+        variation = suite_variation(entry.suite_name)
+        n_tasks = _suite_size(variation.suite)
+        task_ids = (
+            entry.task_ids
+            or sorted(entry.task_prompts)
+            or config.trials.task_ids
+            or list(range(n_tasks))
+        )
+        problems += _check_ids(source, f"suites.{i}", task_ids, n_tasks, entry.suite_name)
+        seen[entry.suite_name] = seen.get(entry.suite_name, 0) + 1
+        name = entry.suite_name.replace("/", "__")
+        if seen[entry.suite_name] > 1:
+            name = f"{name}_{seen[entry.suite_name]:02d}"
+        n_seeds = entry.trials_per_generation or config.trials.trials_per_generation
+        workers = entry.num_workers or config.trials.num_workers
+        timeout = entry.timeout_secs
+        cells.append(
+            Cell(
+                mode="workflow" if entry.workflow_dir else "llm_generation",
+                family=variation.family,
+                variation=variation.variation,
+                suite=variation.suite,
+                suite_name=name,
+                task_ids=tuple(task_ids),
+                seeds=tuple(entry.seeds if entry.seeds is not None else range(n_seeds)),
+                workflow_dir=entry.workflow_dir,
+                timeout_s=timeout if timeout is not None else config.trials.task_timeout_secs,
+                num_workers=workers,
+                device_offset=offset,
+                record_video=config.trials.record_video,
+                enable_tracing=config.trials.enable_tracing,
+                task_prompts=entry.task_prompts,
+                objects=entry.objects,
+                error=None if entry.workflow_dir else MODE_MISSING["llm_generation"],
+            )
+        )
+        offset += workers
+    if problems:
+        raise ConfigError(source, problems)
+    return cells

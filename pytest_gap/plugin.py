@@ -1,0 +1,422 @@
+"""pytest hooks: benchmark YAMLs become one item per trial; the session ends with the gate.
+
+Thin glue over plan (what to run), runner (run one trial) and report (fold the run dir).
+Item ids: <yaml>::<mode>[@<policy_id>]::<family>/<variation>::taskNN::seedNNN, or
+<yaml>::suites::<suite_name>::taskNN::seedNNN. Under pytest-xdist the workers collect and run;
+the controller receives each trial's record with its report, records crashed workers' trials,
+and rebuilds every summary from the run dir at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_gap.errors import GapError
+from pytest_gap.results import (
+    EXIT_TIMEOUT,
+    Corrupt,
+    TrialResult,
+    new_stamp,
+    read_result,
+    resolve_run_dir,
+    scan_results,
+    write_json,
+)
+
+BENCHMARK_SUFFIXES = (".yaml", ".yml")
+
+
+class LoadedConfig:
+    """One benchmark YAML as this process sees it: config, plan, run dir."""
+
+    def __init__(self, path: Path, session: GapSession):
+        from pytest_gap.config import load_config
+        from pytest_gap.plan import plan
+
+        self.path = path
+        self.config = load_config(path)
+        self.all_cells = plan(self.config)
+        self.cells = (
+            plan(self.config, families=session.families, modes=session.modes)
+            if session.families or session.modes
+            else self.all_cells
+        )
+        self.trials = {t.id: t for cell in self.all_cells for t in cell.trials()}
+        output_dir = session.output_dir or self.config.output_dir
+        self.run_dir = resolve_run_dir(output_dir, session.stamp, session.reuse_latest)
+
+
+class GapSession:
+    """Per-process state of one pytest session (stored in config.stash)."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        workerinput = getattr(config, "workerinput", None)
+        self.is_worker = workerinput is not None
+        self.worker = os.environ.get("PYTEST_XDIST_WORKER")
+        self.stamp = (workerinput or {}).get("gap_stamp") or new_stamp()
+        self.resume = config.getoption("gap_resume")
+        self.reuse_latest = self.resume or bool(config.getoption("lf", False))
+        raw_output = config.getoption("gap_output_dir")
+        self.output_dir = Path(raw_output).resolve() if raw_output else None
+        self.families = _csv(config.getoption("gap_families"))
+        self.modes = _csv(config.getoption("gap_modes"))
+        self.gate_on = not config.getoption("gap_no_gate")
+        self._loaded: dict[Path, LoadedConfig] = {}
+        self.touched: dict[Path, LoadedConfig] = {}
+        self.notes: list[str] = []
+        self.other_failures = 0
+        self.outcomes: list[dict[str, Any]] = []
+
+    def load(self, path: Path) -> LoadedConfig:
+        path = path.resolve()
+        if path not in self._loaded:
+            self._loaded[path] = LoadedConfig(path, self)
+        return self._loaded[path]
+
+
+SESSION = pytest.StashKey[GapSession]()
+
+
+def _csv(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [v for value in values for v in value.split(",") if v]
+
+
+# -- options and configuration ---------------------------------------------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gap", "pytest-gap benchmarks")
+    group.addoption(
+        "--gap-resume",
+        action="store_true",
+        help="reuse the latest run dir; skip trials that already have a valid result.json",
+    )
+    group.addoption(
+        "--gap-no-gate",
+        action="store_true",
+        help="do not let the gate decide the exit status (pytest's usual status instead)",
+    )
+    group.addoption("--gap-output-dir", help="write run dirs here instead of the config's")
+    group.addoption(
+        "--gap-families", action="append", help="restrict grid configs to these families (csv)"
+    )
+    group.addoption("--gap-modes", action="append", help="restrict grid configs to these modes")
+    group.addoption("--gap-report-json", help="write each config's run dir and gate here")
+    parser.addini(
+        "gap_benchmark_dirs",
+        type="args",
+        default=["benchmarks"],
+        help="directories (relative to rootdir) whose YAML files are benchmark configs",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gap_mode(name): the benchmark mode of a trial")
+    config.addinivalue_line("markers", "gap_family(name): the benchmark family of a trial")
+    session = GapSession(config)
+    config.stash[SESSION] = session
+    controller = not session.is_worker and config.getoption("numprocesses", None)
+    if not controller:
+        from pytest_gap.devices import pin
+
+        try:
+            pin(os.environ, session.worker)  # before anything imports the simulator
+        except GapError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist controller: every worker writes into the controller's run dir stamp."""
+    node.workerinput["gap_stamp"] = node.config.stash[SESSION].stamp
+
+
+def _is_benchmark_arg(config: pytest.Config, arg: str) -> bool:
+    path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
+    if path.suffix in BENCHMARK_SUFFIXES:
+        return True
+    roots = [(config.rootpath / d).resolve() for d in config.getini("gap_benchmark_dirs")]
+    return any(path == root or root in path.parents for root in roots)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Trials of one (cell, task) go to one worker, so its env and workflow are reused."""
+    if config.getoption("dist") != "load":
+        return None
+    if not any(_is_benchmark_arg(config, a) for a in config.args):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TaskScopeScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if ".yaml::" in nodeid or ".yml::" in nodeid:
+                return nodeid.rsplit("::", 1)[0]
+            return nodeid
+
+    return TaskScopeScheduling(config, log)
+
+
+# -- collection ------------------------------------------------------------------------------------
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    if file_path.suffix not in BENCHMARK_SUFFIXES:
+        return None
+    config = parent.config
+    explicit = {Path(config.invocation_params.dir, a.split("::")[0]).resolve() for a in config.args}
+    roots = [(config.rootpath / d).resolve() for d in config.getini("gap_benchmark_dirs")]
+    resolved = file_path.resolve()
+    if resolved in explicit or any(root in resolved.parents for root in roots):
+        return BenchmarkFile.from_parent(parent, path=file_path)
+    return None
+
+
+class BenchmarkFile(pytest.File):
+    def collect(self):
+        try:
+            loaded = self.config.stash[SESSION].load(self.path)
+        except GapError as exc:
+            raise self.CollectError(str(exc)) from None
+        tree: dict[str, Any] = {}
+        for cell in loaded.cells:
+            for trial in cell.trials():
+                group, cell_name, task, seed = trial.id_parts
+                tree.setdefault(group, {}).setdefault(cell_name, {}).setdefault(task, {})[seed] = (
+                    trial
+                )
+        for name, children in tree.items():
+            yield TrialGroup.from_parent(self, name=name, children=children, loaded=loaded)
+
+
+class TrialGroup(pytest.Collector):
+    """A mode (or `suites`), a cell, or a task: one level of a trial's id."""
+
+    def __init__(self, *, children: dict, loaded: LoadedConfig, **kwargs):
+        super().__init__(**kwargs)
+        self._children, self._loaded = children, loaded
+
+    def collect(self):
+        for name, child in self._children.items():
+            if isinstance(child, dict):
+                yield TrialGroup.from_parent(self, name=name, children=child, loaded=self._loaded)
+            else:
+                yield TrialItem.from_parent(self, name=name, trial=child, loaded=self._loaded)
+
+
+class TrialFailed(Exception):
+    def __init__(self, result: TrialResult, replayed: bool):
+        prefix = "(recorded by an earlier session, not re-run) " if replayed else ""
+        super().__init__(prefix + result.message())
+
+
+class TrialItem(pytest.Item):
+    def __init__(self, *, trial, loaded: LoadedConfig, **kwargs):
+        super().__init__(**kwargs)
+        self.trial, self.loaded = trial, loaded
+        self.result: TrialResult | None = None
+        self.notes: list[str] = []
+        cell = trial.cell
+        self.extra_keyword_matches.update(cell.keywords)
+        self.add_marker(pytest.mark.gap_mode(name=cell.mode))
+        self.add_marker(pytest.mark.gap_family(name=cell.family))
+        if cell.timeout_s > 0:
+            self.add_marker(pytest.mark.timeout(cell.timeout_s))
+
+    def runtest(self) -> None:
+        session = self.config.stash[SESSION]
+        run_dir = self.loaded.run_dir
+        replayed = self._recorded(run_dir) if session.resume else None
+        result = replayed or self._run(session, run_dir)
+        self.result = result
+        self.user_properties.extend(result.properties())
+        if not result.success:
+            raise TrialFailed(result, replayed is not None)
+
+    def _recorded(self, run_dir: Path) -> TrialResult | None:
+        found = read_result(run_dir / self.trial.key)
+        if isinstance(found, Corrupt):
+            self.notes.append(f"corrupt {found.path} ({found.problem}); the trial was re-run")
+            return None
+        if found is None or found.errored:
+            return None
+        return found
+
+    def _run(self, session: GapSession, run_dir: Path) -> TrialResult:
+        from pytest_gap.runner import TrialRun
+        from pytest_gap.sim.pool import env_pool
+
+        run = TrialRun(
+            self.trial,
+            run_dir,
+            nodeid=self.nodeid,
+            config=str(self.loaded.path),
+            pool=env_pool(),
+            worker=session.worker,
+        )
+        try:
+            return run.execute()
+        except pytest.fail.Exception as exc:
+            if "pytest-timeout" not in str(exc):
+                raise
+            limit = self.trial.cell.timeout_s
+            return run.abort(EXIT_TIMEOUT, f"timed out after {limit:g} s (the trial watchdog)")
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, TrialFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):
+        return self.path, None, self.nodeid.split("::", 1)[-1]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    report = yield
+    if isinstance(item, TrialItem) and report.when == "call":
+        # JSON-safe extras travel with the report from an xdist worker to the controller.
+        if item.result is not None:
+            report.gap_result = item.result.model_dump(mode="json")
+        report.gap_run_dir = str(item.loaded.run_dir)
+        report.gap_notes = list(item.notes)
+    return report
+
+
+# -- the controller's side -------------------------------------------------------------------------
+class _Controller:
+    """Collects what the controller learns from reports; registered on the controller only."""
+
+    def __init__(self, session: GapSession):
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        run_dir = getattr(report, "gap_run_dir", None)
+        if run_dir is not None:
+            path = Path(getattr(report, "gap_result", {}).get("config") or "")
+            if path.name:
+                self.session.touched[path] = self.session.load(path)
+            self.session.notes += getattr(report, "gap_notes", [])
+        elif report.failed and not _is_trial_nodeid(report.nodeid):
+            self.session.other_failures += 1
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report, sched) -> None:
+        if not _is_trial_nodeid(crashitem):
+            return
+        from pytest_gap.runner import record_crash
+
+        session = self.session
+        yaml_part, _, trial_id = crashitem.partition("::")
+        loaded = session.load(session.config.rootpath / yaml_part)
+        trial = loaded.trials.get(trial_id)
+        if trial is None:
+            return
+        result = record_crash(
+            trial,
+            loaded.run_dir,
+            nodeid=crashitem,
+            config=str(loaded.path),
+            detail=str(report.longrepr),
+        )
+        report.gap_result = result.model_dump(mode="json")
+        report.gap_run_dir = str(loaded.run_dir)
+        report.longrepr = f"{report.longrepr}\n{result.message()}"
+
+
+def _is_trial_nodeid(nodeid: str) -> bool:
+    return any(f"{suffix}::" in nodeid for suffix in BENCHMARK_SUFFIXES)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    gap = session.config.stash[SESSION]
+    if not gap.is_worker:
+        session.config.pluginmanager.register(_Controller(gap), "gap-controller")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    gap = session.config.stash[SESSION]
+    if gap.is_worker or session.config.option.collectonly or not gap.touched:
+        return
+    from pytest_gap.report import write_run_outputs
+
+    all_passed = True
+    for path, loaded in gap.touched.items():
+        summaries, gate = write_run_outputs(
+            loaded.run_dir,
+            loaded.all_cells,
+            scan_results(loaded.run_dir),
+            threshold=loaded.config.threshold,
+            grid=loaded.config.echo(),
+        )
+        _write_manifest(loaded, gap)
+        all_passed &= gate.passed
+        gap.outcomes.append(
+            {"config": str(path), "run_dir": str(loaded.run_dir), "gate": gate, "cells": summaries}
+        )
+    report_path = session.config.getoption("gap_report_json")
+    if report_path:
+        write_json(
+            Path(report_path),
+            {
+                "passed": all_passed,
+                "configs": [
+                    {"config": o["config"], "run_dir": o["run_dir"], "gate": o["gate"].model_dump()}
+                    for o in gap.outcomes
+                ],
+            },
+        )
+    if gap.gate_on and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        failed = not all_passed or gap.other_failures
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED if failed else pytest.ExitCode.OK
+
+
+def _write_manifest(loaded: LoadedConfig, gap: GapSession) -> None:
+    import json
+    import socket
+    import sys
+
+    from pytest_gap import __version__
+    from pytest_gap.results import now_iso
+
+    path = loaded.run_dir / "run_manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        manifest = {"config": str(loaded.path), "created_at": now_iso(), "sessions": []}
+    manifest["pytest_gap_version"] = __version__
+    manifest["sessions"].append(
+        {
+            "finished_at": now_iso(),
+            "host": socket.gethostname(),
+            "argv": sys.argv[1:],
+            "resume": gap.resume,
+            "families": gap.families,
+            "modes": gap.modes,
+        }
+    )
+    write_json(path, manifest)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    gap = config.stash[SESSION]
+    if gap.is_worker or not gap.outcomes:
+        return
+    from pytest_gap.report import console_table
+
+    terminalreporter.write_sep("=", "pytest-gap")
+    for outcome in gap.outcomes:
+        terminalreporter.write_line(f"{outcome['config']}")
+        terminalreporter.write_line(f"run dir: {outcome['run_dir']}")
+        if outcome["cells"]:
+            terminalreporter.write_line(console_table(outcome["cells"]))
+        gate = outcome["gate"]
+        suffix = "" if gap.gate_on else "  [--gap-no-gate: not deciding the exit status]"
+        terminalreporter.write_line(
+            gate.line() + suffix, bold=True, green=gate.passed, red=not gate.passed
+        )
+    for note in gap.notes:
+        terminalreporter.write_line(f"gap: {note}", yellow=True)

@@ -1,0 +1,1 @@
+"""Workflow producers: how each mode gets the workflow a trial runs."""

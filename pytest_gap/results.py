@@ -1,0 +1,171 @@
+"""Per-trial records and the run-dir layout they live in; the resume scan.
+
+    <output_dir>/<YYYYMMDD_HHMMSS>/<cell key>/task_NN/seed_NNN/result.json
+
+A result.json is written atomically (temporary file, then rename), so a session killed at any
+moment leaves either a whole record or none. `running.json` marks a trial in progress; a crashed
+worker leaves it behind, which is how the controller tells a watchdog kill from a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+RESULT_FILE = "result.json"
+RUNNING_FILE = "running.json"
+RESULT_VERSION = 1
+STAMP_FORMAT = "%Y%m%d_%H%M%S"
+STAMP_RE = re.compile(r"^\d{8}_\d{6}$")
+
+# exit_code of a trial: 0 it ran (success or not); 1 the harness could not run it;
+# 124 the watchdog stopped it; 137 its worker died.
+EXIT_RAN, EXIT_ERROR, EXIT_TIMEOUT, EXIT_CRASH = 0, 1, 124, 137
+
+
+class TrialResult(BaseModel):
+    version: int = RESULT_VERSION
+    nodeid: str
+    config: str
+    mode: str
+    policy_id: str | None = None
+    family: str
+    variation: str
+    suite: str
+    suite_name: str | None = None
+    task_id: int
+    seed: int
+    init_state: int | None = None
+    prompt: str | None = None
+    success: bool = False
+    completion: float = 0.0
+    reward: float = 0.0
+    steps: int = 0
+    exit_code: int = EXIT_RAN
+    exit_status: str | None = None  # how the workflow ended (executor exit status)
+    reason: str | None = None  # why a trial that ran did not succeed
+    error: str | None = None  # why the harness could not score it (errored trial)
+    infra_failure: bool = False
+    wall_s: float = 0.0
+    produce_s: float = 0.0
+    eval_s: float = 0.0
+    video: str | None = None  # relative to the run dir
+    trace: str | None = None  # relative to the run dir
+    worker: str | None = None
+    devices: dict[str, str] = {}
+    started_at: str | None = None
+    finished_at: str | None = None
+
+    @property
+    def errored(self) -> bool:
+        """Not scored: excluded from success denominators, re-run on resume, errors its cell."""
+        return self.error is not None
+
+    def message(self) -> str:
+        """The one-paragraph failure message of a pytest item (no traceback)."""
+        where = f"task {self.task_id} seed {self.seed} (init state {self.init_state})"
+        if self.errored:
+            kind = "infrastructure failure" if self.infra_failure else "not run"
+            return f"{kind}: {where}: {self.error}"
+        parts = [
+            f"task not completed: {where}",
+            f"completion {self.completion:.2f}",
+            f"steps {self.steps}",
+            f"exit_code {self.exit_code}",
+        ]
+        if self.reason:
+            parts.append(f"reason: {self.reason}")
+        if self.prompt:
+            parts.append(f"prompt: {self.prompt!r}")
+        return "; ".join(parts)
+
+    def properties(self) -> list[tuple[str, Any]]:
+        """JUnit testcase properties."""
+        return [
+            ("success", self.success),
+            ("completion", round(self.completion, 4)),
+            ("reward", self.reward),
+            ("steps", self.steps),
+            ("seed", self.seed),
+            ("init_state", self.init_state),
+            ("exit_code", self.exit_code),
+            ("wall_s", round(self.wall_s, 2)),
+            ("infra_failure", self.infra_failure),
+            ("video", self.video or ""),
+        ]
+
+
+def now_iso() -> str:
+    return datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def new_stamp() -> str:
+    return time.strftime(STAMP_FORMAT)
+
+
+def latest_run_dir(output_dir: Path) -> Path | None:
+    if not output_dir.is_dir():
+        return None
+    stamped = sorted(p for p in output_dir.iterdir() if p.is_dir() and STAMP_RE.match(p.name))
+    return stamped[-1] if stamped else None
+
+
+def resolve_run_dir(output_dir: Path, stamp: str, reuse_latest: bool) -> Path:
+    """The run dir of a session: `stamp`, or the latest existing one when resuming.
+
+    Every process of a session computes this independently and gets the same answer: a
+    resumed run's latest dir predates the session; otherwise all use the session's stamp.
+    """
+    if reuse_latest:
+        latest = latest_run_dir(output_dir)
+        if latest is not None:
+            return latest
+    return output_dir / stamp
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def write_result(trial_dir: Path, result: TrialResult) -> None:
+    write_json(trial_dir / RESULT_FILE, result.model_dump(mode="json"))
+    (trial_dir / RUNNING_FILE).unlink(missing_ok=True)
+
+
+class Corrupt(BaseModel):
+    path: str
+    problem: str
+
+
+def read_result(trial_dir: Path) -> TrialResult | Corrupt | None:
+    """The recorded result, None if there is none, Corrupt if it cannot be used."""
+    path = trial_dir / RESULT_FILE
+    if not path.is_file():
+        return None
+    try:
+        result = TrialResult.model_validate_json(path.read_text())
+    except (OSError, ValueError, ValidationError) as exc:
+        return Corrupt(path=str(path), problem=str(exc).splitlines()[0])
+    if result.version != RESULT_VERSION:
+        return Corrupt(path=str(path), problem=f"version {result.version}, expected 1")
+    return result
+
+
+def scan_results(run_dir: Path) -> dict[str, TrialResult]:
+    """Every valid result.json under a run dir, keyed by trial dir relative to the run dir."""
+    found = {}
+    for path in sorted(run_dir.rglob(RESULT_FILE)):
+        result = read_result(path.parent)
+        if isinstance(result, TrialResult):
+            found[path.parent.relative_to(run_dir).as_posix()] = result
+    return found

@@ -1,0 +1,254 @@
+"""Run one trial: produce the cell x task workflow, reset a pooled env to the seed, execute.
+
+Knows nothing of pytest. `TrialRun.execute()` always writes a result.json for its trial: a
+workflow that fails is a failed trial, and anything the harness could not do (a broken
+workflow, a simulator fault) is an errored one. An interruption from outside (the pytest-timeout
+watchdog) is recorded afterwards with `abort()`, keeping the steps and partial completion
+reached so far.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import traceback
+from pathlib import Path
+
+from pytest_gap.devices import egl_device_for_cell
+from pytest_gap.errors import GapError
+from pytest_gap.plan import Trial
+from pytest_gap.producers.prebuilt import PRODUCED_FILE, materialize
+from pytest_gap.results import (
+    EXIT_CRASH,
+    EXIT_ERROR,
+    EXIT_RAN,
+    EXIT_TIMEOUT,
+    RUNNING_FILE,
+    TrialResult,
+    now_iso,
+    read_result,
+    write_json,
+    write_result,
+)
+
+VIDEO_FILE = "video.mp4"
+
+
+def _reason(run) -> str | None:
+    if run.success:
+        return None
+    if run.error:
+        return f"workflow {run.exit_status}: {run.error}"
+    where = f" at {run.end_node}" if run.end_node else ""
+    return f"workflow ended with {run.exit_status}{where}"
+
+
+class TrialRun:
+    def __init__(
+        self,
+        trial: Trial,
+        run_dir: Path,
+        *,
+        nodeid: str,
+        config: str,
+        pool,
+        worker: str | None = None,
+    ):
+        self.trial, self.run_dir, self.pool = trial, run_dir, pool
+        self.dir = run_dir / trial.key
+        self.env = None
+        self.result: TrialResult | None = None
+        self._t0 = time.perf_counter()
+        self._produce_s = 0.0
+        self._eval_t0: float | None = None
+        cell = trial.cell
+        self._base = {
+            "nodeid": nodeid,
+            "config": config,
+            "mode": cell.mode,
+            "policy_id": cell.policy_id,
+            "family": cell.family,
+            "variation": cell.variation,
+            "suite": cell.suite,
+            "suite_name": cell.suite_name,
+            "task_id": trial.task_id,
+            "seed": trial.seed,
+            "worker": worker,
+            "devices": {
+                k: os.environ[k]
+                for k in ("CUDA_VISIBLE_DEVICES", "MUJOCO_EGL_DEVICE_ID")
+                if k in os.environ
+            },
+            "started_at": now_iso(),
+        }
+
+    # -- the trial ---------------------------------------------------------------------------
+    def execute(self) -> TrialResult:
+        shutil.rmtree(self.dir, ignore_errors=True)  # a re-run starts from a clean trial dir
+        self.dir.mkdir(parents=True)
+        write_json(
+            self.dir / RUNNING_FILE,
+            {"pid": os.getpid(), "started": time.time(), "timeout_s": self.trial.cell.timeout_s},
+        )
+        cell = self.trial.cell
+        if cell.error:
+            return self._finish(exit_code=EXIT_ERROR, error=cell.error)
+        try:
+            fields = self._run()
+        except GapError as exc:  # something a user can fix: one line, no traceback
+            return self._finish(exit_code=EXIT_ERROR, error=str(exc))
+        except Exception as exc:
+            (self.dir / "error.txt").write_text(traceback.format_exc())
+            return self._finish(
+                exit_code=EXIT_ERROR,
+                error=f"{type(exc).__name__}: {exc} (traceback in {self.trial.key}/error.txt)",
+                infra_failure=True,
+            )
+        return self._finish(**fields)
+
+    def _run(self) -> dict:
+        from pytest_gap.sim.libero import EnvOptions
+        from pytest_gap.sim.variations import resolve
+        from pytest_gap.workflow.executor import run_workflow
+        from pytest_gap.workflow.schema import load_workflow
+
+        cell, trial = self.trial.cell, self.trial
+        variation = resolve(cell.family, cell.variation)
+        device = egl_device_for_cell(self._base["worker"], cell.device_offset)
+        if device is not None:
+            os.environ["MUJOCO_EGL_DEVICE_ID"] = device
+        cameras = ("agentview",) if cell.record_video else ()
+        self.env = env = self.pool.get(cell.suite, trial.task_id, EnvOptions(cameras=cameras))
+        workflow_dir = self._produce(variation)
+        self._eval_t0 = time.perf_counter()
+        video = self.dir / VIDEO_FILE if cell.record_video else None
+        obs = env.reset(trial.seed, variation=variation, video=video)
+        trace_dir = self.dir / "trace" if cell.enable_tracing else None
+        run = run_workflow(load_workflow(workflow_dir), env, trace_dir=trace_dir)
+        env.finish_video()
+        return {
+            "init_state": env.episode.init_state,
+            "prompt": obs.prompt,
+            "success": run.success,
+            "completion": run.completion,
+            "reward": 1.0 if run.success else 0.0,
+            "steps": run.steps,
+            "exit_status": run.exit_status,
+            "reason": _reason(run),
+            "video": f"{trial.key}/{VIDEO_FILE}" if video else None,
+            "trace": f"{trial.key}/trace/dag_trace.json" if trace_dir else None,
+        }
+
+    def _produce(self, variation) -> Path:
+        """The (cell, task) workflow, materialised once in the run dir and reused."""
+        from pytest_gap.workflow.templates import task_placeholders
+
+        cell, trial = self.trial.cell, self.trial
+        dest = self.run_dir / trial.task_dir / "workflow"
+        if (dest / PRODUCED_FILE).is_file():
+            return dest
+        prompt = cell.task_prompts.get(trial.task_id) or self._task_prompt(variation)
+        values = {**task_placeholders(prompt), **cell.objects}
+        if cell.policy_id:
+            values["policy_id"] = cell.policy_id
+        self._produce_s = materialize(cell.workflow_dir, dest, values, prompt)
+        return dest
+
+    def _task_prompt(self, variation) -> str:
+        """The task's instruction: a generated family may write its own, per seed.
+
+        Such families (grocery_packing lists the seed's items) are produced from the cell's
+        first seed; their workflows read the task at run time (`read_task`), as pack_all does.
+        """
+        if not variation.generated:
+            return self.env.task.prompt
+        return self.env.reset(self.trial.cell.seeds[0], variation=variation).prompt
+
+    # -- recording ---------------------------------------------------------------------------
+    def _finish(self, **fields) -> TrialResult:
+        wall = time.perf_counter() - self._t0
+        eval_s = time.perf_counter() - self._eval_t0 if self._eval_t0 is not None else 0.0
+        self.result = TrialResult(
+            **self._base,
+            **fields,
+            wall_s=wall,
+            produce_s=self._produce_s,
+            eval_s=eval_s,
+            finished_at=now_iso(),
+        )
+        write_result(self.dir, self.result)
+        return self.result
+
+    def abort(self, exit_code: int, reason: str) -> TrialResult:
+        """Record a trial stopped from outside, with the steps and completion reached so far."""
+        fields: dict = {"exit_code": exit_code, "reason": reason}
+        env = self.env
+        try:
+            episode = env.episode if env is not None else None
+        except GapError:  # stopped before its episode began
+            episode = None
+        if episode is not None and episode.seed == self.trial.seed:
+            fields |= {
+                "init_state": episode.init_state,
+                "prompt": episode.prompt,
+                "steps": env.steps,
+                "completion": env.completion(),
+            }
+            try:
+                env.finish_video()
+            except GapError:
+                pass
+        return self._finish(**fields)
+
+
+def record_crash(trial: Trial, run_dir: Path, *, nodeid: str, config: str, detail: str):
+    """The controller's record of a trial whose worker died (the worker wrote nothing).
+
+    A trial that had run past its watchdog limit was killed by the watchdog (124); any other
+    death (segfault, OOM kill) is a crash (137), an infrastructure failure.
+    """
+    import json
+
+    trial_dir = run_dir / trial.key
+    existing = read_result(trial_dir)
+    if isinstance(existing, TrialResult):
+        return existing  # it finished; the worker died afterwards
+    elapsed, timeout = 0.0, trial.cell.timeout_s
+    try:
+        running = json.loads((trial_dir / RUNNING_FILE).read_text())
+        elapsed = time.time() - running["started"]
+    except (OSError, ValueError, KeyError):
+        pass
+    base = {
+        "nodeid": nodeid,
+        "config": config,
+        "mode": trial.cell.mode,
+        "policy_id": trial.cell.policy_id,
+        "family": trial.cell.family,
+        "variation": trial.cell.variation,
+        "suite": trial.cell.suite,
+        "suite_name": trial.cell.suite_name,
+        "task_id": trial.task_id,
+        "seed": trial.seed,
+        "wall_s": elapsed,
+        "finished_at": now_iso(),
+    }
+    if timeout and elapsed >= timeout:
+        result = TrialResult(
+            **base,
+            exit_code=EXIT_TIMEOUT,
+            reason=f"the watchdog killed its worker after {elapsed:.0f} s (limit {timeout:g} s)",
+        )
+    else:
+        result = TrialResult(
+            **base,
+            exit_code=EXIT_CRASH,
+            error=f"its worker process died after {elapsed:.0f} s: {detail}",
+            infra_failure=True,
+        )
+    write_result(trial_dir, result)
+    return result
+
+
+__all__ = ["EXIT_RAN", "TrialRun", "record_crash"]
