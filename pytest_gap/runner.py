@@ -9,6 +9,7 @@ reached so far.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -195,10 +196,8 @@ class TrialRun:
                 "steps": env.steps,
                 "completion": env.completion(),
             }
-            try:
+            with contextlib.suppress(GapError):
                 env.finish_video()
-            except GapError:
-                pass
         return self._finish(**fields)
 
 
