@@ -146,20 +146,20 @@ def _is_benchmark_arg(config: pytest.Config, arg: str) -> bool:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Trials of one (cell, task) go to one worker, so its env and workflow are reused."""
+    """Benchmark sessions hand each worker a contiguous run of trials (work stealing).
+
+    Collection order keeps a (cell, task)'s seeds together, so a worker mostly runs whole tasks
+    and reuses their env and workflow; only idle workers steal from the end of another's run.
+    xdist's loadscope/loadgroup would keep tasks whole, but they stall after a worker crash,
+    and a crash must never stop a benchmark.
+    """
     if config.getoption("dist") != "load":
         return None
     if not any(_is_benchmark_arg(config, a) for a in config.args):
         return None
-    from xdist.scheduler import LoadScopeScheduling
+    from xdist.scheduler import WorkStealingScheduling
 
-    class TaskScopeScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            if ".yaml::" in nodeid or ".yml::" in nodeid:
-                return nodeid.rsplit("::", 1)[0]
-            return nodeid
-
-    return TaskScopeScheduling(config, log)
+    return WorkStealingScheduling(config, log)
 
 
 # -- collection ------------------------------------------------------------------------------------

@@ -1,0 +1,156 @@
+"""Folding trial records into cell rows, pivots, the gate and the run dir's files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pytest_gap.config import parse_config
+from pytest_gap.plan import plan
+from pytest_gap.report import evaluate_gate, format_tsv, summarize_cell, write_run_outputs
+from pytest_gap.results import TrialResult, read_result, scan_results, write_result
+
+ROOT = Path(__file__).resolve().parent.parent
+PICK_PLACE = str(ROOT / "examples/workflows/pick_place")
+
+
+def _cells():
+    config = parse_config(
+        {
+            "benchmark": {
+                "families": ["libero", "posvar"],
+                "variations": ["object", "pos_var"],
+                "modes": ["workflow", "policy_only"],
+                "policies": ["pi05"],
+                "task_ids": [0, 1],
+                "n_seeds": 2,
+                "mode_overrides": {"workflow": {"workflow_dir": PICK_PLACE}},
+            },
+            "policies": {"pi05": {"url": "ws://h:1"}},
+        },
+        "grid.yaml",
+        base=ROOT,
+    )
+    return plan(config)
+
+
+def _result(trial, success=True, completion=None, error=None, infra=False, wall=2.0):
+    cell = trial.cell
+    return TrialResult(
+        nodeid=f"grid.yaml::{trial.id}",
+        config="grid.yaml",
+        mode=cell.mode,
+        policy_id=cell.policy_id,
+        family=cell.family,
+        variation=cell.variation,
+        suite=cell.suite,
+        task_id=trial.task_id,
+        seed=trial.seed,
+        success=success,
+        completion=completion if completion is not None else float(success),
+        reward=float(success),
+        error=error,
+        infra_failure=infra,
+        wall_s=wall,
+        produce_s=0.5,
+        eval_s=1.5,
+    )
+
+
+def test_cell_summary_counts_scored_trials_only():
+    cell = _cells()[0]
+    t = cell.trials()
+    results = [
+        _result(t[0]),
+        _result(t[1], success=False, completion=0.5),
+        _result(t[2], success=False, error="worker died", infra=True),
+        _result(t[3]),
+    ]
+    summary = summarize_cell(cell, results)
+    assert (summary.n_trials, summary.n_success, summary.n_infra) == (3, 2, 1)
+    assert summary.success_rate == 2 / 3
+    assert summary.completion_rate == (1 + 0.5 + 1) / 3
+    assert summary.error == "1 of 4 trials errored: worker died"
+    assert [(r.task_id, r.n_trials, r.n_success) for r in summary.tasks] == [(0, 2, 1), (1, 1, 1)]
+    assert (summary.wall_clock_s, summary.produce_s, summary.eval_s) == (8.0, 2.0, 6.0)
+
+
+def test_gate_needs_a_trial_no_errored_cell_and_the_threshold():
+    cells = _cells()
+    ok = summarize_cell(cells[0], [_result(t) for t in cells[0].trials()])
+    half = summarize_cell(
+        cells[1], [_result(t, success=i % 2 == 0) for i, t in enumerate(cells[1].trials())]
+    )
+    errored = summarize_cell(
+        cells[2], [_result(t, success=False, error="no server") for t in cells[2].trials()]
+    )
+    assert evaluate_gate([ok, half], 0.75).passed  # 6 of 8
+    failing = evaluate_gate([ok, half], 0.8)
+    assert not failing.passed
+    assert failing.line() == (
+        "gate FAIL: success_rate=0.750 threshold=0.800 (success rate below threshold (6/8))"
+    )
+    blocked = evaluate_gate([ok, errored], 0.5)
+    assert not blocked.passed and "errored cells: policy_only@pi05 libero/object" in blocked.line()
+    assert not evaluate_gate([], 0.0).passed
+    assert evaluate_gate([ok], 0.9).line() == "gate PASS: success_rate=1.000 threshold=0.900"
+
+
+def test_summary_tsv_exact_format():
+    cells = _cells()
+    rows = [
+        summarize_cell(cells[0], [_result(t, wall=1.25) for t in cells[0].trials()]),
+        summarize_cell(
+            cells[1],
+            [_result(t, success=False, completion=0.25, wall=1.0) for t in cells[1].trials()],
+        ),
+        summarize_cell(cells[2], [_result(t, error="no server") for t in cells[2].trials()]),
+    ]
+    assert format_tsv(rows) == (
+        "mode\tpolicy_id\tfamily\tvariation\tsuite_name\tsuccess_rate\tcompletion_rate\t"
+        "avg_reward\tn_success\tn_trials\tn_infra\twall_clock_s\terror\n"
+        "workflow\t\tlibero\tobject\t\t1.000\t1.000\t1.000\t4\t4\t0\t5.0\t\n"
+        "workflow\t\tposvar\tpos_var\t\t0.000\t0.250\t0.000\t0\t4\t0\t4.0\t\n"
+        "policy_only\tpi05\tlibero\tobject\t\t\t\t\t0\t0\t0\t8.0\t"
+        "4 of 4 trials errored: no server\n"
+        "\n"
+        "success_rate_pivot\tlibero/object\tposvar/pos_var\n"
+        "workflow\t1.000\t0.000\n"
+        "policy_only@pi05\tERR\t-\n"
+        "\n"
+        "completion_rate_pivot\tlibero/object\tposvar/pos_var\n"
+        "workflow\t1.000\t0.250\n"
+        "policy_only@pi05\tERR\t-\n"
+    )
+
+
+def test_run_outputs_are_rebuilt_from_every_result_in_the_run_dir(tmp_path):
+    cells = _cells()
+    trials = cells[0].trials() + cells[1].trials()
+    for i, trial in enumerate(trials):
+        result = _result(trial, success=i != 3)
+        if i == 0:
+            video = tmp_path / trial.key / "video.mp4"
+            video.parent.mkdir(parents=True)
+            video.write_bytes(b"mp4")
+            result.video = f"{trial.key}/video.mp4"
+        write_result(tmp_path / trial.key, result)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk/result.json").write_text("{not json")
+    assert read_result(tmp_path / "junk").problem
+    results = scan_results(tmp_path)
+    assert len(results) == 8
+    summaries, gate = write_run_outputs(tmp_path, cells, results, threshold=0.8, grid={"x": 1})
+    assert [s.key for s in summaries] == ["workflow/libero/object", "workflow/posvar/pos_var"]
+    assert gate.passed and gate.n_trials == 8 and gate.n_success == 7
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["grid"] == {"x": 1}
+    assert summary["matrix"]["success_rate"]["workflow"]["libero/object"] == 0.75
+    assert summary["cells"][0]["tasks"][1]["n_success"] == 1
+    assert (tmp_path / "workflow/posvar/pos_var/cell_result.json").is_file()
+    # the workflow mode is complete, the policy_only cells have no records: no run-level flag
+    assert (tmp_path / "workflow/aaa_done_flag.txt").is_file()
+    assert not (tmp_path / "aaa_done_flag.txt").exists()
+    video = tmp_path / "videos/workflow__libero__object__task00__seed000__pass.mp4"
+    assert video.read_bytes() == b"mp4"
+    assert video.stat().st_ino == (tmp_path / trials[0].key / "video.mp4").stat().st_ino
