@@ -95,3 +95,28 @@ def test_gap_run_reports_bad_inputs_in_one_line(tmp_path):
     )
     assert out.returncode == 2 and "did you mean pos_var" in out.stderr
     assert out.stderr.strip().count("\n") == 0
+
+
+def test_gap_schema_prints_the_benchmark_json_schema(tmp_path):
+    import json
+
+    out = _gap("schema")
+    assert out.returncode == 0
+    schema = json.loads(out.stdout)
+    assert schema["title"] == "pytest-gap benchmark config"
+    block = schema["$defs"]["BenchmarkBlock"]["properties"]
+    assert block["n_seeds"]["default"] == 50 and block["gate_threshold"]["default"] == 0.9
+    assert schema["$defs"]["BenchmarkBlock"]["additionalProperties"] is False
+
+
+def test_every_shipped_benchmark_config_loads():
+    from pytest_gap.config import load_config
+    from pytest_gap.plan import all_trials, plan
+
+    root = Path(__file__).resolve().parent.parent
+    configs = sorted([*root.glob("benchmarks/*.yaml"), *root.glob("examples/benchmark/*.yaml")])
+    assert len(configs) == 5
+    for path in configs:
+        assert all_trials(plan(load_config(path))), path
+    embedded = [c for p in root.glob("benchmarks/*.yaml") for c in plan(load_config(p))]
+    assert all(c.error is None for c in embedded)  # the main job runs every cell it plans

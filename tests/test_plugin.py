@@ -281,12 +281,12 @@ def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(pytester, doubl
         pytester,
         "bench.yaml",
         {
-            "trials": {"output_dir": "runs", "task_timeout_secs": 8},
+            "trials": {"output_dir": "runs", "task_timeout_secs": 20},
             "suites": [
                 {
                     "suite_name": "libero_object",
                     "task_ids": [0],
-                    "workflow_dir": _one_skill(pytester, "stall", {"seconds": 60}),
+                    "workflow_dir": _one_skill(pytester, "stall", {"seconds": 120}),
                 },
                 {
                     "suite_name": "libero_object",
@@ -302,7 +302,7 @@ def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(pytester, doubl
     results = _results(_run_dir(pytester.path / "runs"))
     stalled = results["suites/libero_object/task_00/seed_000"]
     assert stalled["exit_code"] == 124 and not stalled["infra_failure"]
-    assert "timed out after 8 s" in stalled["reason"]
+    assert "timed out after 20 s" in stalled["reason"]
     assert stalled["init_state"] == 0
     assert results["suites/libero_object_02/task_00/seed_000"]["exit_code"] == 0
     assert result.ret == 0  # timeouts are failed trials, not errored cells; 0.0 gate passes
@@ -345,6 +345,36 @@ def test_a_killed_worker_is_recorded_as_137_and_the_run_goes_on(pytester, double
     tsv = (_run_dir(pytester.path / "runs") / "summary.tsv").read_text().splitlines()
     assert tsv[1].split("\t")[9:11] == ["0", "2"]  # n_trials 0, n_infra 2
     assert "errored cells: libero_object" in out
+
+
+def test_a_worker_killed_by_the_thread_watchdog_is_recorded_as_124(pytester, doubles):
+    _config(
+        pytester,
+        "bench.yaml",
+        {
+            "trials": {"output_dir": "runs", "task_timeout_secs": 20},
+            "suites": [
+                {
+                    "suite_name": "libero_object",
+                    "task_ids": [0],
+                    "workflow_dir": _one_skill(pytester, "stall", {"seconds": 120}),
+                },
+                {
+                    "suite_name": "libero_object",
+                    "task_ids": [1],
+                    "workflow_dir": _give_up(pytester),
+                },
+            ],
+            "gate_threshold": 0.0,
+        },
+    )
+    result = _run(pytester, "bench.yaml", "-n", "2", "--timeout-method=thread")
+    results = _results(_run_dir(pytester.path / "runs"))
+    stalled = results["suites/libero_object/task_00/seed_000"]
+    assert stalled["exit_code"] == 124 and not stalled["infra_failure"], stalled
+    assert "the watchdog killed its worker" in stalled["reason"]
+    assert results["suites/libero_object_02/task_01/seed_000"]["exit_code"] == 0
+    assert result.ret == 0, result.stdout.str()  # a timeout is a failed trial, not an error
 
 
 def test_a_session_killed_with_sigkill_resumes_without_losing_trials(pytester, doubles):
