@@ -75,7 +75,20 @@ class GapSession:
     def load(self, path: Path) -> LoadedConfig:
         path = path.resolve()
         if path not in self._loaded:
-            self._loaded[path] = LoadedConfig(path, self)
+            loaded = LoadedConfig(path, self)
+            for other in self._loaded.values():
+                if other.run_dir == loaded.run_dir:
+                    from pytest_gap.config import ConfigError
+
+                    raise ConfigError(
+                        str(path),
+                        [
+                            f"output_dir: {other.path} writes to the same run dir "
+                            f"({loaded.run_dir.parent}) in this session; give each config its "
+                            "own output_dir"
+                        ],
+                    )
+            self._loaded[path] = loaded
         return self._loaded[path]
 
 

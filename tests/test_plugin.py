@@ -137,6 +137,14 @@ def test_config_errors_exit_2_with_the_message(pytester, data, args, message):
     assert "Traceback" not in result.stdout.str()
 
 
+def test_two_configs_sharing_a_run_dir_is_a_config_error(pytester):
+    for name in ("a.yaml", "b.yaml"):
+        _config(pytester, name, {"benchmark": {"families": ["libero"], "variations": ["object"]}})
+    result = _run(pytester, "a.yaml", "b.yaml", "--collect-only", "-q")
+    assert result.ret == 2
+    assert "a.yaml writes to the same run dir" in result.stdout.str()
+
+
 # -- trials, reports, the gate, --lf and resume ---------------------------------------------------
 def test_trials_results_junit_gate_lf_and_resume(pytester):
     give_up = _give_up(pytester)
