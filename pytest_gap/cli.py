@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from pytest_gap.errors import GapError
@@ -135,6 +136,18 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_policy_serve(args: argparse.Namespace) -> int:
+    from pytest_gap.policies.builtin import load_policy
+    from pytest_gap.policies.server import PolicyServer
+
+    policy = load_policy(args.name)
+    server = PolicyServer(policy, host=args.host, port=args.port, metadata={"policy": args.name})
+    print(f"serving {args.name} on ws://{args.host}:{args.port}", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gap", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -176,6 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("-v", "--verbose", action="store_true", help="verbose pytest output")
     bench.set_defaults(func=_cmd_benchmark)
+    policy = sub.add_parser("policy", help="learned policies")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    serve = policy_sub.add_parser(
+        "serve", help="serve a policy over the openpi websocket protocol (GET /healthz: 200)"
+    )
+    serve.add_argument("name", help="built-in (hold, random) or module:Class with infer(obs)")
+    serve.add_argument("--port", type=int, required=True)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.set_defaults(func=_cmd_policy_serve)
     schema = sub.add_parser("schema", help="print the benchmark YAML's JSON Schema")
     schema.set_defaults(func=_cmd_schema)
     return parser

@@ -13,3 +13,5 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[dev]"
+# Interop tests talk to PyPI openpi-client. It pins numpy<2 without needing it: install it alone.
+.venv/bin/python -m pip install -q --no-deps "openpi-client==0.1.2"

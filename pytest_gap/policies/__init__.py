@@ -1,0 +1,1 @@
+"""Learned policies: the openpi websocket protocol, its server and client, built-in policies."""

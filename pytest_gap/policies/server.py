@@ -1,0 +1,141 @@
+"""Serve a policy over the openpi websocket protocol (see wire.py).
+
+Any object with `infer(obs: dict) -> dict` (openpi's BasePolicy shape) can be served. Inference
+runs in a worker thread, one call at a time (a model is one device), so slow inference never
+blocks the event loop's handshakes and health checks. `GET /healthz` answers 200 on the same
+port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import traceback
+from http import HTTPStatus
+from typing import Any, Protocol
+
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from pytest_gap.policies.wire import HEALTH_PATH, INTERNAL_ERROR_CLOSE, packb, unpackb
+
+
+class Policy(Protocol):
+    def infer(self, obs: dict) -> dict: ...
+
+
+class PolicyServer:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        metadata: dict[str, Any] | None = None,
+    ):
+        self.policy, self.host, self.port = policy, host, port
+        self.metadata = metadata or {}
+        self._infer_lock = threading.Lock()
+
+    def _infer(self, obs: dict) -> dict:
+        with self._infer_lock:
+            return self.policy.infer(obs)
+
+    async def _session(self, ws: ServerConnection) -> None:
+        await ws.send(packb(self.metadata))
+        while True:
+            try:
+                frame = await ws.recv()
+            except ConnectionClosed:
+                return
+            try:
+                t0 = time.perf_counter()
+                obs = unpackb(frame)
+                action = dict(await asyncio.to_thread(self._infer, obs))
+                action["server_timing"] = {"infer_ms": (time.perf_counter() - t0) * 1000}
+                await ws.send(packb(action))
+            except ConnectionClosed:
+                return
+            except Exception:
+                # openpi's convention: the traceback as a text frame, then close with 1011.
+                await ws.send(traceback.format_exc())
+                await ws.close(INTERNAL_ERROR_CLOSE, "Internal server error")
+                return
+
+    @staticmethod
+    def _health(connection: ServerConnection, request):
+        if request.path == HEALTH_PATH:
+            return connection.respond(HTTPStatus.OK, "OK\n")
+        return None
+
+    async def serve(self, started: asyncio.Future | None = None) -> None:
+        """Serve until cancelled; `started` receives the bound port."""
+        async with serve(
+            self._session,
+            self.host,
+            self.port,
+            compression=None,
+            max_size=None,
+            process_request=self._health,
+        ) as server:
+            self.port = server.sockets[0].getsockname()[1]
+            if started is not None:
+                started.set_result(self.port)
+            await asyncio.get_running_loop().create_future()  # until cancelled
+
+    def run(self) -> None:
+        """Serve in the foreground until interrupted."""
+        asyncio.run(self.serve())
+
+    def start(self) -> RunningServer:
+        """Serve from a background thread (in-process use and tests)."""
+        return RunningServer(self)
+
+
+class RunningServer:
+    def __init__(self, server: PolicyServer):
+        self.server = server
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._task: asyncio.Task | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="gap-policy-server", daemon=True)
+        self._thread.start()
+        self._ready.wait(timeout=30)
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        started = self._loop.create_future()
+        self._task = self._loop.create_task(self.server.serve(started))
+        started.add_done_callback(lambda _: self._ready.set())
+        try:
+            self._loop.run_until_complete(self._task)
+        except asyncio.CancelledError:
+            pass
+        except BaseException as exc:  # e.g. the port is taken
+            self._error = exc
+            self._ready.set()
+        finally:
+            self._loop.close()
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        return f"ws://{self.server.host}:{self.server.port}"
+
+    def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> RunningServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
