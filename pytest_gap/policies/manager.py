@@ -1,0 +1,203 @@
+"""Start, wait for, and stop the policy servers a benchmark needs; probe the external ones.
+
+Registry entries (`policies:` in the YAML) have exactly one source:
+- `url`: an external server; never started, only probed (preflight) before any trial runs;
+- `command` (alias `start_cmd`): argv list or shell-style string with `{port}`; managed;
+- `preset`: a named command (pi05-libero, molmoact-libero) built from $GAP_OPENPI_DIR; managed.
+A managed server gets a free port, its own process session (so its whole process tree can be
+signalled) and a parent-death signal (so even a SIGKILLed harness does not leave it running).
+It counts as started when its port accepts connections; stopping is SIGTERM, then SIGKILL after
+`evict_grace_s`. If one server fails to start, every server already started is stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_gap.config import PolicyEntry, PolicyManagerConfig
+from pytest_gap.errors import GapError
+
+OPENPI_DIR_VAR = "GAP_OPENPI_DIR"
+PREFLIGHT_TIMEOUT_S = 5.0
+PRESETS = {
+    # openpi's own server script; the checkpoint directory is openpi's published one.
+    "pi05-libero": (
+        "uv run scripts/serve_policy.py --port {port} policy:checkpoint "
+        "--policy.config=pi05_libero --policy.dir=gs://openpi-assets/checkpoints/pi05_libero"
+    ),
+    "molmoact-libero": (
+        "uv run scripts/serve_policy.py --port {port} policy:checkpoint "
+        "--policy.config=molmoact_libero --policy.dir=checkpoints/molmoact_libero"
+    ),
+}
+
+
+class PolicyStartError(GapError, RuntimeError):
+    """A managed policy server could not be started."""
+
+
+class PolicyUnreachable(GapError, RuntimeError):
+    """An external (url:) policy server did not answer the preflight handshake."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
+
+
+def command_for(policy_id: str, entry: PolicyEntry, port: int) -> tuple[list[str], Path | None]:
+    """argv (with {port} filled) and working directory of a managed entry."""
+    cwd = None
+    if entry.preset is not None:
+        if entry.preset not in PRESETS:
+            raise PolicyStartError(
+                f"policies.{policy_id}.preset: unknown preset {entry.preset!r}; use one of "
+                f"{', '.join(PRESETS)} or give a command"
+            )
+        root = os.environ.get(OPENPI_DIR_VAR)
+        if not root or not Path(root, "scripts/serve_policy.py").is_file():
+            raise PolicyStartError(
+                f"policies.{policy_id}.preset {entry.preset}: set {OPENPI_DIR_VAR} to an openpi "
+                f"checkout (with scripts/serve_policy.py and uv installed)"
+                + (f"; {root} has no scripts/serve_policy.py" if root else "")
+            )
+        command, cwd = PRESETS[entry.preset], Path(root)
+    else:
+        command = entry.command
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    return [part.replace("{port}", str(port)) for part in argv], cwd
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the harness process dies, however it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class ManagedServer:
+    policy_id: str
+    port: int
+    process: subprocess.Popen
+    log: Path | None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+
+class PolicyManager:
+    def __init__(self, settings: PolicyManagerConfig | None = None, log_dir: Path | None = None):
+        self.settings = settings or PolicyManagerConfig()
+        self.log_dir = log_dir
+        self.servers: dict[str, ManagedServer] = {}
+
+    def start_all(self, entries: dict[str, PolicyEntry]) -> dict[str, str]:
+        """Start every managed entry; on any failure stop them all and raise. Returns urls."""
+        try:
+            for policy_id, entry in entries.items():
+                if entry.url is None and policy_id not in self.servers:
+                    self.servers[policy_id] = self._start(policy_id, entry)
+            for server in self.servers.values():
+                self._wait(server)
+        except BaseException:
+            self.stop_all()
+            raise
+        return {pid: s.url for pid, s in self.servers.items()}
+
+    def _start(self, policy_id: str, entry: PolicyEntry) -> ManagedServer:
+        port = free_port()
+        argv, cwd = command_for(policy_id, entry, port)
+        log = None
+        stdout = subprocess.DEVNULL
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log = self.log_dir / f"policy_{policy_id}.log"
+            stdout = log.open("ab")
+        try:
+            process = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env={**os.environ, **entry.env},
+                stdout=stdout,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            raise PolicyStartError(
+                f"policies.{policy_id}: cannot start {argv[0]!r} ({exc.strerror})"
+            ) from None
+        finally:
+            if stdout is not subprocess.DEVNULL:
+                stdout.close()
+        return ManagedServer(policy_id, port, process, log)
+
+    def _wait(self, server: ManagedServer) -> None:
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        while not port_open(server.port):
+            code = server.process.poll()
+            where = f"; its output is in {server.log}" if server.log else ""
+            if code is not None:
+                raise PolicyStartError(
+                    f"policies.{server.policy_id}: the server exited with status {code} before "
+                    f"listening on port {server.port}{where}"
+                )
+            if time.monotonic() > deadline:
+                raise PolicyStartError(
+                    f"policies.{server.policy_id}: not listening on port {server.port} after "
+                    f"{self.settings.startup_timeout_s:g} s (policy_manager.startup_timeout_s)"
+                    f"{where}"
+                )
+            time.sleep(0.1)
+
+    def stop(self, policy_id: str) -> None:
+        server = self.servers.pop(policy_id, None)
+        if server is None or server.process.poll() is not None:
+            return
+        _signal_group(server.process, signal.SIGTERM)
+        try:
+            server.process.wait(timeout=self.settings.evict_grace_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(server.process, signal.SIGKILL)
+            server.process.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for policy_id in list(self.servers):
+            self.stop(policy_id)
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+
+
+def preflight(urls: dict[str, str], timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+    """Handshake with every external server (metadata frame included); raise for the first
+    that does not answer, naming it and how to start it."""
+    from pytest_gap.policies.client import PolicyClient, PolicyTransportError
+
+    for policy_id, url in urls.items():
+        try:
+            PolicyClient(url, connect_timeout_s=timeout_s, timeout_s=timeout_s).close()
+        except PolicyTransportError as exc:
+            raise PolicyUnreachable(
+                f"preflight: policy {policy_id} at {url} did not answer a {timeout_s:g} s "
+                f"handshake ({exc}); start it first, e.g. gap policy serve {policy_id} --port P"
+            ) from None
