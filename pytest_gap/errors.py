@@ -23,3 +23,10 @@ class VariationError(GapError, RuntimeError):
 
 class VideoError(GapError, RuntimeError):
     """An episode video could not be written."""
+
+
+class InfraFailure(GapError, RuntimeError):
+    """The harness's infrastructure failed (a policy server gone, a worker dead).
+
+    A trial that hits one is recorded as an infrastructure failure, never scored as a bad policy.
+    """

@@ -19,14 +19,10 @@ MODE_MISSING = {
         "mode llm_generation needs LLM workflow generation (producers/llm.py), which this "
         "pytest-gap version does not have yet; run the workflow mode with a fixed workflow_dir"
     ),
-    "llm_plus_policy": (
-        "mode llm_plus_policy needs learned-policy serving and the run_policy skill, which this "
-        "pytest-gap version does not have yet"
-    ),
-    "policy_only": (
-        "mode policy_only needs learned-policy serving and the run_policy skill, which this "
-        "pytest-gap version does not have yet"
-    ),
+}
+TEMPLATES = {
+    "llm_plus_policy": "examples/templates/llm_plus_policy",
+    "policy_only": "examples/templates/policy_only",
 }
 
 
@@ -55,6 +51,11 @@ class Cell(BaseModel):
     def row(self) -> str:
         """Pivot row: mode, or mode@policy_id on the policy axis."""
         return f"{self.mode}@{self.policy_id}" if self.policy_id else self.mode
+
+    @property
+    def throttle_key(self) -> str:
+        """Trials sharing this key share the cell's num_workers concurrency limit."""
+        return f"suites__{self.suite_name}" if self.suite_name else self.mode
 
     @property
     def column(self) -> str:
@@ -204,7 +205,7 @@ def _grid_cells(config, source, families, modes) -> list[Cell]:
                             num_workers=(override and override.num_workers) or block.num_workers,
                             record_video=record_video,
                             enable_tracing=config.trials.enable_tracing,
-                            error=_grid_cell_error(mode, override),
+                            error=_grid_cell_error(mode, override, policy_id),
                         )
                     )
     if problems:
@@ -227,13 +228,19 @@ def _grid_seeds(block, override) -> list[int]:
     return list(range(n or block.n_seeds))
 
 
-def _grid_cell_error(mode: str, override) -> str | None:
+def _grid_cell_error(mode: str, override, policy_id: str | None) -> str | None:
     if mode in MODE_MISSING:
         return MODE_MISSING[mode]
     if override is None or override.workflow_dir is None:
+        example = TEMPLATES.get(mode, "examples/workflows/pick_place")
         return (
             f"benchmark.mode_overrides.{mode}.workflow_dir is not set: the {mode} mode runs "
-            "that workflow directory; set it (e.g. examples/workflows/pick_place)"
+            f"that workflow directory; set it (e.g. {example})"
+        )
+    if mode in POLICY_MODES and policy_id is None:
+        return (
+            f"mode {mode} needs a policy: list policy ids in benchmark.policies or set "
+            f"benchmark.mode_overrides.{mode}.policy_id"
         )
     return None
 

@@ -71,6 +71,7 @@ class GapSession:
         self.notes: list[str] = []
         self.other_failures = 0
         self.outcomes: list[dict[str, Any]] = []
+        self.policies = None  # SessionPolicies, on the controller when a config needs servers
 
     def load(self, path: Path) -> LoadedConfig:
         path = path.resolve()
@@ -176,14 +177,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 # -- collection ------------------------------------------------------------------------------------
-def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+def _is_benchmark_file(config: pytest.Config, file_path: Path) -> bool:
+    """A YAML named on the command line, or one under a gap_benchmark_dirs directory."""
     if file_path.suffix not in BENCHMARK_SUFFIXES:
-        return None
-    config = parent.config
+        return False
     explicit = {Path(config.invocation_params.dir, a.split("::")[0]).resolve() for a in config.args}
     roots = [(config.rootpath / d).resolve() for d in config.getini("gap_benchmark_dirs")]
     resolved = file_path.resolve()
-    if resolved in explicit or any(root in resolved.parents for root in roots):
+    return resolved in explicit or any(root in resolved.parents for root in roots)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector):
+    if _is_benchmark_file(parent.config, file_path):
         return BenchmarkFile.from_parent(parent, path=file_path)
     return None
 
@@ -259,6 +264,7 @@ class TrialItem(pytest.Item):
         return found
 
     def _run(self, session: GapSession, run_dir: Path) -> TrialResult:
+        from pytest_gap.policies.registry import urls_for
         from pytest_gap.runner import TrialRun
         from pytest_gap.sim.pool import env_pool
 
@@ -269,6 +275,7 @@ class TrialItem(pytest.Item):
             config=str(self.loaded.path),
             pool=env_pool(),
             worker=session.worker,
+            policy_urls=urls_for(self.loaded.config),
         )
         try:
             return run.execute()
@@ -344,10 +351,46 @@ def _is_trial_nodeid(nodeid: str) -> bool:
     return any(f"{suffix}::" in nodeid for suffix in BENCHMARK_SUFFIXES)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
+    """On the controller, before xdist starts workers: probe and start policy servers."""
     gap = session.config.stash[SESSION]
-    if not gap.is_worker:
-        session.config.pluginmanager.register(_Controller(gap), "gap-controller")
+    if gap.is_worker:
+        return
+    session.config.pluginmanager.register(_Controller(gap), "gap-controller")
+    if session.config.option.collectonly:
+        return
+    configs = []
+    for path in _session_config_paths(session.config):
+        try:
+            loaded = gap.load(path)
+        except GapError:
+            continue  # collection reports it, with every other problem of the file
+        configs.append((loaded.config, loaded.cells, loaded.run_dir / "policy_logs"))
+    if not any(cell.policy_id for _, cells, _ in configs for cell in cells):
+        return
+    from pytest_gap.policies.registry import SessionPolicies
+
+    gap.policies = SessionPolicies()
+    try:
+        gap.policies.start(configs)
+    except GapError as exc:
+        pytest.exit(f"gap: {exc}", returncode=pytest.ExitCode.INTERRUPTED)
+
+
+def _session_config_paths(config: pytest.Config) -> list[Path]:
+    paths = []
+    for arg in config.args:
+        path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
+        candidates = [path] if path.is_file() else sorted(path.rglob("*.y*ml"))
+        paths += [p for p in candidates if _is_benchmark_file(config, p)]
+    return list(dict.fromkeys(paths))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    gap = config.stash.get(SESSION, None)
+    if gap is not None and gap.policies is not None:
+        gap.policies.stop()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

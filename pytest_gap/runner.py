@@ -32,6 +32,7 @@ from pytest_gap.results import (
     write_json,
     write_result,
 )
+from pytest_gap.throttle import slot
 
 VIDEO_FILE = "video.mp4"
 
@@ -55,8 +56,10 @@ class TrialRun:
         config: str,
         pool,
         worker: str | None = None,
+        policy_urls: dict[str, str] | None = None,
     ):
         self.trial, self.run_dir, self.pool = trial, run_dir, pool
+        self.policy_urls = policy_urls or {}
         self.dir = run_dir / trial.key
         self.env = None
         self.result: TrialResult | None = None
@@ -126,8 +129,20 @@ class TrialRun:
         video = self.dir / VIDEO_FILE if cell.record_video else None
         obs = env.reset(trial.seed, variation=variation, video=video)
         trace_dir = self.dir / "trace" if cell.enable_tracing else None
-        run = run_workflow(load_workflow(workflow_dir), env, trace_dir=trace_dir)
+        with slot(self.run_dir / ".slots" / cell.throttle_key, cell.num_workers):
+            run = run_workflow(
+                load_workflow(workflow_dir), env, trace_dir=trace_dir, policy_urls=self.policy_urls
+            )
         env.finish_video()
+        if run.infra_failure:
+            return {
+                "exit_code": EXIT_ERROR,
+                "error": run.error,
+                "infra_failure": True,
+                "steps": run.steps,
+                "init_state": env.episode.init_state,
+                "prompt": obs.prompt,
+            }
         return {
             "init_state": env.episode.init_state,
             "prompt": obs.prompt,

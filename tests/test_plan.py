@@ -136,3 +136,42 @@ def test_suites_cells_dedupe_names_and_stagger_devices():
     assert trial.key == "suites/libero_object_02/task_04/seed_000"
     with pytest.raises(ConfigError, match="restrict a grid"):
         plan(config, families=["posvar"])
+
+
+def test_policy_modes_need_a_template_and_a_policy():
+    template = str(ROOT / "examples/templates/policy_only")
+    no_policy = plan(
+        _grid(
+            families=["libero"],
+            variations=["object"],
+            modes=["policy_only"],
+            n_tasks=1,
+            n_seeds=1,
+            mode_overrides={"policy_only": {"workflow_dir": template}},
+        )
+    )[0]
+    assert "mode policy_only needs a policy: list policy ids in benchmark.policies" in (
+        no_policy.error
+    )
+    no_template = plan(
+        _grid(
+            families=["libero"],
+            variations=["object"],
+            modes=["llm_plus_policy"],
+            policies=["pi05"],
+            n_tasks=1,
+            n_seeds=1,
+        )
+    )[0]
+    assert "e.g. examples/templates/llm_plus_policy" in no_template.error
+    ready = plan(
+        _grid(
+            families=["libero"],
+            variations=["object"],
+            modes=["policy_only"],
+            n_tasks=1,
+            n_seeds=1,
+            mode_overrides={"policy_only": {"workflow_dir": template, "policy_id": "molmo"}},
+        )
+    )[0]
+    assert ready.error is None and ready.row == "policy_only@molmo"

@@ -14,11 +14,11 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
-from pytest_gap.errors import GapError
+from pytest_gap.errors import InfraFailure
 from pytest_gap.policies.wire import WireError, packb, unpackb
 
 
-class PolicyTransportError(GapError, RuntimeError):
+class PolicyTransportError(InfraFailure):
     """The policy server could not be reached, failed, closed, or answered too late."""
 
 

@@ -281,11 +281,17 @@ class LiberoEnv:
             [grip.eef_pos, quat_xyzw_to_axis_angle(grip.hand_quat_xyzw), grip.finger_qpos]
         ).astype(np.float32)
 
-    def observe(self) -> Observation:
+    def observe(self, cameras: tuple[str, ...] | None = None) -> Observation:
+        """The observation; `cameras` renders those instead of the env's configured ones."""
+        if cameras is None:
+            chosen = self._cameras
+        else:
+            model = self.raw.sim.model._model
+            chosen = {c: self._cameras.get(c) or resolve_camera(model, c) for c in cameras}
         return Observation(
             images={
                 name: self.scene.renderer.rgb(mj, self.options.height, self.options.width)
-                for name, mj in self._cameras.items()
+                for name, mj in chosen.items()
             },
             state=self.state(),
             prompt=self.episode.prompt,

@@ -71,7 +71,9 @@ def skill(fn):
 
 
 def _load_builtin_skills() -> None:
-    import pytest_gap.skills.library  # noqa: F401  (registers on import)
+    # Importing the modules registers their skills.
+    import pytest_gap.skills.library
+    import pytest_gap.skills.policy  # noqa: F401
 
 
 def get_skill(name: str) -> SkillSpec | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from pytest_gap.errors import InfraFailure
 from pytest_gap.sim.libero import LiberoEnv
 from pytest_gap.skills.context import SkillContext, StepLimitReached, TaskSucceeded
 from pytest_gap.skills.registry import SkillFailure, get_skill
@@ -39,6 +40,7 @@ STEP_LIMIT = "step_limit"
 NODE_LIMIT = "node_limit"
 LOOP_CAP = "loop_cap"
 ERROR = "error"
+INFRA_ERROR = "infra_error"
 
 
 class RunResult(BaseModel):
@@ -47,6 +49,7 @@ class RunResult(BaseModel):
     exit_status: str
     end_node: str | None = None
     error: str | None = None
+    infra_failure: bool = False  # a policy server or other infrastructure failed, not the graph
     outputs: dict[str, Any] = {}
     duration_s: float
     steps: int
@@ -127,16 +130,29 @@ def run_workflow(
     *,
     trace_dir=None,
     keep_images: bool = False,
+    policy_urls: dict[str, str] | None = None,
 ) -> RunResult:
     """Run from `workflow.start` on an env that was just reset; return what happened."""
-    ctx = SkillContext(env, max_sim_steps=workflow.limits.max_sim_steps, keep_images=keep_images)
+    ctx = SkillContext(
+        env,
+        max_sim_steps=workflow.limits.max_sim_steps,
+        keep_images=keep_images,
+        policy_urls=dict(policy_urls or {}),
+    )
+    try:
+        return _run(workflow, env, ctx, trace_dir)
+    finally:
+        ctx.close()
+
+
+def _run(workflow: Workflow, env: LiberoEnv, ctx: SkillContext, trace_dir) -> RunResult:
     trace = TraceRecorder(workflow, trace_dir)
     t0 = time.perf_counter()
     outputs: dict[str, Any] = {}
     visits: dict[str, int] = {}
     executions = 0
     current = workflow.start
-    exit_status, end_node, error = ERROR, None, None
+    exit_status, end_node, error, infra = ERROR, None, None, False
 
     while True:
         node = workflow.nodes[current]
@@ -200,6 +216,11 @@ def run_workflow(
                 break
             trace.event("on_error", node=current, next=on_error, error=str(exc))
             nxt = on_error
+        except InfraFailure as exc:
+            message = f"{current}: {exc}"
+            trace.finish(current, "error", env.steps, inputs=resolved, error=message)
+            exit_status, error, infra = INFRA_ERROR, message, True
+            break
         except Exception as exc:  # a bug or a simulator fault: recorded, never raised
             message = f"{current}: {type(exc).__name__}: {exc}"
             trace.finish(current, "error", env.steps, inputs=resolved, error=message)
@@ -218,6 +239,7 @@ def run_workflow(
         exit_status=exit_status,
         end_node=end_node,
         error=error,
+        infra_failure=infra,
         outputs=outputs,
         duration_s=round(time.perf_counter() - t0, 3),
         steps=env.steps,

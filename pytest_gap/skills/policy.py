@@ -1,0 +1,87 @@
+"""run_policy: hand the arm to a learned policy served over the openpi websocket protocol.
+
+Each window sends one observation and applies the first `replan_every` actions of the returned
+chunk (action chunking), then asks again. The run ends when
+- the simulator's goal check passes (the executor stops the whole workflow, as for any skill);
+- the policy completes a gripper cycle: it closed the gripper and then opened it again, which
+  ends a pick-and-place; `settle_steps` no-op steps then let the object come to rest
+  (status `gripper_cycle`);
+- the policy says it is done (`"done": true` in a reply; status `completed`);
+- `max_windows` windows were used (status `max_windows`).
+Observation sent (the harness convention): `images` {agentview, wrist} upright HWC uint8,
+`state` 8-D (eef xyz, axis-angle, finger qpos 2), `prompt`. A reply must carry `actions`, an
+(H, 7) array of OSC_POSE deltas with gripper -1 open / +1 closed.
+A server that cannot be reached, fails, closes or answers late raises PolicyTransportError, an
+infrastructure failure: the trial is not scored as a policy failure.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel
+
+from pytest_gap.skills import library
+from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.registry import SkillFailure, skill
+
+CLOSE_THRESHOLD = 0.0  # a gripper command above this closes, below opens
+NOOP_OPEN = np.array([0, 0, 0, 0, 0, 0, -1.0])
+POLICY_CAMERAS = ("agentview", "wrist")
+
+
+class PolicyRun(BaseModel):
+    status: Literal["gripper_cycle", "completed", "max_windows"]
+    windows: int
+    steps: int
+
+
+def _actions(reply: dict, policy: str) -> np.ndarray:
+    actions = np.asarray(reply.get("actions") if isinstance(reply, dict) else None)
+    if actions.dtype == object or actions.ndim != 2 or actions.shape[1] != 7 or not len(actions):
+        raise SkillFailure(
+            f"policy {policy} replied without an (H, 7) `actions` array "
+            f"(got {getattr(actions, 'shape', None)})"
+        )
+    return actions.astype(np.float64)
+
+
+@skill
+def run_policy(
+    ctx: SkillContext,
+    policy: str,
+    prompt: str = "",
+    max_windows: int = 20,
+    replan_every: int = 5,
+    settle_steps: int = 10,
+) -> PolicyRun:
+    """Let a learned policy act: observations in, action chunks out, until a gripper cycle."""
+    client = ctx.policy(policy)
+    closed = False
+    steps0 = ctx.steps
+    for window in range(1, max_windows + 1):
+        obs = ctx.env.observe(POLICY_CAMERAS).as_dict()
+        if prompt:
+            obs["prompt"] = prompt
+        reply = client.infer(obs)
+        for action in _actions(reply, policy)[:replan_every]:
+            ctx.act(action)
+            if action[6] > CLOSE_THRESHOLD:
+                closed = True
+            elif closed:  # closed on something, now released: the pick-and-place is over
+                for _ in range(settle_steps):
+                    ctx.act(NOOP_OPEN)
+                return PolicyRun(status="gripper_cycle", windows=window, steps=ctx.steps - steps0)
+        if isinstance(reply, dict) and reply.get("done") is True:
+            return PolicyRun(status="completed", windows=window, steps=ctx.steps - steps0)
+    return PolicyRun(status="max_windows", windows=max_windows, steps=ctx.steps - steps0)
+
+
+@skill
+def approach(ctx: SkillContext, name: str, clearance: float = 0.08) -> library.Motion:
+    """Bring the open hand `clearance` m above an object, turned for a top-down grasp of it."""
+    located = library.locate(ctx, name)
+    grasp = library.grasp_candidates(ctx, located.box).best
+    above = [grasp.position[0], grasp.position[1], located.box.top + clearance]
+    return library.move_to(ctx, above, yaw=grasp.yaw, gripper="open")

@@ -1,0 +1,122 @@
+"""The policy modes end to end: managed policy servers started by the session, run_policy on
+real LIBERO, a server killed mid-trial recorded as an infrastructure failure, and preflight."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parent.parent
+GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
+TEMPLATES = ROOT / "examples/templates"
+TIMEOUT = 300
+
+DYING_POLICY = '''
+import os, signal
+import numpy as np
+
+
+class DieOnThirdCall:
+    """Serves two chunks of zero motion, then its process is killed (an OOM kill, a crash)."""
+
+    calls = 0
+
+    def infer(self, obs):
+        DieOnThirdCall.calls += 1
+        if DieOnThirdCall.calls == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"actions": np.tile([0, 0, 0, 0, 0, 0, -1.0], (5, 1))}
+'''
+
+
+def _grid(pytester, policies: dict, mode: str, policy_ids: list[str]) -> None:
+    data = {
+        "policies": policies,
+        "benchmark": {
+            "families": ["libero"],
+            "variations": ["object"],
+            "modes": [mode],
+            "policies": policy_ids,
+            "task_ids": [0],
+            "n_seeds": 1,
+            "gate_threshold": 0.0,
+            "output_dir": "runs",
+            "mode_overrides": {mode: {"workflow_dir": str(TEMPLATES / mode)}},
+        },
+    }
+    (pytester.path / "grid.yaml").write_text(yaml.safe_dump(data))
+
+
+def _only_result(pytester) -> dict:
+    (path,) = (pytester.path / "runs").rglob("result.json")
+    return json.loads(path.read_text())
+
+
+def test_policy_only_runs_a_managed_server_through_run_policy(pytester):
+    _grid(
+        pytester,
+        {"hold": {"command": [GAP, "policy", "serve", "hold", "--port", "{port}"]}},
+        "policy_only",
+        ["hold"],
+    )
+    result = pytester.runpytest_subprocess("grid.yaml", timeout=TIMEOUT)
+    out = result.stdout.str()
+    assert result.ret == 0, out  # the trial failed (holding still), the 0.0 gate passes
+    record = _only_result(pytester)
+    assert record["mode"] == "policy_only" and record["policy_id"] == "hold"
+    assert not record["success"] and not record["infra_failure"] and record["error"] is None
+    assert record["steps"] == 280  # zero motion until libero_object's step limit
+    assert record["exit_status"] == "step_limit"
+    assert "policy_only@hold" in out and "hold" in out
+    trace = Path(pytester.path / "runs").rglob("dag_trace.json")
+    nodes = json.loads(next(trace).read_text())["nodes"]
+    assert {n["id"] for n in nodes if n["status"] == "ok"} >= {"home", "open"}
+
+
+def test_a_server_killed_mid_trial_is_an_infra_failure_not_a_policy_failure(pytester):
+    (pytester.path / "dying_policy.py").write_text(DYING_POLICY)
+    _grid(
+        pytester,
+        {
+            "dying": {
+                "command": [
+                    GAP,
+                    "policy",
+                    "serve",
+                    "dying_policy:DieOnThirdCall",
+                    "--port",
+                    "{port}",
+                ],
+                "env": {"PYTHONPATH": str(pytester.path)},
+            }
+        },
+        "llm_plus_policy",
+        ["dying"],
+    )
+    result = pytester.runpytest_subprocess("grid.yaml", timeout=TIMEOUT)
+    out = result.stdout.str()
+    assert result.ret == 1, out  # an errored cell fails the gate whatever the threshold
+    record = _only_result(pytester)
+    assert record["infra_failure"] and record["exit_code"] == 1 and not record["success"]
+    assert "policy server ws://127.0.0.1:" in record["error"]
+    assert "closed the connection" in record["error"]
+    assert "infrastructure failure: task 0 seed 0" in out
+    tsv = next((pytester.path / "runs").rglob("summary.tsv")).read_text().splitlines()
+    row = dict(zip(tsv[0].split("\t"), tsv[1].split("\t"), strict=True))
+    assert (row["n_trials"], row["n_infra"], row["policy_id"]) == ("0", "1", "dying")
+    assert "llm_plus_policy@dying\tERR" in "\n".join(tsv)
+
+
+def test_an_unreachable_external_policy_stops_the_run_before_any_trial(pytester):
+    _grid(pytester, {"ghost": {"url": "ws://127.0.0.1:9"}}, "policy_only", ["ghost"])
+    result = pytester.runpytest_subprocess("grid.yaml", timeout=60)
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == 2
+    assert "preflight: policy ghost at ws://127.0.0.1:9 did not answer" in out
+    assert not (pytester.path / "runs").exists()
