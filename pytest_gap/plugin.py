@@ -264,7 +264,7 @@ class TrialItem(pytest.Item):
         return found
 
     def _run(self, session: GapSession, run_dir: Path) -> TrialResult:
-        from pytest_gap.policies.registry import urls_for
+        from pytest_gap.policies.registry import endpoints_for
         from pytest_gap.runner import TrialRun
         from pytest_gap.sim.pool import env_pool
 
@@ -275,7 +275,7 @@ class TrialItem(pytest.Item):
             config=str(self.loaded.path),
             pool=env_pool(),
             worker=session.worker,
-            policy_urls=urls_for(self.loaded.config),
+            policies=endpoints_for(self.loaded.config),
         )
         try:
             return run.execute()

@@ -56,10 +56,10 @@ class TrialRun:
         config: str,
         pool,
         worker: str | None = None,
-        policy_urls: dict[str, str] | None = None,
+        policies: dict[str, dict[str, str]] | None = None,
     ):
         self.trial, self.run_dir, self.pool = trial, run_dir, pool
-        self.policy_urls = policy_urls or {}
+        self.policies = policies or {}
         self.dir = run_dir / trial.key
         self.env = None
         self.result: TrialResult | None = None
@@ -131,7 +131,7 @@ class TrialRun:
         trace_dir = self.dir / "trace" if cell.enable_tracing else None
         with slot(self.run_dir / ".slots" / cell.throttle_key, cell.num_workers):
             run = run_workflow(
-                load_workflow(workflow_dir), env, trace_dir=trace_dir, policy_urls=self.policy_urls
+                load_workflow(workflow_dir), env, trace_dir=trace_dir, policies=self.policies
             )
         env.finish_video()
         if run.infra_failure:

@@ -8,14 +8,23 @@ moved on.
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack
 from typing import Any
 
+import numpy as np
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
 from pytest_gap.errors import InfraFailure
-from pytest_gap.policies.wire import WireError, packb, unpackb
+from pytest_gap.policies.wire import (
+    VLA_PROTOCOL_VERSION,
+    WireError,
+    pack_vla,
+    packb,
+    unpack_vla,
+    unpackb,
+)
 
 
 class PolicyTransportError(InfraFailure):
@@ -23,6 +32,8 @@ class PolicyTransportError(InfraFailure):
 
 
 class PolicyClient:
+    """openpi protocol: metadata frame on connect, then one action dict per observation."""
+
     def __init__(
         self,
         url: str,
@@ -100,3 +111,100 @@ class PolicyClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class VlaEvalClient:
+    """vla-eval protocol: HELLO handshake, EPISODE_START, OBSERVATION -> ACTION, EPISODE_END.
+
+    Observations are sent with vla-eval's keys added (`task_description` = prompt, `states` =
+    state), so its model servers read them as they read their own LIBERO benchmark's.
+    """
+
+    def __init__(self, url: str, *, connect_timeout_s: float = 5.0, timeout_s: float = 30.0):
+        self.url, self.timeout_s = url, timeout_s
+        self._seq = 0
+        self._stack = ExitStack()
+        try:
+            self._ws: ClientConnection | None = self._stack.enter_context(
+                connect(url, compression=None, max_size=None, open_timeout=connect_timeout_s)
+            )
+        except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
+            raise PolicyTransportError(
+                f"vla-eval server {url} is unreachable ({type(exc).__name__}: {exc}); start it or "
+                "fix the url"
+            ) from None
+        from pytest_gap import __version__
+
+        hello = {
+            "harness_version": f"pytest-gap {__version__}",
+            "protocol_version": VLA_PROTOCOL_VERSION,
+            "benchmark": "pytest-gap/libero",
+        }
+        self.metadata: dict[str, Any] = self._request("hello", hello, expect="hello")
+        self._in_episode = False
+
+    def _request(self, kind: str, payload: dict, expect: str | None) -> Any:
+        if self._ws is None:
+            raise PolicyTransportError(f"vla-eval server {self.url}: the session is closed")
+        self._seq += 1
+        try:
+            self._ws.send(pack_vla(kind, payload, self._seq, time.time()))
+            if expect is None:
+                return None
+            frame = self._ws.recv(timeout=self.timeout_s)
+        except TimeoutError:
+            self.close()
+            raise PolicyTransportError(
+                f"vla-eval server {self.url} sent no {expect} within {self.timeout_s:g} s; the "
+                "session was closed so that a late reply is never applied"
+            ) from None
+        except ConnectionClosed as exc:
+            self.close()
+            raise PolicyTransportError(
+                f"vla-eval server {self.url} closed the connection ({exc})"
+            ) from None
+        try:
+            message = unpack_vla(frame) if isinstance(frame, bytes) else None
+        except WireError as exc:
+            self.close()
+            raise PolicyTransportError(f"vla-eval server {self.url}: {exc}") from None
+        if message is None or message["type"] == "error" or message["type"] != expect:
+            self.close()
+            detail = message["payload"] if message else frame
+            raise PolicyTransportError(f"vla-eval server {self.url} failed: {detail}")
+        return message["payload"]
+
+    def episode_start(self, config: dict | None = None) -> None:
+        self._request("episode_start", config or {}, expect=None)
+        self._in_episode = True
+
+    def infer(self, obs: dict) -> dict:
+        if not self._in_episode:
+            self.episode_start({})
+        payload = {**obs, "task_description": obs.get("prompt", ""), "states": obs.get("state")}
+        reply = dict(self._request("observation", payload, expect="action"))
+        if "actions" in reply:
+            reply["actions"] = np.atleast_2d(np.asarray(reply["actions"]))
+        return reply
+
+    def episode_end(self, result: dict | None = None) -> None:
+        if self._in_episode and self._ws is not None:
+            self._request("episode_end", result or {}, expect=None)
+        self._in_episode = False
+
+    def close(self) -> None:
+        self._ws = None
+        self._stack.close()
+
+    def __enter__(self) -> VlaEvalClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect_policy(url: str, protocol: str = "openpi", **kwargs) -> PolicyClient | VlaEvalClient:
+    """A client for `url` speaking `protocol` (a registry entry's `protocol:`)."""
+    if protocol == "vla-eval":
+        return VlaEvalClient(url, **kwargs)
+    return PolicyClient(url, **kwargs)

@@ -188,14 +188,14 @@ def _signal_group(process: subprocess.Popen, sig: int) -> None:
         os.killpg(process.pid, sig)
 
 
-def preflight(urls: dict[str, str], timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
-    """Handshake with every external server (metadata frame included); raise for the first
-    that does not answer, naming it and how to start it."""
-    from pytest_gap.policies.client import PolicyClient, PolicyTransportError
+def preflight(urls: dict[str, tuple[str, str]], timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
+    """Handshake (in its protocol) with every external server, {id: (url, protocol)}; raise
+    for the first that does not answer, naming it and how to start it."""
+    from pytest_gap.policies.client import PolicyTransportError, connect_policy
 
-    for policy_id, url in urls.items():
+    for policy_id, (url, protocol) in urls.items():
         try:
-            PolicyClient(url, connect_timeout_s=timeout_s, timeout_s=timeout_s).close()
+            connect_policy(url, protocol, connect_timeout_s=timeout_s, timeout_s=timeout_s).close()
         except PolicyTransportError as exc:
             raise PolicyUnreachable(
                 f"preflight: policy {policy_id} at {url} did not answer a {timeout_s:g} s "

@@ -25,11 +25,15 @@ def needed(config: BenchmarkConfig, cells: list[Cell]) -> dict[str, PolicyEntry]
     return {pid: config.policies[pid] for pid in ids if pid in config.policies}
 
 
-def urls_for(config: BenchmarkConfig) -> dict[str, str]:
-    """Policy id -> url for one config in this process."""
-    published = json.loads(os.environ.get(URLS_VAR) or "{}")
-    urls = {pid: e.url for pid, e in config.policies.items() if e.url is not None}
-    return {**urls, **published.get(str(config.source), {})}
+def endpoints_for(config: BenchmarkConfig) -> dict[str, dict[str, str]]:
+    """Policy id -> {url, protocol} for one config, in this process."""
+    published = json.loads(os.environ.get(URLS_VAR) or "{}").get(str(config.source), {})
+    endpoints = {}
+    for pid, entry in config.policies.items():
+        url = entry.url or published.get(pid)
+        if url is not None:
+            endpoints[pid] = {"url": url, "protocol": entry.protocol}
+    return endpoints
 
 
 class SessionPolicies:
@@ -44,7 +48,9 @@ class SessionPolicies:
         try:
             for config, cells, log_dir in configs:
                 entries = needed(config, cells)
-                preflight({pid: e.url for pid, e in entries.items() if e.url is not None})
+                preflight(
+                    {pid: (e.url, e.protocol) for pid, e in entries.items() if e.url is not None}
+                )
                 manager = PolicyManager(config.policy_manager, log_dir=log_dir)
                 self.managers.append(manager)
                 started = manager.start_all({p: e for p, e in entries.items() if e.url is None})

@@ -60,3 +60,72 @@ def unpackb(data: bytes) -> Any:
         return msgpack.unpackb(data, object_hook=_decode)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise WireError(f"not an openpi msgpack frame ({len(data)} bytes): {exc}") from None
+
+
+# -- vla-eval (vla-evaluation-harness) messages --------------------------------------------------
+# Every frame is msgpack {type, payload, seq, timestamp}; arrays are {"__ndarray__": True, data,
+# dtype, shape} with str keys; HWC uint8 images travel PNG-encoded as {"__image__": True,
+# "format": "png", data, shape}. Protocol version 1.
+VLA_PROTOCOL_VERSION = 1
+VLA_TYPES = ("hello", "observation", "action", "episode_start", "episode_end", "error")
+
+
+def _encode_vla(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        if obj.ndim == 3 and obj.dtype == np.uint8 and obj.shape[2] in (1, 3, 4):
+            return {"__image__": True, "format": "png", "data": _png(obj), "shape": list(obj.shape)}
+        if obj.dtype.kind not in "biuf":
+            raise WireError(f"numpy dtype {obj.dtype} cannot be sent to a vla-eval server")
+        return {
+            "__ndarray__": True,
+            "data": np.ascontiguousarray(obj).tobytes(),
+            "dtype": obj.dtype.str,
+            "shape": list(obj.shape),
+        }
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__name__} in a vla-eval message")
+
+
+def _png(image: np.ndarray) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image[..., 0] if image.shape[2] == 1 else image).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _decode_vla(obj: dict) -> Any:
+    if obj.get("__image__"):
+        import io
+
+        from PIL import Image
+
+        if obj.get("format") == "raw":
+            raw = np.frombuffer(obj["data"], dtype=np.dtype(obj["dtype"]))
+            return raw.reshape(obj["shape"]).copy()
+        image = np.asarray(Image.open(io.BytesIO(obj["data"])))
+        return image.reshape(obj["shape"])
+    if obj.get("__ndarray__"):
+        dtype = np.dtype(obj["dtype"])
+        if dtype.kind not in "biuf":
+            raise WireError(f"vla-eval array of dtype {dtype} refused")
+        return np.frombuffer(obj["data"], dtype=dtype).reshape(obj["shape"]).copy()
+    return obj
+
+
+def pack_vla(kind: str, payload: dict, seq: int, timestamp: float) -> bytes:
+    message = {"type": kind, "payload": payload, "seq": seq, "timestamp": timestamp}
+    return msgpack.packb(message, default=_encode_vla, use_bin_type=True)
+
+
+def unpack_vla(data: bytes) -> dict:
+    try:
+        message = msgpack.unpackb(data, object_hook=_decode_vla, raw=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise WireError(f"not a vla-eval frame ({len(data)} bytes): {exc}") from None
+    if not isinstance(message, dict) or message.get("type") not in VLA_TYPES:
+        raise WireError(f"not a vla-eval message: {str(message)[:200]}")
+    return message

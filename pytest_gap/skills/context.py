@@ -27,23 +27,24 @@ class SkillContext:
     keep_images: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)  # scratch state of one run
-    policy_urls: dict[str, str] = field(default_factory=dict)  # policy id -> websocket url
+    # policy id -> {"url": websocket url, "protocol": "openpi" | "vla-eval"}
+    policies: dict[str, dict[str, str]] = field(default_factory=dict)
     _clients: dict[str, Any] = field(default_factory=dict)
 
     def policy(self, policy_id: str):
         """A connected client for `policy_id` (one per run, closed by `close()`)."""
         from pytest_gap.errors import InfraFailure
-        from pytest_gap.policies.client import PolicyClient
+        from pytest_gap.policies.client import connect_policy
 
         if policy_id not in self._clients:
-            url = self.policy_urls.get(policy_id)
-            if url is None:
-                known = ", ".join(sorted(self.policy_urls)) or "none"
+            endpoint = self.policies.get(policy_id)
+            if endpoint is None:
+                known = ", ".join(sorted(self.policies)) or "none"
                 raise InfraFailure(
                     f"policy {policy_id!r} has no server in this run (servers: {known}); add it "
                     "to the policies: registry and to benchmark.policies"
                 )
-            self._clients[policy_id] = PolicyClient(url)
+            self._clients[policy_id] = connect_policy(**endpoint)
         return self._clients[policy_id]
 
     def close(self) -> None:

@@ -130,14 +130,14 @@ def run_workflow(
     *,
     trace_dir=None,
     keep_images: bool = False,
-    policy_urls: dict[str, str] | None = None,
+    policies: dict[str, dict[str, str]] | None = None,
 ) -> RunResult:
     """Run from `workflow.start` on an env that was just reset; return what happened."""
     ctx = SkillContext(
         env,
         max_sim_steps=workflow.limits.max_sim_steps,
         keep_images=keep_images,
-        policy_urls=dict(policy_urls or {}),
+        policies=dict(policies or {}),
     )
     try:
         return _run(workflow, env, ctx, trace_dir)
