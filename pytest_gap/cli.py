@@ -137,9 +137,30 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _cmd_policy_serve(args: argparse.Namespace) -> int:
+    import os
+
     from pytest_gap.policies.builtin import load_policy
     from pytest_gap.policies.server import PolicyServer
 
+    if args.config:
+        from pytest_gap.config import load_config
+        from pytest_gap.policies.manager import command_for
+
+        entries = load_config(args.config).policies
+        if args.name not in entries:
+            known = ", ".join(entries) or "none"
+            raise GapError(f"{args.config}: policies has no entry {args.name!r} (it has {known})")
+        entry = entries[args.name]
+        if entry.url is not None:
+            raise GapError(
+                f"{args.config}: policies.{args.name} is external (url: {entry.url}); start "
+                "that server where it lives"
+            )
+        argv, cwd = command_for(args.name, entry, args.port)
+        print(f"serving {args.name}: {' '.join(argv)}", flush=True)
+        if cwd is not None:
+            os.chdir(cwd)
+        os.execvpe(argv[0], argv, {**os.environ, **entry.env})
     policy = load_policy(args.name)
     server = PolicyServer(policy, host=args.host, port=args.port, metadata={"policy": args.name})
     print(f"serving {args.name} on ws://{args.host}:{args.port}", flush=True)
@@ -194,7 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = policy_sub.add_parser(
         "serve", help="serve a policy over the openpi websocket protocol (GET /healthz: 200)"
     )
-    serve.add_argument("name", help="built-in (hold, random) or module:Class with infer(obs)")
+    serve.add_argument(
+        "name", help="built-in (hold, random), module:Class with infer(obs), or a --config entry"
+    )
+    serve.add_argument("--config", help="benchmark YAML whose policies: entry NAME to serve")
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--host", default="127.0.0.1")
     serve.set_defaults(func=_cmd_policy_serve)

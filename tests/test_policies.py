@@ -199,3 +199,52 @@ def test_gap_policy_serve_serves_until_terminated():
         proc.terminate()
         assert proc.wait(10) is not None
         proc.stdout.close()
+
+
+@OPENPI_CONNECT
+def test_gap_policy_serve_runs_a_registry_entry(tmp_path):
+    import yaml
+
+    config = tmp_path / "bench.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "benchmark": {"families": ["libero"], "variations": ["object"]},
+                "policies": {
+                    "mine": {"command": [GAP, "policy", "serve", "random", "--port", "{port}"]},
+                    "remote": {"url": "ws://gpu-box:9100"},
+                },
+            }
+        )
+    )
+    external = subprocess.run(
+        [GAP, "policy", "serve", "remote", "--config", str(config), "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert external.returncode == 2 and "policies.remote is external" in external.stderr
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [GAP, "policy", "serve", "mine", "--config", str(config), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().startswith("serving mine: ")
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client = WebsocketClientPolicy(f"ws://127.0.0.1:{port}")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the server never listened"
+                time.sleep(0.2)
+        assert client.get_server_metadata() == {"policy": "random"}
+        client._ws.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        proc.stdout.close()
