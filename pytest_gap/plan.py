@@ -46,11 +46,13 @@ class Cell(BaseModel):
     task_prompts: dict[int, str] = {}
     objects: dict[str, str] = {}
     error: str | None = None
+    privileged: bool = False  # its policy reads ground truth (privileged_state: true)
 
     @property
     def row(self) -> str:
-        """Pivot row: mode, or mode@policy_id on the policy axis."""
-        return f"{self.mode}@{self.policy_id}" if self.policy_id else self.mode
+        """Pivot row: mode, or mode@policy_id on the policy axis; oracles are labelled."""
+        label = f"{self.mode}@{self.policy_id}" if self.policy_id else self.mode
+        return f"{label}[privileged]" if self.privileged else label
 
     @property
     def throttle_key(self) -> str:
@@ -73,7 +75,8 @@ class Cell(BaseModel):
     def id_parts(self) -> tuple[str, str]:
         if self.suite_name is not None:
             return ("suites", self.suite_name)
-        return (self.row, f"{self.family}/{self.variation}")
+        mode = f"{self.mode}@{self.policy_id}" if self.policy_id else self.mode
+        return (mode, f"{self.family}/{self.variation}")
 
     @property
     def keywords(self) -> list[str]:
@@ -206,6 +209,11 @@ def _grid_cells(config, source, families, modes) -> list[Cell]:
                             record_video=record_video,
                             enable_tracing=config.trials.enable_tracing,
                             error=_grid_cell_error(mode, override, policy_id),
+                            privileged=bool(
+                                policy_id
+                                and policy_id in config.policies
+                                and config.policies[policy_id].privileged_state
+                            ),
                         )
                     )
     if problems:

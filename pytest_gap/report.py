@@ -50,6 +50,7 @@ class TaskRow(BaseModel):
 class CellSummary(BaseModel):
     mode: str
     policy_id: str | None
+    privileged: bool = False  # an oracle reading ground truth: not comparable with policies
     family: str
     variation: str
     suite_name: str | None
@@ -115,7 +116,8 @@ def summarize_cell(cell: Cell, results: list[TrialResult]) -> CellSummary:
         )
     return CellSummary(
         mode=cell.mode,
-        policy_id=cell.policy_id,
+        policy_id=f"{cell.policy_id} [privileged]" if cell.privileged else cell.policy_id,
+        privileged=cell.privileged,
         family=cell.family,
         variation=cell.variation,
         suite_name=cell.suite_name,

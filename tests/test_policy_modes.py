@@ -120,3 +120,45 @@ def test_an_unreachable_external_policy_stops_the_run_before_any_trial(pytester)
     assert result.ret == 2
     assert "preflight: policy ghost at ws://127.0.0.1:9 did not answer" in out
     assert not (pytester.path / "runs").exists()
+
+
+def test_the_scripted_oracle_succeeds_and_is_labelled_privileged(pytester):
+    _grid(
+        pytester,
+        {
+            "scripted": {
+                "command": [GAP, "policy", "serve", "scripted", "--port", "{port}"],
+                "privileged_state": True,
+            }
+        },
+        "policy_only",
+        ["scripted"],
+    )
+    (pytester.path / "grid.yaml").write_text(
+        (pytester.path / "grid.yaml")
+        .read_text()
+        .replace("gate_threshold: 0.0", "gate_threshold: 1.0")
+    )
+    result = pytester.runpytest_subprocess("grid.yaml", "-v", timeout=TIMEOUT)
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    assert "grid.yaml::policy_only@scripted::libero/object::task00::seed000 PASSED" in out
+    assert "gate PASS: success_rate=1.000 threshold=1.000" in out
+    record = _only_result(pytester)
+    assert record["success"] and record["exit_status"] == "task_success"
+    tsv = next((pytester.path / "runs").rglob("summary.tsv")).read_text()
+    assert "policy_only\tscripted [privileged]\tlibero\tobject" in tsv
+    assert "policy_only@scripted[privileged]\t1.000" in tsv
+
+
+def test_the_scripted_oracle_refuses_to_run_without_ground_truth(pytester):
+    _grid(
+        pytester,
+        {"scripted": {"command": [GAP, "policy", "serve", "scripted", "--port", "{port}"]}},
+        "policy_only",
+        ["scripted"],
+    )
+    result = pytester.runpytest_subprocess("grid.yaml", timeout=TIMEOUT)
+    record = _only_result(pytester)
+    assert record["infra_failure"] and "needs privileged_state: true" in record["error"]
+    assert result.ret == 1

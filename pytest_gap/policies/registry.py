@@ -25,14 +25,18 @@ def needed(config: BenchmarkConfig, cells: list[Cell]) -> dict[str, PolicyEntry]
     return {pid: config.policies[pid] for pid in ids if pid in config.policies}
 
 
-def endpoints_for(config: BenchmarkConfig) -> dict[str, dict[str, str]]:
-    """Policy id -> {url, protocol} for one config, in this process."""
+def endpoints_for(config: BenchmarkConfig) -> dict[str, dict]:
+    """Policy id -> {url, protocol, privileged} for one config, in this process."""
     published = json.loads(os.environ.get(URLS_VAR) or "{}").get(str(config.source), {})
     endpoints = {}
     for pid, entry in config.policies.items():
         url = entry.url or published.get(pid)
         if url is not None:
-            endpoints[pid] = {"url": url, "protocol": entry.protocol}
+            endpoints[pid] = {
+                "url": url,
+                "protocol": entry.protocol,
+                "privileged": entry.privileged_state,
+            }
     return endpoints
 
 

@@ -27,8 +27,8 @@ class SkillContext:
     keep_images: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)  # scratch state of one run
-    # policy id -> {"url": websocket url, "protocol": "openpi" | "vla-eval"}
-    policies: dict[str, dict[str, str]] = field(default_factory=dict)
+    # policy id -> {"url": ws url, "protocol": "openpi" | "vla-eval", "privileged": bool}
+    policies: dict[str, dict[str, Any]] = field(default_factory=dict)
     _clients: dict[str, Any] = field(default_factory=dict)
 
     def policy(self, policy_id: str):
@@ -44,7 +44,7 @@ class SkillContext:
                     f"policy {policy_id!r} has no server in this run (servers: {known}); add it "
                     "to the policies: registry and to benchmark.policies"
                 )
-            self._clients[policy_id] = connect_policy(**endpoint)
+            self._clients[policy_id] = connect_policy(endpoint["url"], endpoint["protocol"])
         return self._clients[policy_id]
 
     def close(self) -> None:

@@ -37,6 +37,28 @@ class PolicyRun(BaseModel):
     steps: int
 
 
+def privileged_state(ctx: SkillContext) -> dict:
+    """Ground truth for oracle policies (registry entries with `privileged_state: true` only):
+    the objects still to deliver, the container, every object's box, the grip site and width."""
+    env, scene = ctx.env, ctx.env.scene
+    goal = [p for p in env.goal if p[0] == "in"]
+    status = env.goal_status()
+    delivered = [done for p, done in zip(env.goal, status, strict=True) if p[0] == "in"]
+    boxes = {}
+    for obj in scene.objects():
+        lo, hi = scene.world_aabb(obj.name)
+        boxes[obj.name] = {"min": lo.tolist(), "max": hi.tolist()}
+    grip = scene.gripper()
+    return {
+        "targets": [p[1] for p in goal],
+        "delivered": delivered,
+        "container": goal[0][2].removesuffix("_contain_region") if goal else None,
+        "objects": boxes,
+        "eef": grip.eef_pos.tolist(),
+        "gripper_width": grip.width,
+    }
+
+
 def _actions(reply: dict, policy: str) -> np.ndarray:
     actions = np.asarray(reply.get("actions") if isinstance(reply, dict) else None)
     if actions.dtype == object or actions.ndim != 2 or actions.shape[1] != 7 or not len(actions):
@@ -58,12 +80,15 @@ def run_policy(
 ) -> PolicyRun:
     """Let a learned policy act: observations in, action chunks out, until a gripper cycle."""
     client = ctx.policy(policy)
+    privileged = ctx.policies.get(policy, {}).get("privileged", False)
     closed = False
     steps0 = ctx.steps
     for window in range(1, max_windows + 1):
         obs = ctx.env.observe(POLICY_CAMERAS).as_dict()
         if prompt:
             obs["prompt"] = prompt
+        if privileged:
+            obs["privileged"] = privileged_state(ctx)
         reply = client.infer(obs)
         for action in _actions(reply, policy)[:replan_every]:
             ctx.act(action)
