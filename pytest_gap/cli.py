@@ -162,7 +162,14 @@ def _cmd_policy_serve(args: argparse.Namespace) -> int:
             os.chdir(cwd)
         os.execvpe(argv[0], argv, {**os.environ, **entry.env})
     policy = load_policy(args.name)
-    server = PolicyServer(policy, host=args.host, port=args.port, metadata={"policy": args.name})
+    server = PolicyServer(
+        policy,
+        host=args.host,
+        port=args.port,
+        metadata={"policy": args.name},
+        max_batch_size=args.max_batch_size,
+        max_wait_ms=args.max_wait_ms,
+    )
     print(f"serving {args.name} on ws://{args.host}:{args.port}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
@@ -221,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="benchmark YAML whose policies: entry NAME to serve")
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=1,
+        help="batch observations across connections (needs the policy's infer_batch)",
+    )
+    serve.add_argument("--max-wait-ms", type=float, default=5.0, help="batch collection window")
     serve.set_defaults(func=_cmd_policy_serve)
     schema = sub.add_parser("schema", help="print the benchmark YAML's JSON Schema")
     schema.set_defaults(func=_cmd_schema)

@@ -248,3 +248,41 @@ def test_gap_policy_serve_runs_a_registry_entry(tmp_path):
         proc.terminate()
         proc.wait(10)
         proc.stdout.close()
+
+
+class Batched:
+    """Replies with the sender's id in every action; records how it was called."""
+
+    def __init__(self):
+        self.calls = []
+
+    def infer(self, obs):
+        raise AssertionError("a batching server must call infer_batch")
+
+    def infer_batch(self, batch):
+        self.calls.append(len(batch))
+        time.sleep(0.05)
+        return [{"actions": np.full((2, 7), obs["client"], np.float32)} for obs in batch]
+
+
+def test_dynamic_batching_groups_connections_and_answers_each():
+    policy = Batched()
+    server = PolicyServer(policy, max_batch_size=4, max_wait_ms=200)
+    replies, barrier = {}, threading.Barrier(4)
+
+    def one_client(i: int, url: str) -> None:
+        with PolicyClient(url) as client:
+            barrier.wait()
+            replies[i] = client.infer({"client": np.float32(i)})["actions"]
+
+    with server.start() as running:
+        threads = [threading.Thread(target=one_client, args=(i, running.url)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(20)
+    assert sorted(replies) == [0, 1, 2, 3]
+    assert all((replies[i] == i).all() for i in replies)  # nobody got another's reply
+    assert max(policy.calls) > 1 and sum(policy.calls) == 4
+    with pytest.raises(GapError, match="batching needs a policy with infer_batch"):
+        PolicyServer(HoldPolicy(), max_batch_size=2)

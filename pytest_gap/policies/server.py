@@ -4,6 +4,10 @@ Any object with `infer(obs: dict) -> dict` (openpi's BasePolicy shape) can be se
 runs in a worker thread, one call at a time (a model is one device), so slow inference never
 blocks the event loop's handshakes and health checks. `GET /healthz` answers 200 on the same
 port.
+
+Dynamic batching (`max_batch_size` > 1, for policies with `infer_batch(list) -> list`):
+observations arriving from different connections within `max_wait_ms` of the first are
+inferred together, and each connection gets its own reply.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, Protocol
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from pytest_gap.errors import GapError
 from pytest_gap.policies.wire import HEALTH_PATH, INTERNAL_ERROR_CLOSE, packb, unpackb
 
 
@@ -33,14 +38,61 @@ class PolicyServer:
         host: str = "127.0.0.1",
         port: int = 0,
         metadata: dict[str, Any] | None = None,
+        max_batch_size: int = 1,
+        max_wait_ms: float = 5.0,
     ):
+        if max_batch_size > 1 and not callable(getattr(policy, "infer_batch", None)):
+            raise GapError(
+                f"max_batch_size {max_batch_size}: batching needs a policy with "
+                "infer_batch(list of obs) -> list of replies"
+            )
         self.policy, self.host, self.port = policy, host, port
         self.metadata = metadata or {}
+        self.max_batch_size, self.max_wait_s = max_batch_size, max_wait_ms / 1000
+        self.batch_sizes: list[int] = []  # for inspection: the size of every batch inferred
         self._infer_lock = threading.Lock()
+        self._queue: asyncio.Queue | None = None
 
-    def _infer(self, obs: dict) -> dict:
+    def _infer_one(self, obs: dict) -> dict:
         with self._infer_lock:
             return self.policy.infer(obs)
+
+    def _infer_many(self, batch: list[dict]) -> list[dict]:
+        with self._infer_lock:
+            replies = list(self.policy.infer_batch(batch))
+        if len(replies) != len(batch):
+            raise RuntimeError(f"infer_batch returned {len(replies)} replies for {len(batch)}")
+        return replies
+
+    async def _infer(self, obs: dict) -> dict:
+        if self._queue is None:
+            return await asyncio.to_thread(self._infer_one, obs)
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put((obs, future))
+        return await future
+
+    async def _batcher(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            deadline = loop.time() + self.max_wait_s
+            while len(batch) < self.max_batch_size:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                except TimeoutError:
+                    break
+            self.batch_sizes.append(len(batch))
+            try:
+                replies = await asyncio.to_thread(self._infer_many, [obs for obs, _ in batch])
+            except Exception as exc:
+                for _, future in batch:
+                    future.set_exception(exc)
+                continue
+            for (_, future), reply in zip(batch, replies, strict=True):
+                future.set_result(reply)
 
     async def _session(self, ws: ServerConnection) -> None:
         await ws.send(packb(self.metadata))
@@ -52,7 +104,7 @@ class PolicyServer:
             try:
                 t0 = time.perf_counter()
                 obs = unpackb(frame)
-                action = dict(await asyncio.to_thread(self._infer, obs))
+                action = dict(await self._infer(obs))
                 action["server_timing"] = {"infer_ms": (time.perf_counter() - t0) * 1000}
                 await ws.send(packb(action))
             except ConnectionClosed:
@@ -71,6 +123,17 @@ class PolicyServer:
 
     async def serve(self, started: asyncio.Future | None = None) -> None:
         """Serve until cancelled; `started` receives the bound port."""
+        batcher = None
+        if self.max_batch_size > 1:
+            self._queue = asyncio.Queue()
+            batcher = asyncio.create_task(self._batcher())
+        try:
+            await self._serve(started)
+        finally:
+            if batcher is not None:
+                batcher.cancel()
+
+    async def _serve(self, started: asyncio.Future | None) -> None:
         async with serve(
             self._session,
             self.host,
