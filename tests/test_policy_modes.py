@@ -162,3 +162,46 @@ def test_the_scripted_oracle_refuses_to_run_without_ground_truth(pytester):
     record = _only_result(pytester)
     assert record["infra_failure"] and "needs privileged_state: true" in record["error"]
     assert result.ret == 1
+
+
+def test_ctrl_c_stops_the_managed_servers(pytester):
+    import re
+    import signal
+    import subprocess
+    import time
+
+    from pytest_gap.policies.manager import port_open
+
+    _grid(
+        pytester,
+        {"hold": {"command": [GAP, "policy", "serve", "hold", "--port", "{port}"]}},
+        "policy_only",
+        ["hold"],
+    )
+    session = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "grid.yaml", "-p", "no:cacheprovider"],
+        cwd=pytester.path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline, port = time.monotonic() + 120, None
+        while port is None:
+            assert time.monotonic() < deadline and session.poll() is None
+            logs = list((pytester.path / "runs").rglob("policy_hold.log"))
+            found = re.search(r":(\d+)", logs[0].read_text()) if logs else None
+            port = int(found.group(1)) if found else None
+            time.sleep(0.2)
+        while not port_open(port):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(2)  # a trial is running now
+        session.send_signal(signal.SIGINT)
+        session.wait(60)
+        deadline = time.monotonic() + 15
+        while port_open(port):
+            assert time.monotonic() < deadline, "the policy server outlived the session"
+            time.sleep(0.2)
+    finally:
+        session.kill()
+        session.wait()
