@@ -25,11 +25,12 @@ from pytest_gap.config import (
     DEFAULT_GATE_THRESHOLD,
     KNOWN_MODES,
     BenchmarkConfig,
+    ConfigError,
     ModeOverride,
     load_config,
 )
 from pytest_gap.errors import GapError
-from pytest_gap.plan import plan
+from pytest_gap.plan import llm_problem, plan
 from pytest_gap.report import CellSummary
 
 __all__ = [
@@ -127,7 +128,11 @@ async def run_benchmark(
 ) -> BenchmarkSummary:
     with tempfile.TemporaryDirectory(prefix="gap-benchmark-") as tmp:
         path, loaded = _config_file(config, Path(tmp))
-        plan(loaded, families=families, modes=modes)  # config errors before anything starts
+        cells = plan(loaded, families=families, modes=modes)  # config errors before any trial
+        if any(c.mode == "llm_generation" and c.workflow_dir is None for c in cells):
+            problem = llm_problem(loaded)
+            if problem:  # fail fast: every llm_generation cell would error on it
+                raise ConfigError(str(path), [problem])
         report_json = Path(tmp) / "report.json"
         args = pytest_args(
             path,

@@ -127,6 +127,52 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     return 0 if summary.exit_code in (0, 1) else 1
 
 
+def _cmd_generate(args: argparse.Namespace) -> int:
+    """Exit 0 with a valid workflow, 1 when the model wrote none, 2 for a config problem."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from pytest_gap.config import LLMConfig, load_config
+    from pytest_gap.producers.chat import ChatClient, resolve_settings
+    from pytest_gap.producers.llm import generate_workflow
+    from pytest_gap.workflow.templates import task_placeholders
+
+    config = load_config(args.config) if args.config else None
+    llm = config.llm if config else LLMConfig()
+    overrides = {k: v for k, v in (("model", args.model), ("endpoint", args.endpoint)) if v}
+    llm = llm.model_copy(update=overrides)
+    settings = resolve_settings(llm, args.config or "gap generate")
+    out = Path(args.out)
+    shutil.rmtree(out / "agent_traces", ignore_errors=True)
+    (out / "workflow.json").unlink(missing_ok=True)
+    objects = _parse_sets(args.set)
+    values = {**task_placeholders(args.prompt), **objects}
+    retries = config.composition.max_validation_retries if config else 2
+    generation = generate_workflow(
+        args.prompt,
+        chat=ChatClient(settings),
+        objects=objects,
+        values=values,
+        max_validation_retries=retries,
+        trace_dir=out / "agent_traces",
+    )
+    print(
+        f"model {settings.model} at {settings.base_url}: {generation.calls} responses "
+        f"({generation.cached} from the cache)"
+    )
+    if not generation.valid:
+        print(f"no valid workflow after {retries} fixes:")
+        for problem in generation.problems:
+            print(f"  {problem}")
+        print(f"agent traces: {out / 'agent_traces'}")
+        return 1
+    (out / "workflow.json").write_text(json.dumps(generation.workflow, indent=1) + "\n")
+    print(f"valid workflow: {out / 'workflow.json'} ({len(generation.workflow['nodes'])} nodes)")
+    print(f"run it: gap run {out} --family libero --variation object --task 0 --seed 0")
+    return 0
+
+
 def _cmd_schema(args: argparse.Namespace) -> int:
     import json
 
@@ -236,6 +282,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-wait-ms", type=float, default=5.0, help="batch collection window")
     serve.set_defaults(func=_cmd_policy_serve)
+    generate = sub.add_parser("generate", help="have the LLM write a workflow for a prompt")
+    generate.add_argument(
+        "prompt", help='the task, e.g. "pick up the milk and place it in the basket"'
+    )
+    generate.add_argument("--out", required=True, help="workflow directory to write")
+    generate.add_argument("--config", help="benchmark YAML whose llm: block to use")
+    generate.add_argument("--model", help="override llm.model")
+    generate.add_argument("--endpoint", help="an OpenAI-compatible base url (vLLM, ollama)")
+    generate.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="an objects: hint"
+    )
+    generate.set_defaults(func=_cmd_generate)
     schema = sub.add_parser("schema", help="print the benchmark YAML's JSON Schema")
     schema.set_defaults(func=_cmd_schema)
     return parser

@@ -14,12 +14,6 @@ from pydantic import BaseModel, ConfigDict
 
 from pytest_gap.config import POLICY_MODES, BenchmarkConfig, ConfigError, suite_variation
 
-MODE_MISSING = {
-    "llm_generation": (
-        "mode llm_generation needs LLM workflow generation (producers/llm.py), which this "
-        "pytest-gap version does not have yet; run the workflow mode with a fixed workflow_dir"
-    ),
-}
 TEMPLATES = {
     "llm_plus_policy": "examples/templates/llm_plus_policy",
     "policy_only": "examples/templates/policy_only",
@@ -208,7 +202,7 @@ def _grid_cells(config, source, families, modes) -> list[Cell]:
                             num_workers=(override and override.num_workers) or block.num_workers,
                             record_video=record_video,
                             enable_tracing=config.trials.enable_tracing,
-                            error=_grid_cell_error(mode, override, policy_id),
+                            error=_grid_cell_error(config, mode, override, policy_id),
                             privileged=bool(
                                 policy_id
                                 and policy_id in config.policies
@@ -236,9 +230,20 @@ def _grid_seeds(block, override) -> list[int]:
     return list(range(n or block.n_seeds))
 
 
-def _grid_cell_error(mode: str, override, policy_id: str | None) -> str | None:
-    if mode in MODE_MISSING:
-        return MODE_MISSING[mode]
+def llm_problem(config: BenchmarkConfig) -> str | None:
+    """Why the config's llm: block cannot generate workflows (no model, no key), or None."""
+    from pytest_gap.producers.chat import LLMConfigError, resolve_settings
+
+    try:
+        resolve_settings(config.llm, str(config.source or "config"))
+    except LLMConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _grid_cell_error(config, mode: str, override, policy_id: str | None) -> str | None:
+    if mode == "llm_generation":
+        return llm_problem(config)
     if override is None or override.workflow_dir is None:
         example = TEMPLATES.get(mode, "examples/workflows/pick_place")
         return (
@@ -289,7 +294,7 @@ def _suite_cells(config: BenchmarkConfig, source: str) -> list[Cell]:
                 enable_tracing=config.trials.enable_tracing,
                 task_prompts=entry.task_prompts,
                 objects=entry.objects,
-                error=None if entry.workflow_dir else MODE_MISSING["llm_generation"],
+                error=None if entry.workflow_dir else llm_problem(config),
             )
         )
         offset += workers

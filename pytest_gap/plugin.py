@@ -276,6 +276,8 @@ class TrialItem(pytest.Item):
             pool=env_pool(),
             worker=session.worker,
             policies=endpoints_for(self.loaded.config),
+            llm=self.loaded.config.llm,
+            max_validation_retries=self.loaded.config.composition.max_validation_retries,
         )
         try:
             return run.execute()

@@ -10,6 +10,7 @@ reached so far.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -17,7 +18,7 @@ import traceback
 from pathlib import Path
 
 from pytest_gap.devices import egl_device_for_cell
-from pytest_gap.errors import GapError
+from pytest_gap.errors import GapError, InfraFailure
 from pytest_gap.plan import Trial
 from pytest_gap.producers.prebuilt import PRODUCED_FILE, materialize
 from pytest_gap.results import (
@@ -33,6 +34,7 @@ from pytest_gap.results import (
     write_result,
 )
 from pytest_gap.throttle import slot
+from pytest_gap.workflow.schema import WORKFLOW_FILE
 
 VIDEO_FILE = "video.mp4"
 
@@ -57,9 +59,13 @@ class TrialRun:
         pool,
         worker: str | None = None,
         policies: dict[str, dict[str, str]] | None = None,
+        llm=None,
+        max_validation_retries: int = 2,
     ):
         self.trial, self.run_dir, self.pool = trial, run_dir, pool
         self.policies = policies or {}
+        self.llm, self.max_validation_retries = llm, max_validation_retries
+        self.config_source = config
         self.dir = run_dir / trial.key
         self.env = None
         self.result: TrialResult | None = None
@@ -100,6 +106,8 @@ class TrialRun:
             return self._finish(exit_code=EXIT_ERROR, error=cell.error)
         try:
             fields = self._run()
+        except InfraFailure as exc:  # an LLM endpoint or policy server that kept failing
+            return self._finish(exit_code=EXIT_ERROR, error=str(exc), infra_failure=True)
         except GapError as exc:  # something a user can fix: one line, no traceback
             return self._finish(exit_code=EXIT_ERROR, error=str(exc))
         except Exception as exc:
@@ -128,6 +136,16 @@ class TrialRun:
         self._eval_t0 = time.perf_counter()
         video = self.dir / VIDEO_FILE if cell.record_video else None
         obs = env.reset(trial.seed, variation=variation, video=video)
+        if not (workflow_dir / WORKFLOW_FILE).is_file():  # the producer wrote no valid graph
+            env.finish_video()
+            produced = json.loads((workflow_dir / PRODUCED_FILE).read_text())
+            return {
+                "init_state": env.episode.init_state,
+                "prompt": obs.prompt,
+                "exit_status": "no_workflow",
+                "reason": "the LLM produced no valid workflow: "
+                + "; ".join(produced.get("problems", [])[:3]),
+            }
         trace_dir = self.dir / "trace" if cell.enable_tracing else None
         with slot(self.run_dir / ".slots" / cell.throttle_key, cell.num_workers):
             run = run_workflow(
@@ -168,7 +186,52 @@ class TrialRun:
         values = {**task_placeholders(prompt), **cell.objects}
         if cell.policy_id:
             values["policy_id"] = cell.policy_id
+        if cell.workflow_dir is None:
+            return self._generate(prompt, values, dest)
         self._produce_s = materialize(cell.workflow_dir, dest, values, prompt)
+        return dest
+
+    def _generate(self, prompt: str, values: dict[str, str], dest: Path) -> Path:
+        """llm_generation: one generation per (cell, task), whatever the number of workers.
+
+        The first worker to arrive generates under a lock; the others wait, then reuse it.
+        """
+        from pytest_gap.producers.chat import ChatClient, resolve_settings
+        from pytest_gap.producers.llm import generate_workflow
+
+        with slot(dest.parent / ".produce", 1):
+            if (dest / PRODUCED_FILE).is_file():
+                return dest
+            t0 = time.perf_counter()
+            settings = resolve_settings(self.llm, self.config_source)
+            tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            generation = generate_workflow(
+                prompt,
+                chat=ChatClient(settings),
+                objects=self.trial.cell.objects,
+                values=values,
+                max_validation_retries=self.max_validation_retries,
+                trace_dir=tmp / "agent_traces",
+            )
+            if generation.valid:
+                (tmp / WORKFLOW_FILE).write_text(json.dumps(generation.workflow, indent=1) + "\n")
+            self._produce_s = time.perf_counter() - t0
+            meta = {
+                "source": "llm",
+                "provider": settings.provider,
+                "model": settings.model,
+                "prompt": prompt,
+                "placeholders": values,
+                "valid": generation.valid,
+                "problems": generation.problems,
+                "calls": generation.calls,
+                "cached": generation.cached,
+                "produce_s": self._produce_s,
+            }
+            (tmp / PRODUCED_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+            os.rename(tmp, dest)
         return dest
 
     def _task_prompt(self, variation) -> str:
@@ -222,8 +285,6 @@ def record_crash(trial: Trial, run_dir: Path, *, nodeid: str, config: str, detai
     A trial that had run past its watchdog limit was killed by the watchdog (124); any other
     death (segfault, OOM kill) is a crash (137), an infrastructure failure.
     """
-    import json
-
     trial_dir = run_dir / trial.key
     existing = read_result(trial_dir)
     if isinstance(existing, TrialResult):

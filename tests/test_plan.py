@@ -65,7 +65,7 @@ def test_policy_axis_applies_to_policy_modes_only():
 def test_cells_that_cannot_run_are_planned_with_the_reason():
     cells = plan(_grid(families=["libero"], variations=["object"], n_tasks=1, n_seeds=1))
     assert [c.mode for c in cells] == ["llm_generation", "llm_plus_policy", "policy_only"]
-    assert "does not have yet" in cells[0].error
+    assert "llm.model is not set; name the model" in cells[0].error
     workflow = plan(
         _grid(families=["libero"], variations=["object"], modes=["workflow"], n_tasks=1, n_seeds=1)
     )[0]

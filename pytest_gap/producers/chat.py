@@ -1,0 +1,206 @@
+"""An OpenAI-compatible chat client for workflow generation: settings, cache, retries, a cap.
+
+- Providers: openrouter (default), openai, vertex (its OpenAI-compatible endpoint), or any
+  `endpoint` (vLLM, ollama, a proxy). The key comes from `llm.api_key` or the provider's
+  environment variable; it is never written anywhere.
+- Every response is cached on disk, keyed by SHA-256 of (provider, model, temperature,
+  max_tokens, messages): re-scoring a run never pays twice for the same prompt.
+- 429, 5xx, timeouts and dropped connections are retried with exponential backoff and jitter
+  (a Retry-After header is honoured); when retries run out the LLM is *unavailable*, an
+  infrastructure failure.
+- At most `max_concurrent_requests` requests are in flight across all worker processes of a
+  machine (file-lock slots next to the cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from pytest_gap.config import LLMConfig
+from pytest_gap.errors import GapError, InfraFailure
+from pytest_gap.throttle import slot
+
+CACHE_VAR = "GAP_LLM_CACHE_DIR"
+DEFAULT_CACHE = Path.home() / ".cache" / "pytest-gap" / "llm"
+PROVIDERS = {
+    "openrouter": ("https://openrouter.ai/api/v1", "OPENROUTER_API_KEY"),
+    "openai": ("https://api.openai.com/v1", "OPENAI_API_KEY"),
+    "vertex": (
+        "https://{region}-aiplatform.googleapis.com/v1beta1/projects/{project_id}/locations/"
+        "{region}/endpoints/openapi",
+        "VERTEX_ACCESS_TOKEN",
+    ),
+}
+
+
+class LLMConfigError(GapError, ValueError):
+    """The llm: block cannot be used as it stands (no model, no key, no project)."""
+
+
+class LLMUnavailable(InfraFailure):
+    """The LLM endpoint kept failing (rate limits, server errors, timeouts)."""
+
+
+class LLMSettings(BaseModel):
+    provider: str
+    model: str
+    base_url: str
+    api_key: str = Field(repr=False, exclude=True)
+    temperature: float
+    max_tokens: int | None
+    max_concurrent_requests: int
+    cache_dir: Path
+    timeout_s: float = 120.0
+    max_retries: int = 5
+
+
+def resolve_settings(llm: LLMConfig, source: str = "config") -> LLMSettings:
+    """Settings for a config's llm: block; raises LLMConfigError naming what to set."""
+    if not llm.model:
+        raise LLMConfigError(
+            f"{source}: llm.model is not set; name the model, e.g. openai/gpt-4.1 on OpenRouter"
+        )
+    base_url, key_var = PROVIDERS[llm.provider]
+    if llm.endpoint:  # an OpenAI-compatible server: OpenAI's variable, if it needs a key at all
+        base_url, key_var = llm.endpoint, "OPENAI_API_KEY"
+    elif llm.provider == "vertex":
+        if not llm.project_id or not llm.region:
+            raise LLMConfigError(f"{source}: provider vertex needs llm.project_id and llm.region")
+        base_url = base_url.format(region=llm.region, project_id=llm.project_id)
+    api_key = llm.api_key or os.environ.get(key_var)
+    if not api_key:
+        if not llm.endpoint:
+            raise LLMConfigError(
+                f"{source}: no API key for provider {llm.provider}; set {key_var} (or llm.api_key)"
+            )
+        api_key = "EMPTY"  # local OpenAI-compatible servers usually need none
+    cache = llm.cache_dir or Path(os.environ.get(CACHE_VAR) or DEFAULT_CACHE)
+    return LLMSettings(
+        provider=llm.provider if not llm.endpoint else "openai-compatible",
+        model=llm.model,
+        base_url=base_url.rstrip("/"),
+        api_key=api_key,
+        temperature=llm.temperature,
+        max_tokens=llm.max_tokens,
+        max_concurrent_requests=llm.max_concurrent_requests,
+        cache_dir=Path(cache).expanduser(),
+    )
+
+
+def cache_key(settings: LLMSettings, messages: list[dict[str, str]]) -> str:
+    request = {
+        "provider": settings.provider,
+        "model": settings.model,
+        "temperature": settings.temperature,
+        "max_tokens": settings.max_tokens,
+        "messages": messages,
+    }
+    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+
+
+def redact(text: str, secret: str | None) -> str:
+    return text.replace(secret, "[REDACTED]") if secret and secret != "EMPTY" else text
+
+
+class ChatClient:
+    def __init__(self, settings: LLMSettings, *, sleep=time.sleep):
+        from openai import OpenAI
+
+        self.settings, self._sleep = settings, sleep
+        self.http_calls = 0  # requests that reached the endpoint (cache misses, retries)
+        self._json_mode = True  # dropped if the endpoint rejects response_format
+        self._client = OpenAI(
+            api_key=settings.api_key,
+            base_url=settings.base_url,
+            max_retries=0,  # retries are ours: backoff, jitter, Retry-After, a clear error
+            timeout=settings.timeout_s,
+        )
+
+    def complete(self, messages: list[dict[str, str]]) -> tuple[str, bool]:
+        """The assistant's text for `messages`, and whether it came from the cache."""
+        key = cache_key(self.settings, messages)
+        path = self.settings.cache_dir / f"{key}.json"
+        if path.is_file():
+            try:
+                return json.loads(path.read_text())["response"], True
+            except (OSError, ValueError, KeyError):
+                pass  # a torn cache entry is a miss
+        with slot(self.settings.cache_dir / ".slots", self.settings.max_concurrent_requests):
+            text = self._with_retries(messages)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"model": self.settings.model, "response": text}))
+        os.replace(tmp, path)
+        return text, False
+
+    def _with_retries(self, messages: list[dict[str, str]]) -> str:
+        import openai
+
+        retryable = (
+            openai.RateLimitError,
+            openai.InternalServerError,
+            openai.APITimeoutError,
+            openai.APIConnectionError,
+        )
+        last = None
+        for attempt in range(self.settings.max_retries + 1):
+            try:
+                return self._call(messages)
+            except retryable as exc:
+                last = exc
+                if attempt == self.settings.max_retries:
+                    break
+                self._sleep(self._backoff(attempt, exc))
+            except openai.AuthenticationError:
+                raise LLMConfigError(
+                    f"{self.settings.base_url} refused the API key (401); check the key for "
+                    f"provider {self.settings.provider}"
+                ) from None
+            except openai.BadRequestError as exc:
+                if self._json_mode and "response_format" in str(exc):
+                    self._json_mode = False
+                    return self._with_retries(messages)
+                raise LLMUnavailable(
+                    f"{self.settings.base_url} rejected the request: "
+                    f"{redact(str(exc), self.settings.api_key)}"
+                ) from None
+        raise LLMUnavailable(
+            f"{self.settings.base_url} failed {self.settings.max_retries + 1} times; last: "
+            f"{type(last).__name__}: {redact(str(last), self.settings.api_key)}"
+        )
+
+    @staticmethod
+    def _backoff(attempt: int, exc: Exception) -> float:
+        response = getattr(exc, "response", None)
+        retry_after = response.headers.get("retry-after") if response is not None else None
+        if retry_after:
+            try:
+                return min(float(retry_after), 60.0)
+            except ValueError:
+                pass
+        return min(2.0**attempt, 30.0) * (0.5 + random.random())
+
+    def _call(self, messages: list[dict[str, str]]) -> str:
+        self.http_calls += 1
+        kwargs: dict[str, Any] = {
+            "model": self.settings.model,
+            "messages": messages,
+            "temperature": self.settings.temperature,
+            "stream": False,
+        }
+        if self.settings.max_tokens:
+            kwargs["max_tokens"] = self.settings.max_tokens
+        if self._json_mode:
+            kwargs["response_format"] = {"type": "json_object"}
+        response = self._client.chat.completions.create(**kwargs)
+        choices = getattr(response, "choices", None) or []
+        content = choices[0].message.content if choices else None
+        return content or ""

@@ -1,0 +1,231 @@
+"""LLM workflow generation through the real `openai` client against a local
+OpenAI-compatible server: settings, caching, retries, validation fixes, traces without keys."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_gap.config import LLMConfig
+from pytest_gap.producers.chat import (
+    ChatClient,
+    LLMConfigError,
+    LLMUnavailable,
+    resolve_settings,
+)
+from pytest_gap.producers.llm import extract_json, generate_workflow
+from pytest_gap.workflow.templates import task_placeholders
+from tests.llm_double import PICK_PLACE, ChatDouble
+
+KEY = "sk-test-SECRET-4242"
+PROMPT = "pick up the alphabet soup and place it in the basket"
+GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
+
+
+def _settings(double: ChatDouble, tmp_path: Path, **llm):
+    config = LLMConfig(
+        model="test-model", endpoint=double.url, api_key=KEY, cache_dir=tmp_path / "cache", **llm
+    )
+    settings = resolve_settings(config)
+    return settings.model_copy(update={"timeout_s": 2.0, "max_retries": 3})
+
+
+def _client(double, tmp_path, **llm):
+    return ChatClient(_settings(double, tmp_path, **llm), sleep=lambda s: None)
+
+
+def test_settings_name_what_to_set(monkeypatch):
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    with pytest.raises(LLMConfigError, match=r"llm\.model is not set"):
+        resolve_settings(LLMConfig())
+    with pytest.raises(LLMConfigError, match="set OPENROUTER_API_KEY"):
+        resolve_settings(LLMConfig(model="openai/gpt-4.1"))
+    monkeypatch.setenv("OPENROUTER_API_KEY", KEY)
+    settings = resolve_settings(LLMConfig(model="openai/gpt-4.1"))
+    assert settings.base_url == "https://openrouter.ai/api/v1" and settings.api_key == KEY
+    assert KEY not in repr(settings) and KEY not in settings.model_dump_json()
+    with pytest.raises(LLMConfigError, match=r"vertex needs llm\.project_id and llm\.region"):
+        resolve_settings(LLMConfig(provider="vertex", model="gemini"))
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    local = resolve_settings(LLMConfig(model="qwen", endpoint="http://localhost:8000/v1/"))
+    assert local.base_url == "http://localhost:8000/v1" and local.api_key == "EMPTY"
+
+
+def test_generation_end_to_end_with_cache_and_clean_traces(tmp_path):
+    values = task_placeholders(PROMPT)
+    with ChatDouble() as double:
+        chat = _client(double, tmp_path)
+        first = generate_workflow(PROMPT, chat=chat, values=values, trace_dir=tmp_path / "t1")
+        assert first.valid and first.calls == 2 and first.cached == 0
+        assert first.workflow["nodes"]["pick"]["inputs"]["name"] == "alphabet soup"
+        assert len(double.requests) == 2
+        sent = double.requests[1]
+        assert sent["path"] == "/v1/chat/completions"
+        headers = {k.lower(): v for k, v in sent["headers"].items()}
+        assert headers["authorization"] == f"Bearer {KEY}"
+        assert sent["body"]["model"] == "test-model" and sent["body"]["temperature"] == 0.7
+        assert "run_policy" in sent["body"]["messages"][1]["content"]  # the skill catalogue
+        again = generate_workflow(
+            PROMPT, chat=_client(double, tmp_path), values=values, trace_dir=tmp_path / "t2"
+        )
+        assert again.valid and again.cached == 2
+        assert len(double.requests) == 2  # cache hits make no HTTP call
+    traces = sorted((tmp_path / "t1").iterdir())
+    assert [p.name for p in traces] == ["01_coordinator.json", "02_writer.json"]
+    for path in [*traces, *(tmp_path / "cache").rglob("*.json")]:
+        assert KEY not in path.read_text()
+
+
+def test_rate_limits_and_server_errors_are_retried_then_reported(tmp_path):
+    with ChatDouble() as double:
+        double.script = [{"status": 429}, {"status": 503}]
+        chat = _client(double, tmp_path)
+        _, cached = chat.complete([{"role": "user", "content": "hello"}])
+        assert not cached and chat.http_calls == 3 and len(double.requests) == 3
+        double.script = [{"status": 500}] * 4
+        with pytest.raises(LLMUnavailable, match="failed 4 times; last: InternalServerError"):
+            chat.complete([{"role": "user", "content": "another"}])
+
+
+def test_a_slow_answer_times_out_and_is_retried(tmp_path):
+    with ChatDouble() as double:
+        double.script = [{"delay": 3.0}]
+        chat = _client(double, tmp_path)
+        text, _ = chat.complete([{"role": "user", "content": "slow"}])
+        assert json.loads(text) == PICK_PLACE and chat.http_calls == 2
+
+
+def test_malformed_and_invalid_answers_go_back_for_fixes(tmp_path):
+    bad_skill = json.loads(json.dumps(PICK_PLACE))
+    bad_skill["nodes"]["pick"]["skill"] = "teleport"
+    with ChatDouble() as double:
+        double.script = [
+            {},  # coordinator
+            {"content": "Sure! Here is the workflow you asked for."},
+            {"content": "```json\n" + json.dumps(bad_skill) + "\n```"},
+        ]
+        generation = generate_workflow(
+            PROMPT,
+            chat=_client(double, tmp_path),
+            values=task_placeholders(PROMPT),
+            trace_dir=tmp_path / "traces",
+        )
+        assert generation.valid and generation.calls == 4
+        fixes = [r["body"]["messages"][-1]["content"] for r in double.requests[2:]]
+        assert "the answer is not a JSON object" in fixes[0]
+        assert "unknown skill 'teleport'" in fixes[1]
+        double.script = [{}, *[{"content": "{}"}] * 3]
+        failed = generate_workflow(
+            "put the milk in the basket",
+            chat=_client(double, tmp_path),
+            max_validation_retries=2,
+        )
+        assert not failed.valid and failed.calls == 4 and failed.problems
+    assert [p.name for p in sorted((tmp_path / "traces").iterdir())] == [
+        "01_coordinator.json",
+        "02_writer.json",
+        "03_fix1.json",
+        "04_fix2.json",
+    ]
+
+
+def test_json_extraction():
+    assert extract_json('text {"a": {"b": 1}} more') == {"a": {"b": 1}}
+    assert extract_json('```json\n{"a": 1}\n```') == {"a": 1}
+    with pytest.raises(ValueError, match="no JSON object"):
+        extract_json("no json here")
+
+
+def test_gap_generate_writes_a_workflow_dir(tmp_path):
+    with ChatDouble() as double:
+        out = subprocess.run(
+            [
+                GAP,
+                "generate",
+                PROMPT,
+                "--out",
+                str(tmp_path / "wf"),
+                "--model",
+                "m",
+                "--endpoint",
+                double.url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**__import__("os").environ, "GAP_LLM_CACHE_DIR": str(tmp_path / "cache")},
+        )
+    assert out.returncode == 0, out.stderr
+    assert "valid workflow:" in out.stdout and "(8 nodes)" in out.stdout
+    workflow = json.loads((tmp_path / "wf/workflow.json").read_text())
+    assert workflow["nodes"]["place"]["inputs"]["container"] == "basket"
+    assert (tmp_path / "wf/agent_traces/02_writer.json").is_file()
+
+
+pytest_plugins = ["pytester"]
+
+
+def test_llm_generation_mode_generates_once_per_task_and_runs_on_libero(pytester, monkeypatch):
+    import yaml
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with ChatDouble() as double:
+        config = {
+            "llm": {"model": "test-model", "endpoint": double.url, "cache_dir": "cache"},
+            "benchmark": {
+                "families": ["libero"],
+                "variations": ["object"],
+                "modes": ["llm_generation"],
+                "task_ids": [0],
+                "n_seeds": 2,
+                "gate_threshold": 1.0,
+                "output_dir": "runs",
+            },
+        }
+        (pytester.path / "grid.yaml").write_text(yaml.safe_dump(config))
+        result = pytester.runpytest_subprocess("grid.yaml", "-n", "2", timeout=300)
+        out = result.stdout.str()
+        assert result.ret == 0, out
+        assert len(double.requests) == 2  # one coordinator + one writer call for the task
+    assert "gate PASS: success_rate=1.000 threshold=1.000" in out
+    (task_dir,) = (pytester.path / "runs").glob("*/llm_generation/libero/object/task_00")
+    produced = json.loads((task_dir / "workflow/produced.json").read_text())
+    assert produced["valid"] and produced["model"] == "test-model" and produced["calls"] == 2
+    assert sorted(p.name for p in (task_dir / "workflow/agent_traces").iterdir()) == [
+        "01_coordinator.json",
+        "02_writer.json",
+    ]
+    for path in pytester.path.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".tsv", ".txt", ".yaml"):
+            assert KEY not in path.read_text(errors="replace"), path
+
+
+def test_gap_benchmark_fails_fast_without_a_model(tmp_path, monkeypatch):
+    import yaml
+
+    config = tmp_path / "smoke.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "benchmark": {
+                    "families": ["libero"],
+                    "variations": ["object"],
+                    "modes": ["llm_generation"],
+                    "n_tasks": 1,
+                    "n_seeds": 1,
+                    "output_dir": "runs",
+                },
+            }
+        )
+    )
+    out = subprocess.run(
+        [GAP, "benchmark", str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    assert "llm.model is not set" in out.stderr
+    assert not (tmp_path / "runs").exists()
