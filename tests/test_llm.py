@@ -69,6 +69,11 @@ def test_generation_end_to_end_with_cache_and_clean_traces(tmp_path):
         headers = {k.lower(): v for k, v in sent["headers"].items()}
         assert headers["authorization"] == f"Bearer {KEY}"
         assert sent["body"]["model"] == "test-model" and sent["body"]["temperature"] == 0.7
+        assert sent["body"]["stream"] is False
+        assert double.requests[0]["body"]["response_format"] == {"type": "json_object"}
+        structured = sent["body"]["response_format"]
+        assert structured["type"] == "json_schema"
+        assert "nodes" in structured["json_schema"]["schema"]["properties"]
         assert "run_policy" in sent["body"]["messages"][1]["content"]  # the skill catalogue
         again = generate_workflow(
             PROMPT, chat=_client(double, tmp_path), values=values, trace_dir=tmp_path / "t2"
@@ -132,6 +137,15 @@ def test_malformed_and_invalid_answers_go_back_for_fixes(tmp_path):
         "03_fix1.json",
         "04_fix2.json",
     ]
+
+
+def test_endpoints_without_structured_output_get_plain_requests(tmp_path):
+    with ChatDouble() as double:
+        double.script = [{"status": 400, "body": "response_format is not supported"}]
+        chat = _client(double, tmp_path)
+        chat.complete([{"role": "user", "content": "x"}], {"type": "object"})
+        assert "response_format" in double.requests[0]["body"]
+        assert "response_format" not in double.requests[1]["body"]
 
 
 def test_json_extraction():

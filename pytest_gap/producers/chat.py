@@ -95,7 +95,9 @@ def resolve_settings(llm: LLMConfig, source: str = "config") -> LLMSettings:
     )
 
 
-def cache_key(settings: LLMSettings, messages: list[dict[str, str]]) -> str:
+def cache_key(
+    settings: LLMSettings, messages: list[dict[str, str]], schema: dict | None = None
+) -> str:
     request = {
         "provider": settings.provider,
         "model": settings.model,
@@ -103,6 +105,8 @@ def cache_key(settings: LLMSettings, messages: list[dict[str, str]]) -> str:
         "max_tokens": settings.max_tokens,
         "messages": messages,
     }
+    if schema is not None:  # a different output contract is a different request
+        request["schema"] = schema
     return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
 
 
@@ -116,7 +120,7 @@ class ChatClient:
 
         self.settings, self._sleep = settings, sleep
         self.http_calls = 0  # requests that reached the endpoint (cache misses, retries)
-        self._json_mode = True  # dropped if the endpoint rejects response_format
+        self._structured = True  # dropped if the endpoint rejects response_format
         self._client = OpenAI(
             api_key=settings.api_key,
             base_url=settings.base_url,
@@ -124,9 +128,15 @@ class ChatClient:
             timeout=settings.timeout_s,
         )
 
-    def complete(self, messages: list[dict[str, str]]) -> tuple[str, bool]:
-        """The assistant's text for `messages`, and whether it came from the cache."""
-        key = cache_key(self.settings, messages)
+    def complete(
+        self, messages: list[dict[str, str]], schema: dict | None = None
+    ) -> tuple[str, bool]:
+        """The assistant's text for `messages`, and whether it came from the cache.
+
+        With `schema`, the answer is requested as structured output (a JSON schema) where the
+        endpoint supports it; otherwise as a JSON object, or plain text if it supports neither.
+        """
+        key = cache_key(self.settings, messages, schema)
         path = self.settings.cache_dir / f"{key}.json"
         if path.is_file():
             try:
@@ -134,14 +144,14 @@ class ChatClient:
             except (OSError, ValueError, KeyError):
                 pass  # a torn cache entry is a miss
         with slot(self.settings.cache_dir / ".slots", self.settings.max_concurrent_requests):
-            text = self._with_retries(messages)
+            text = self._with_retries(messages, schema)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"model": self.settings.model, "response": text}))
         os.replace(tmp, path)
         return text, False
 
-    def _with_retries(self, messages: list[dict[str, str]]) -> str:
+    def _with_retries(self, messages: list[dict[str, str]], schema: dict | None) -> str:
         import openai
 
         retryable = (
@@ -153,7 +163,7 @@ class ChatClient:
         last = None
         for attempt in range(self.settings.max_retries + 1):
             try:
-                return self._call(messages)
+                return self._call(messages, schema)
             except retryable as exc:
                 last = exc
                 if attempt == self.settings.max_retries:
@@ -165,9 +175,9 @@ class ChatClient:
                     f"provider {self.settings.provider}"
                 ) from None
             except openai.BadRequestError as exc:
-                if self._json_mode and "response_format" in str(exc):
-                    self._json_mode = False
-                    return self._with_retries(messages)
+                if self._structured and "response_format" in str(exc):
+                    self._structured = False
+                    return self._with_retries(messages, schema)
                 raise LLMUnavailable(
                     f"{self.settings.base_url} rejected the request: "
                     f"{redact(str(exc), self.settings.api_key)}"
@@ -188,7 +198,7 @@ class ChatClient:
                 pass
         return min(2.0**attempt, 30.0) * (0.5 + random.random())
 
-    def _call(self, messages: list[dict[str, str]]) -> str:
+    def _call(self, messages: list[dict[str, str]], schema: dict | None) -> str:
         self.http_calls += 1
         kwargs: dict[str, Any] = {
             "model": self.settings.model,
@@ -198,8 +208,15 @@ class ChatClient:
         }
         if self.settings.max_tokens:
             kwargs["max_tokens"] = self.settings.max_tokens
-        if self._json_mode:
-            kwargs["response_format"] = {"type": "json_object"}
+        if self._structured:
+            kwargs["response_format"] = (
+                {
+                    "type": "json_schema",
+                    "json_schema": {"name": "workflow", "schema": schema, "strict": False},
+                }
+                if schema is not None
+                else {"type": "json_object"}
+            )
         response = self._client.chat.completions.create(**kwargs)
         choices = getattr(response, "choices", None) or []
         content = choices[0].message.content if choices else None

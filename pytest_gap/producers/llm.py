@@ -135,8 +135,9 @@ def generate_workflow(
         },
     ]
     problems: list[str] = []
+    workflow_schema = schema.Workflow.model_json_schema()
     for attempt in range(max_validation_retries + 1):
-        answer, hit = chat.complete(messages)
+        answer, hit = chat.complete(messages, workflow_schema)
         cached += hit
         tracer.record("writer" if attempt == 0 else f"fix{attempt}", messages, answer, hit)
         problems = _problems(answer, values or {})
