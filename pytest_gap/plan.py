@@ -1,9 +1,11 @@
-"""BenchmarkConfig -> cells -> trials. Pure and deterministic: every xdist worker plans the same.
+"""BenchmarkConfig -> cells -> trials. Deterministic: every xdist worker plans the same.
 
 A cell is one (mode, policy id, family, variation) of a grid, or one suites-mode entry; it scores
-its tasks x seeds. A cell that cannot run (a mode this version lacks, a template mode without
-its workflow_dir) is still planned, with `error` saying why: its trials are collected and fail
-as errored, so a gap in the grid is never silently skipped.
+its tasks x seeds. A cell that cannot run (a template mode without its workflow_dir, a policy
+mode without a policy, llm_generation without a model or key) is still planned, with `error`
+saying why: its trials are collected and fail as errored, so a gap in the grid is never
+silently skipped. (The LLM check reads the key's environment variable, the same in every
+worker.)
 """
 
 from __future__ import annotations
