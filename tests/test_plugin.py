@@ -268,6 +268,7 @@ def test_xdist_workers_are_pinned_round_robin(pytester):
                 "n_seeds": 2,
                 "gate_threshold": 0.0,
                 "output_dir": "runs",
+                "record_video": True,
                 "mode_overrides": {"workflow": {"workflow_dir": _give_up(pytester)}},
             }
         },
@@ -282,6 +283,14 @@ def test_xdist_workers_are_pinned_round_robin(pytester):
         assert record["devices"] == {"CUDA_VISIBLE_DEVICES": device, "MUJOCO_EGL_DEVICE_ID": device}
         workers.add(record["worker"])
     assert workers == {"gw0", "gw1"}
+    run_dir = _run_dir(pytester.path / "runs")
+    videos = sorted(p.name for p in (run_dir / "videos").iterdir())
+    assert videos == [
+        f"workflow__libero__object__task0{t}__seed00{s}__fail.mp4" for t in (0, 1) for s in (0, 1)
+    ]
+    record = results["workflow/libero/object/task_01/seed_001"]
+    linked = run_dir / "videos" / videos[-1]
+    assert linked.stat().st_ino == (run_dir / record["video"]).stat().st_ino  # a hard link
 
 
 def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(pytester, doubles):
