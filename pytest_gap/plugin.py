@@ -399,7 +399,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     gap = session.config.stash[SESSION]
     if gap.is_worker or session.config.option.collectonly or not gap.touched:
         return
-    from pytest_gap.report import write_run_outputs
+    from pytest_gap.report import write_manifest, write_run_outputs
 
     all_passed = True
     for path, loaded in gap.touched.items():
@@ -410,7 +410,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             threshold=loaded.config.threshold,
             grid=loaded.config.echo(),
         )
-        _write_manifest(loaded, gap)
+        write_manifest(
+            loaded.run_dir,
+            loaded.path,
+            {"resume": gap.resume, "families": gap.families, "modes": gap.modes},
+        )
         all_passed &= gate.passed
         gap.outcomes.append(
             {"config": str(path), "run_dir": str(loaded.run_dir), "gate": gate, "cells": summaries}
@@ -430,33 +434,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if gap.gate_on and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         failed = not all_passed or gap.other_failures
         session.exitstatus = pytest.ExitCode.TESTS_FAILED if failed else pytest.ExitCode.OK
-
-
-def _write_manifest(loaded: LoadedConfig, gap: GapSession) -> None:
-    import json
-    import socket
-    import sys
-
-    from pytest_gap import __version__
-    from pytest_gap.results import now_iso
-
-    path = loaded.run_dir / "run_manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError):
-        manifest = {"config": str(loaded.path), "created_at": now_iso(), "sessions": []}
-    manifest["pytest_gap_version"] = __version__
-    manifest["sessions"].append(
-        {
-            "finished_at": now_iso(),
-            "host": socket.gethostname(),
-            "argv": sys.argv[1:],
-            "resume": gap.resume,
-            "families": gap.families,
-            "modes": gap.modes,
-        }
-    )
-    write_json(path, manifest)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -285,3 +285,23 @@ def _flag(path: Path, planned: int, recorded: int) -> None:
         path.write_text(f"done {now_iso()}: {recorded} of {planned} trials recorded\n")
     else:
         path.unlink(missing_ok=True)
+
+
+def write_manifest(run_dir: Path, config_path: Path, session: dict) -> None:
+    """Append this session to run_manifest.json: who ran what, where, with which options."""
+    import json
+    import socket
+    import sys
+
+    from pytest_gap import __version__
+
+    path = run_dir / "run_manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        manifest = {"config": str(config_path), "created_at": now_iso(), "sessions": []}
+    manifest["pytest_gap_version"] = __version__
+    manifest["sessions"].append(
+        {"finished_at": now_iso(), "host": socket.gethostname(), "argv": sys.argv[1:], **session}
+    )
+    write_json(path, manifest)
