@@ -225,6 +225,9 @@ def test_trials_results_junit_gate_lf_and_resume(pytester):
     assert fourth.ret == 1  # pytest's own status: a trial failed
     assert "recorded by an earlier session, not re-run" in fourth.stdout.str()
     assert "[--gap-no-gate: not deciding the exit status]" in fourth.stdout.str()
+    manifest = json.loads((run_dir / "run_manifest.json").read_text())
+    assert manifest["config"].endswith("bench.yaml") and len(manifest["sessions"]) == 4
+    assert manifest["sessions"][2]["resume"] is True
 
 
 def test_cells_without_their_producer_fail_as_errored(pytester):
