@@ -95,48 +95,54 @@ def plan_slots(
     `min_release`: the lowest grip-site height at which the hand itself stays above the rim.
     """
     scene = _Scene(container, occupied)
-    kind = "flat" if item.height < FLAT else "short" if item.height < SHORT else "tall"
-    max_drop = MAX_DROP[kind]
-    slots, keys = [], []
+    ranked = []
     for turn in (0.0, np.pi / 2):
-        # Hand x along the container's x axis (turn 0) or along its y axis (turn pi/2).
-        swap = (lambda a: a) if turn == 0 else (lambda a: a[::-1])
-        body = swap(np.array([item.half_x, item.half_y]))
-        closing = swap(np.array([0.0, 1.0]))
-        finger = swap(np.array([FINGER_HALF_WIDTH, FINGER_DEPTH / 2]))
-        hand = swap(np.array(HAND_HALF))
+        body = _turned((item.half_x, item.half_y), turn)
         limit = np.minimum(scene.inner - body, REACH)
         if np.any(limit < 0):
             continue  # the item does not fit this way round
         for u in _steps(limit[0]):
             for v in _steps(limit[1]):
-                center = np.array([u, v])
-                support = max(scene.top(center, body + MARGIN), scene.floor)
-                offset = (item.half_y + FINGER_DEPTH / 2) * closing
-                fingers = max(scene.top(center + k * offset, finger, walls=True) for k in (-1, 1))
-                release = max(
-                    support + DROP + item.hang,
-                    min_release,
-                    fingers + FINGER_BELOW_SITE + CLEAR,
-                    scene.top(center, hand) - HAND_ABOVE_SITE + CLEAR,
-                )
-                drop = release - item.hang - support
-                # Within the goal's height (a tall thing on a can is not "in"), a short drop,
-                # then the lowest; then row by row from the far side (+x), along +y.
-                above = support + item.height / 2 > scene.rim - 0.012
-                bad = (above, drop > max_drop)
-                keys.append((bad, round(support - scene.floor, 2), -round(u, 2), v))
-                slots.append(
-                    Slot(
-                        center=tuple(_world(container, center)),
-                        yaw=wrap_half_turn(container.yaw + turn),
-                        support=support,
-                        release_z=release,
-                        drop=drop,
-                    )
-                )
-    order = sorted(range(len(slots)), key=lambda i: keys[i])
-    return [slots[i] for i in order]
+                ranked.append(_candidate(scene, container, item, turn, (u, v), min_release))
+    ranked.sort(key=lambda r: r[0])
+    return [slot for _, slot in ranked]
+
+
+def _turned(pair, turn: float) -> np.ndarray:
+    """A (hand x, closing axis) pair in the container's frame: hand x along the container's
+    x axis at turn 0, along its y axis at turn pi/2."""
+    return np.array(pair if turn == 0 else pair[::-1], float)
+
+
+def _candidate(scene: _Scene, container: Box, item: HeldItem, turn: float, uv, min_release):
+    """(rank key, slot) for the item centred at `uv` (container frame) with the hand turned."""
+    center = np.asarray(uv, float)
+    body = _turned((item.half_x, item.half_y), turn)
+    closing = _turned((0.0, 1.0), turn)
+    finger = _turned((FINGER_HALF_WIDTH, FINGER_DEPTH / 2), turn)
+    support = max(scene.top(center, body + MARGIN), scene.floor)
+    offset = (item.half_y + FINGER_DEPTH / 2) * closing
+    fingers = max(scene.top(center + k * offset, finger, walls=True) for k in (-1, 1))
+    release = max(
+        support + DROP + item.hang,
+        min_release,
+        fingers + FINGER_BELOW_SITE + CLEAR,
+        scene.top(center, _turned(HAND_HALF, turn)) - HAND_ABOVE_SITE + CLEAR,
+    )
+    drop = release - item.hang - support
+    kind = "flat" if item.height < FLAT else "short" if item.height < SHORT else "tall"
+    # Within the goal's height (a tall thing on a can is not "in") and a short drop first,
+    # then the lowest; then row by row from the far side (+x), along +y.
+    above = support + item.height / 2 > scene.rim - 0.012
+    key = ((above, drop > MAX_DROP[kind]), round(support - scene.floor, 2), -round(uv[0], 2), uv[1])
+    slot = Slot(
+        center=tuple(_world(container, center)),
+        yaw=wrap_half_turn(container.yaw + turn),
+        support=support,
+        release_z=release,
+        drop=drop,
+    )
+    return key, slot
 
 
 def _steps(limit: float) -> list[float]:
