@@ -22,10 +22,10 @@ def _inside_walls(center, item):
     return np.all(np.abs(np.asarray(center) - BASKET.center[:2]) + item.half_x <= 0.075)
 
 
-def test_an_empty_container_fills_from_a_far_corner_on_the_floor():
+def test_an_empty_container_fills_from_a_corner_on_the_floor():
     best = plan_slots(BASKET, np.zeros((0, 3)), MILK, min_release=BASKET.top - 0.035)[0]
-    assert best.center[0] > BASKET.center[0] + 0.02  # against the far wall
-    assert abs(best.center[1] - BASKET.center[1]) > 0.02  # and into a corner
+    assert best.center[1] < BASKET.center[1] - 0.02  # against the -y wall
+    assert abs(best.center[0] - BASKET.center[0]) > 0.02  # and into a corner
     assert best.support < 0.02 and best.drop < 0.04
     assert _inside_walls(best.center, MILK)
 

@@ -17,7 +17,7 @@ from pytest_gap.skills.registry import SkillFailure, skill
 HOME = (-0.15, 0.0, 0.25)
 OPEN, CLOSE = -1.0, 1.0
 HOLD_WIDTH = 0.004  # fingers stopped this far apart: something is between them
-BOX_BIAS = 0.005
+BOX_BIAS = 0.005  # boxes from depth run wide by the points on silhouette edges
 HAND_BELOW_RIM = 0.035  # the hand's body starts about 4.5 cm above the grip site
 
 
@@ -282,9 +282,12 @@ def _held_item(ctx: SkillContext, held: str | None) -> packing.HeldItem:
     if not held or picked is None:
         return packing.HeldItem(half_x=0.03, half_y=0.03, height=0.06, hang=0.03)
     in_hand = perception.locate_box(ctx, held)[0]
-    half_x, half_y = packing.footprint_along(picked, ctx.memory.get("picked_yaw", 0.0))
-    # Boxes from depth run wide by the points on silhouette edges (measured: 5-7 mm a side).
-    half_x, half_y = half_x - BOX_BIAS, half_y - BOX_BIAS
+    half_x, _ = packing.footprint_along(picked, ctx.memory.get("picked_yaw", 0.0))
+    # Across the closing axis the fingers measure the object exactly; along the hand the box
+    # from depth, which runs a few mm wide or narrow, is no narrower than that (the fingers
+    # close across the narrow side).
+    half_y = _width(ctx) / 2
+    half_x = max(half_x - BOX_BIAS, half_y)
     hang = float(np.clip(eef_z - in_hand.bottom, 0.0, 0.2))
     return packing.HeldItem(
         half_x=half_x, half_y=half_y, height=2 * picked.half_extents[2], hang=hang

@@ -8,8 +8,8 @@ turned square to the walls (yaw along either side). The item's body must stand i
 walls, and the hand lets go no lower than keeps the fingers above whatever is under them
 (neighbours, or the wall when they reach over it) and the hand's wide body above the rim and
 the tall neighbours; a slot where that means dropping the item too far is not used. Slots
-rank by the lowest support under the item, then fill the container row by row from its far
-side, so what is placed packs against the walls and the rest stays one free strip.
+rank by the lowest support under the item, then fill the container row by row from one
+wall, so what is placed packs against the walls and the rest stays one free strip.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pydantic import BaseModel
 from pytest_gap.skills.geometry import Box, wrap_half_turn
 
 # The box is the outer hull; LIBERO's basket (15.7 x 17 cm outside) is 12.4 x 13.5 cm inside
-# half-way up, a little narrower at the floor: walls, slant and a margin take 2 cm a side.
-WALL = 0.021
+# half-way up, 11.8 x 12.8 cm at the floor: walls, slant and a 3 mm margin take 2.4 cm a side.
+WALL = 0.024
 WALL_SLANT = 0.004  # the walls lean out: the inside is this much wider at the rim
 # Fingers reaching over a wall may dip this far below its rim: the pads are thin and the walls
 # lean out (measured: released 2 cm under the rim, standing things were placed cleanly).
@@ -132,9 +132,11 @@ def _candidate(scene: _Scene, container: Box, item: HeldItem, turn: float, uv, m
     drop = release - item.hang - support
     kind = "flat" if item.height < FLAT else "short" if item.height < SHORT else "tall"
     # Within the goal's height (a tall thing on a can is not "in") and a short drop first,
-    # then the lowest; then row by row from the far side (+x), along +y.
+    # then the lowest; then row by row along the container's x axis from its -y wall: its y
+    # side is the longer, so a can and a carton fit in a row across it.
     above = support + item.height / 2 > scene.rim - 0.012
-    key = ((above, drop > MAX_DROP[kind]), round(support - scene.floor, 2), -round(uv[0], 2), uv[1])
+    bad = (above, drop > MAX_DROP[kind])
+    key = (bad, round(support - scene.floor, 2), round(uv[1], 2), -uv[0])
     slot = Slot(
         center=tuple(_world(container, center)),
         yaw=wrap_half_turn(container.yaw + turn),
