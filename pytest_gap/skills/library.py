@@ -18,7 +18,9 @@ HOME = (-0.15, 0.0, 0.25)
 OPEN, CLOSE = -1.0, 1.0
 HOLD_WIDTH = 0.004  # fingers stopped this far apart: something is between them
 BOX_BIAS = 0.005  # boxes from depth run wide by the points on silhouette edges
-HAND_BELOW_RIM = 0.035  # the hand's body starts about 4.5 cm above the grip site
+# The hand's body starts about 4.5 cm above the grip site: the grip site may go this far
+# below a container's rim with the body still 1 cm above it.
+HAND_BELOW_RIM = 0.035
 
 
 # -- outputs -------------------------------------------------------------------------------------
@@ -263,7 +265,9 @@ def place(ctx: SkillContext, container: str) -> Placed:
     return Placed(released=True, position=release)
 
 
-def _first_reachable(ctx: SkillContext, slots: list[packing.Slot]):
+def _first_reachable(
+    ctx: SkillContext, slots: list[packing.Slot]
+) -> tuple[packing.Slot | None, float]:
     """The best slot the arm reaches, and the hand yaw to use there: the slot's, or the same
     grip turned half round, which the wrist's limits sometimes allow instead."""
     for slot in slots:
