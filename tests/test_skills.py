@@ -93,9 +93,14 @@ def test_read_task_and_next_item(env):
     ctx = SkillContext(env)
     task = skills.read_task(ctx)
     assert task.container == "basket" and len(task.items) == 2 + 1 % 4
-    heights = {i: skills.locate(ctx, i).box.half_extents[2] for i in task.items}
-    tallest_first = sorted(task.items, key=lambda i: -heights[i])
+    boxes = {i: skills.locate(ctx, i).box for i in task.items}
+
+    def order(item):  # standing things first, the widest first; flat things last
+        hx, hy, hz = boxes[item].half_extents
+        return (2 * hz < 0.04, -hx * hy)
+
+    expected = sorted(task.items, key=order)
     first = skills.next_item(ctx, task.items, task.container)
-    assert first.item == tallest_first[0] and first.remaining == len(task.items)
+    assert first.item == expected[0] and first.remaining == len(task.items)
     second = skills.next_item(ctx, task.items, task.container, max_attempts=1)
-    assert second.item == tallest_first[1]
+    assert second.item == expected[1]

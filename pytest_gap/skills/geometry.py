@@ -31,18 +31,35 @@ def _rot_z(angle: float) -> np.ndarray:
     return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
 
 
-def box_from_points(points: np.ndarray, floor: float = 0.0) -> Box:
-    """Upright OBB of a point cloud: PCA in the table plane, z from the floor to the top.
+def min_area_yaw(xy: np.ndarray, step_deg: float = 1.0) -> float:
+    """The yaw of the smallest-area rectangle around points in the plane.
+
+    Square-ish things (a basket) have no clear principal axis: PCA may miss their sides by
+    several degrees, which a rectangle hugging the points does not."""
+    best, best_area = 0.0, np.inf
+    for yaw in np.deg2rad(np.arange(0.0, 90.0, step_deg)):
+        c, s = np.cos(yaw), np.sin(yaw)
+        u, v = xy @ np.array([c, s]), xy @ np.array([-s, c])
+        area = np.ptp(u) * np.ptp(v)
+        if area < best_area:
+            best, best_area = float(yaw), area
+    return best
+
+
+def box_from_points(points: np.ndarray, floor: float = 0.0, yaw: float | None = None) -> Box:
+    """Upright OBB of a point cloud: PCA in the table plane (or the given `yaw`), z from the
+    floor to the top.
 
     The underside of a resting object is never seen, so the box extends down to `floor`
     when the lowest visible point is within 3 cm of it.
     """
     xy = points[:, :2]
     mean = xy.mean(axis=0)
-    cov = np.cov((xy - mean).T) if len(xy) > 2 else np.eye(2)
-    _, vecs = np.linalg.eigh(cov)
-    major = vecs[:, 1]
-    yaw = float(np.arctan2(major[1], major[0]))
+    if yaw is None:
+        cov = np.cov((xy - mean).T) if len(xy) > 2 else np.eye(2)
+        _, vecs = np.linalg.eigh(cov)
+        major = vecs[:, 1]
+        yaw = float(np.arctan2(major[1], major[0]))
     local = (xy - mean) @ np.array([[np.cos(yaw), -np.sin(yaw)], [np.sin(yaw), np.cos(yaw)]])
     lo, hi = local.min(axis=0), local.max(axis=0)
     mid = (lo + hi) / 2

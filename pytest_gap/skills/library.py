@@ -9,7 +9,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from pytest_gap.instructions import parse_instruction
-from pytest_gap.skills import motion, perception
+from pytest_gap.skills import motion, packing, perception
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import Box, wrap_half_turn
 from pytest_gap.skills.registry import SkillFailure, skill
@@ -17,6 +17,10 @@ from pytest_gap.skills.registry import SkillFailure, skill
 HOME = (-0.15, 0.0, 0.25)
 OPEN, CLOSE = -1.0, 1.0
 HOLD_WIDTH = 0.004  # fingers stopped this far apart: something is between them
+BOX_BIAS = 0.005  # boxes from depth run wide by the points on silhouette edges
+# The hand's body starts about 4.5 cm above the grip site: the grip site may go this far
+# below a container's rim with the body still 1 cm above it.
+HAND_BELOW_RIM = 0.035
 
 
 # -- outputs -------------------------------------------------------------------------------------
@@ -226,6 +230,7 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
         rose = after.bottom - box.bottom
         if _width(ctx) > HOLD_WIDTH and rose > 0.05:
             ctx.memory["held"] = scene_name
+            ctx.memory["picked_box"], ctx.memory["picked_yaw"] = box, grasp.yaw
             return Picked(holding=True, attempts=attempts, lifted_by=rose)
         _gripper(ctx, OPEN)
     return Picked(holding=False, attempts=attempts, lifted_by=0.0)
@@ -233,33 +238,24 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
 
 @skill
 def place(ctx: SkillContext, container: str) -> Placed:
-    """Carry what is held above a container, lower it in, release, and back off upwards."""
+    """Carry what is held above a free slot in a container, lower it in, release, back off up.
+
+    The slot comes from the container's inside as seen now (`packing.plan_slots`): room for
+    the item and the fingers, the hand square to the walls, as low as what is there allows."""
     scene_name = perception.ground_name(ctx, container)
-    box, _ = perception.locate_box(ctx, scene_name)
-    yaw = motion.hand_yaw(ctx)
-    eef_z = ctx.env.scene.gripper().eef_pos[2]
+    box, _ = perception.locate_box(ctx, scene_name, tight=True)
     held = ctx.memory.get("held")
-    # How far the held object hangs below the grip site, and how far it reaches sideways,
-    # from a look at it in the hand.
-    held_box = perception.locate_box(ctx, held)[0] if held else None
-    hang = float(np.clip(eef_z - held_box.bottom, 0.0, 0.2)) if held_box else 0.03
-    reach = max(held_box.half_extents[:2]) if held_box else 0.03
-    # Free room inside: the centre, or 3 cm out along the hand's x axis, where the fingers
-    # stay clear of the walls; 2.5 cm out along the closing axis only if those are taken.
-    c = np.asarray(box.center[:2])
-    hand_x, closing = np.array([np.cos(yaw), np.sin(yaw)]), np.array([np.sin(yaw), -np.cos(yaw)])
-    out = min(0.03, max(0.0, 0.06 - reach))  # long things stay nearer the middle
-    offsets = [out * hand_x, -out * hand_x, 0 * hand_x, 0.8 * out * closing, -0.8 * out * closing]
-    spots = [tuple(c + d) for d in offsets]
-    spot, occupied = perception.free_spot(ctx, scene_name, box, spots)
-    # Lower the object until it nearly rests on what is there, keeping the fingertips no
-    # deeper than 1 cm under the rim; a tall thing released high tips over the wall.
-    bottom = max(occupied, box.bottom) + 0.015
-    release = [spot[0], spot[1], max(bottom + hang, box.top - 0.01)]
-    motion.require_reachable(ctx, release, yaw)
-    cruise = max(motion.SAFE_Z, box.top + hang + 0.04)
+    item = _held_item(ctx, held)
+    inside = perception.contents(ctx, scene_name, box, exclude=held)
+    # The hand's body is wider than the container: it stops above the rim, the fingers below.
+    slots = packing.plan_slots(box, inside, item, min_release=box.top - HAND_BELOW_RIM)
+    slot, yaw = _first_reachable(ctx, slots)
+    if slot is None:
+        raise SkillFailure(f"no reachable room for {held or 'the held object'} in {scene_name}")
+    release = [*slot.center, slot.release_z]
+    cruise = max(motion.SAFE_Z, box.top + item.hang + 0.04)
     # Lowering into a container stops where it is blocked: release from there.
-    motion.travel(ctx, release, yaw, CLOSE, safe_z=cruise, descend_steps=35)
+    motion.travel(ctx, release, yaw, CLOSE, safe_z=cruise, descend_steps=50)
     _gripper(ctx, OPEN)
     if held:
         ctx.memory.setdefault("placed", set()).add(held)
@@ -267,6 +263,39 @@ def place(ctx: SkillContext, container: str) -> Placed:
     pos = ctx.env.scene.gripper().eef_pos
     motion.servo(ctx, [pos[0], pos[1], motion.SAFE_Z], yaw, OPEN, tolerance=0.02, max_steps=40)
     return Placed(released=True, position=release)
+
+
+def _first_reachable(
+    ctx: SkillContext, slots: list[packing.Slot]
+) -> tuple[packing.Slot | None, float]:
+    """The best slot the arm reaches, and the hand yaw to use there: the slot's, or the same
+    grip turned half round, which the wrist's limits sometimes allow instead."""
+    for slot in slots:
+        position = [*slot.center, slot.release_z]
+        for yaw in (slot.yaw, slot.yaw - np.pi if slot.yaw > 0 else slot.yaw + np.pi):
+            if motion.solve_ik(ctx, position, yaw) <= 0.01:
+                return slot, yaw
+    return None, 0.0
+
+
+def _held_item(ctx: SkillContext, held: str | None) -> packing.HeldItem:
+    """The held object's footprint along the hand's axes, from how it lay when it was picked,
+    and how far it hangs below the grip site, from a look at it in the hand."""
+    eef_z = ctx.env.scene.gripper().eef_pos[2]
+    picked = ctx.memory.get("picked_box")
+    if not held or picked is None:
+        return packing.HeldItem(half_x=0.03, half_y=0.03, height=0.06, hang=0.03)
+    in_hand = perception.locate_box(ctx, held)[0]
+    half_x, _ = packing.footprint_along(picked, ctx.memory.get("picked_yaw", 0.0))
+    # Across the closing axis the fingers measure the object exactly; along the hand the box
+    # from depth, which runs a few mm wide or narrow, is no narrower than that (the fingers
+    # close across the narrow side).
+    half_y = _width(ctx) / 2
+    half_x = max(half_x - BOX_BIAS, half_y)
+    hang = float(np.clip(eef_z - in_hand.bottom, 0.0, 0.2))
+    return packing.HeldItem(
+        half_x=half_x, half_y=half_y, height=2 * picked.half_extents[2], hang=hang
+    )
 
 
 @skill
@@ -311,24 +340,26 @@ def read_task(ctx: SkillContext) -> TaskInfo:
 def next_item(
     ctx: SkillContext, items: list[str], container: str, max_attempts: int = 2
 ) -> NextItem:
-    """The tallest listed item not yet in the container and not tried `max_attempts` times.
+    """The next listed item not yet in the container and not tried `max_attempts` times.
 
-    Tall things go in first, standing, while there is room; flat ones fit on top later."""
+    Standing things go first, the widest first, while the floor has room for them; flat ones
+    last, as they may also lie on top of short things or of each other."""
     tries = ctx.memory.setdefault("next_item_attempts", {})
     placed = ctx.memory.get("placed", set())
     box = perception.locate_box(ctx, perception.ground_name(ctx, container))[0]
-    remaining: list[tuple[float, str]] = []
+    remaining: list[tuple[tuple[bool, float], str]] = []
     for item in items:
         scene_name = perception.ground_name(ctx, item)
         try:
             found = perception.locate_box(ctx, scene_name)[0]
         except SkillFailure:  # unseen: buried in the container if this run put it there
             if scene_name not in placed:
-                remaining.append((0.0, item))
+                remaining.append(((True, 0.0), item))
             continue
         if not _inside(found, box, ctx.memory.get("heights", {}).get(scene_name)):
-            remaining.append((2 * found.half_extents[2], item))
-    for _, item in sorted(remaining, key=lambda r: -r[0]):
+            flat = 2 * found.half_extents[2] < packing.FLAT
+            remaining.append(((flat, -found.half_extents[0] * found.half_extents[1]), item))
+    for _, item in sorted(remaining, key=lambda r: r[0]):
         if tries.get(item, 0) < max_attempts:
             tries[item] = tries.get(item, 0) + 1
             return NextItem(item=item, remaining=len(remaining), done=False)

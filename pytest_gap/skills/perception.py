@@ -13,7 +13,7 @@ import re
 import numpy as np
 
 from pytest_gap.skills.context import SkillContext
-from pytest_gap.skills.geometry import Box, box_from_points
+from pytest_gap.skills.geometry import Box, box_from_points, min_area_yaw
 from pytest_gap.skills.registry import SkillFailure
 
 CAMERAS = ("agentview", "birdview")
@@ -47,8 +47,11 @@ def ground_name(ctx: SkillContext, name: str) -> str:
     raise SkillFailure(f"no object called {name!r} in this scene; it has {spoken}")
 
 
-def locate_box(ctx: SkillContext, scene_name: str) -> tuple[Box, int]:
-    """Box of the named object from the cameras' depth and segmentation; (box, pixels)."""
+def locate_box(ctx: SkillContext, scene_name: str, tight: bool = False) -> tuple[Box, int]:
+    """Box of the named object from the cameras' depth and segmentation; (box, pixels).
+
+    `tight`: turn the box to hug the points (least area) rather than along their principal
+    axis; for square-ish containers, whose walls the slots are planned against."""
     clouds, pixels = [], 0
     for camera in CAMERAS:
         frame = ctx.render(camera)
@@ -63,7 +66,7 @@ def locate_box(ctx: SkillContext, scene_name: str) -> tuple[Box, int]:
     center = np.median(points, axis=0)
     dist = np.linalg.norm(points[:, :2] - center[:2], axis=1)
     points = points[dist <= np.percentile(dist, 98) + 0.005]
-    box = box_from_points(points)
+    box = box_from_points(points, yaw=min_area_yaw(points[:, :2]) if tight else None)
     if box.bottom == 0.0:  # standing on the table, seen whole: remember how tall it is
         ctx.memory.setdefault("heights", {})[scene_name] = 2 * box.half_extents[2]
     return box, pixels
@@ -75,28 +78,17 @@ def visible_objects(ctx: SkillContext, camera: str = "agentview") -> list[str]:
     return [n for n in names if frame.mask(n).sum() >= MIN_PIXELS]
 
 
-def free_spot(
-    ctx: SkillContext,
-    container: str,
-    box: Box,
-    spots: list[tuple[float, float]],
-    radius: float = 0.035,
-) -> tuple[tuple[float, float], float]:
-    """The spot inside a container with the least already in it, seen from above.
-
-    Returns (spot, height of the highest thing within `radius` of it; the floor if none)."""
-    frame = ctx.render("birdview")
-    labels = {i for i, n in frame.labels.items() if n not in (container, "robot")}
-    mask = np.isin(frame.segmentation, list(labels))
-    points = frame.points(mask) if mask.any() else np.zeros((0, 3))
-    inside = np.array([box.contains([p[0], p[1], box.center[2]]) for p in points], bool)
-    points = points[inside] if len(points) else points
-    best, best_height = spots[0], np.inf
-    for spot in spots:
-        near = (
-            np.linalg.norm(points[:, :2] - np.asarray(spot), axis=1) < radius if len(points) else []
-        )
-        height = float(points[near, 2].max()) if np.any(near) else box.bottom
-        if height < best_height - 0.005:
-            best, best_height = spot, height
-    return best, best_height
+def contents(ctx: SkillContext, container: str, box: Box, exclude: str | None = None) -> np.ndarray:
+    """Points (N, 3) of everything seen inside a container's footprint, from above and the
+    front: its walls and floor, the robot and `exclude` (what the hand holds) left out."""
+    clouds = [np.zeros((0, 3))]
+    for camera in CAMERAS:
+        frame = ctx.render(camera)
+        skip = {container, "robot", exclude}
+        labels = [i for i, n in frame.labels.items() if n not in skip]
+        mask = np.isin(frame.segmentation, labels)
+        if mask.any():
+            clouds.append(frame.points(mask))
+    points = np.concatenate(clouds)
+    inside = [box.contains([p[0], p[1], box.center[2]]) for p in points]
+    return points[np.asarray(inside, bool)] if len(points) else points

@@ -1,0 +1,168 @@
+"""Where the next item goes in a container: slots planned from what is already inside.
+
+Pure geometry, no simulator: the skills pass in the container's box, the points seen inside
+it and the held item's footprint in the hand's frame.
+
+A slot is a centre for the item on a 1 cm grid over the container's inside, with the hand
+turned square to the walls (yaw along either side). The item's body must stand inside the
+walls, and the hand lets go no lower than keeps the fingers above whatever is under them
+(neighbours, or the wall when they reach over it) and the hand's wide body above the rim and
+the tall neighbours; a slot where that means dropping the item too far is not used. Slots
+rank by the lowest support under the item, then fill the container row by row from one
+wall, so what is placed packs against the walls and the rest stays one free strip.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel
+
+from pytest_gap.skills.geometry import Box, wrap_half_turn
+
+# The box is the outer hull; LIBERO's basket (15.7 x 17 cm outside) is 12.4 x 13.5 cm inside
+# half-way up, 11.8 x 12.8 cm at the floor: walls, slant and a 3 mm margin take 2.4 cm a side.
+WALL = 0.024
+WALL_SLANT = 0.004  # the walls lean out: the inside is this much wider at the rim
+# Fingers reaching over a wall may dip this far below its rim: the pads are thin and the walls
+# lean out (measured: released 2 cm under the rim, standing things were placed cleanly).
+RIM_DIP = 0.025
+REACH = 0.045  # the goal region ends about 6 cm from the centre: keep centres within this
+GRID = 0.01
+MARGIN = 0.003  # clearance kept between the item and what is already there
+FINGER_DEPTH = 0.017  # fingers stand this far out beyond the held item along the closing axis
+FINGER_HALF_WIDTH = 0.012  # and this far either side along the hand's x axis
+FINGER_BELOW_SITE = 0.012  # fingertips reach this far below the grip site
+HAND_HALF = (0.035, 0.105)  # the hand's body around the grip site: along x, along closing
+HAND_ABOVE_SITE = 0.045  # the hand's body starts this far above the grip site
+CLEAR = 0.005
+FLOOR = 0.017  # the basket's floor stands this high above its bottom
+DROP = 0.015  # release the item this far above its support
+FLAT, SHORT = 0.04, 0.09  # heights: flat things lie, short ones stand low, tall ones tip
+MAX_DROP = {"flat": 0.11, "short": 0.07, "tall": 0.04}  # a standing thing dropped further may tip
+
+
+class HeldItem(BaseModel):
+    """The held object as placing needs it: footprint along the hand's axes, height, and how
+    far below the grip site its bottom hangs."""
+
+    half_x: float  # along the hand's x axis
+    half_y: float  # along the closing axis
+    height: float
+    hang: float
+
+
+class Slot(BaseModel):
+    center: tuple[float, float]  # where the item's centre goes, world xy
+    yaw: float  # hand yaw there
+    support: float  # top of what is under the item there (the container floor if nothing)
+    release_z: float  # grip-site height to let go at
+    drop: float  # how far the item falls when let go
+
+
+class _Scene:
+    """What is inside the container, in its frame, and the heights of obstacles over areas."""
+
+    def __init__(self, container: Box, occupied: np.ndarray):
+        c, s = np.cos(container.yaw), np.sin(container.yaw)
+        d = (
+            occupied[:, :2] - np.asarray(container.center[:2])
+            if len(occupied)
+            else np.zeros((0, 2))
+        )
+        self.local = np.stack([c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1]], axis=1)
+        self.z = occupied[:, 2] if len(occupied) else np.zeros(0)
+        self.inner = np.asarray(container.half_extents[:2]) - WALL
+        self.rim = container.top
+        self.floor = container.bottom + FLOOR
+
+    def top(self, center, half, walls: bool = False) -> float:
+        """Highest thing over a rectangle (container frame): points, and the rim if `walls`
+        and the rectangle reaches over the walls; -inf if nothing."""
+        center, half = np.asarray(center), np.asarray(half)
+        inside = np.all(np.abs(self.local - center) <= half, axis=1)
+        top = float(self.z[inside].max()) if inside.any() else -np.inf
+        if walls and np.any(np.abs(center) + half > self.inner + WALL_SLANT):
+            top = max(top, self.rim - RIM_DIP)
+        return top
+
+
+def plan_slots(
+    container: Box, occupied: np.ndarray, item: HeldItem, min_release: float
+) -> list[Slot]:
+    """Slots for `item`, best first: those that need no long drop, then the rest.
+
+    `occupied`: points (N, 3) seen inside the container, walls and floor excluded.
+    `min_release`: the lowest grip-site height at which the hand itself stays above the rim.
+    """
+    scene = _Scene(container, occupied)
+    ranked = []
+    for turn in (0.0, np.pi / 2):
+        body = _turned((item.half_x, item.half_y), turn)
+        limit = np.minimum(scene.inner - body, REACH)
+        if np.any(limit < 0):
+            continue  # the item does not fit this way round
+        for u in _steps(limit[0]):
+            for v in _steps(limit[1]):
+                ranked.append(_candidate(scene, container, item, turn, (u, v), min_release))
+    ranked.sort(key=lambda r: r[0])
+    return [slot for _, slot in ranked]
+
+
+def _turned(pair, turn: float) -> np.ndarray:
+    """A (hand x, closing axis) pair in the container's frame: hand x along the container's
+    x axis at turn 0, along its y axis at turn pi/2."""
+    return np.array(pair if turn == 0 else pair[::-1], float)
+
+
+def _candidate(scene: _Scene, container: Box, item: HeldItem, turn: float, uv, min_release):
+    """(rank key, slot) for the item centred at `uv` (container frame) with the hand turned."""
+    center = np.asarray(uv, float)
+    body = _turned((item.half_x, item.half_y), turn)
+    closing = _turned((0.0, 1.0), turn)
+    finger = _turned((FINGER_HALF_WIDTH, FINGER_DEPTH / 2), turn)
+    support = max(scene.top(center, body + MARGIN), scene.floor)
+    offset = (item.half_y + FINGER_DEPTH / 2) * closing
+    fingers = max(scene.top(center + k * offset, finger, walls=True) for k in (-1, 1))
+    release = max(
+        support + DROP + item.hang,
+        min_release,
+        fingers + FINGER_BELOW_SITE + CLEAR,
+        scene.top(center, _turned(HAND_HALF, turn)) - HAND_ABOVE_SITE + CLEAR,
+    )
+    drop = release - item.hang - support
+    kind = "flat" if item.height < FLAT else "short" if item.height < SHORT else "tall"
+    # Within the goal's height (a tall thing on a can is not "in") and a short drop first,
+    # then the lowest; then row by row along the container's x axis from its -y wall: its y
+    # side is the longer, so a can and a carton fit in a row across it.
+    above = support + item.height / 2 > scene.rim - 0.012
+    bad = (above, drop > MAX_DROP[kind])
+    key = (bad, round(support - scene.floor, 2), round(uv[1], 2), -uv[0])
+    slot = Slot(
+        center=tuple(_world(container, center)),
+        yaw=wrap_half_turn(container.yaw + turn),
+        support=support,
+        release_z=release,
+        drop=drop,
+    )
+    return key, slot
+
+
+def _steps(limit: float) -> list[float]:
+    """Grid offsets from -limit to limit, always including both ends and the middle."""
+    n = int(np.floor(limit / GRID))
+    inner = [k * GRID for k in range(-n, n + 1)]
+    return sorted({-limit, *inner, limit})
+
+
+def _world(container: Box, local) -> np.ndarray:
+    c, s = np.cos(container.yaw), np.sin(container.yaw)
+    u, v = local
+    return np.asarray(container.center[:2]) + np.array([c * u - s * v, s * u + c * v])
+
+
+def footprint_along(box: Box, yaw: float) -> tuple[float, float]:
+    """A box's half extents along a hand's x axis at `yaw` and along its closing axis."""
+    hx, hy, _ = box.half_extents
+    d = yaw - box.yaw
+    c, s = abs(np.cos(d)), abs(np.sin(d))
+    return float(c * hx + s * hy), float(s * hx + c * hy)
