@@ -39,6 +39,10 @@ FLOOR = 0.017  # the basket's floor stands this high above its bottom
 DROP = 0.015  # release the item this far above its support
 FLAT, SHORT = 0.04, 0.09  # heights: flat things lie, short ones stand low, tall ones tip
 MAX_DROP = {"flat": 0.11, "short": 0.07, "tall": 0.04}  # a standing thing dropped further may tip
+# Round things fill less than their box: when the floor has no clean room for a standing item,
+# it may still stand there overlapping its neighbours' boxes by this much a side (it leans on
+# them or the walls, its centre low enough to count as inside), rather than perch on top.
+SQUEEZE = 0.012
 
 
 class HeldItem(BaseModel):
@@ -121,6 +125,11 @@ def _candidate(scene: _Scene, container: Box, item: HeldItem, turn: float, uv, m
     closing = _turned((0.0, 1.0), turn)
     finger = _turned((FINGER_HALF_WIDTH, FINGER_DEPTH / 2), turn)
     support = max(scene.top(center, body + MARGIN), scene.floor)
+    kind = "flat" if item.height < FLAT else "short" if item.height < SHORT else "tall"
+    squeezed = False
+    if kind != "flat" and support > scene.floor:
+        squeezed = scene.top(center, np.maximum(body - SQUEEZE, 0.005)) <= scene.floor
+        support = scene.floor if squeezed else support
     offset = (item.half_y + FINGER_DEPTH / 2) * closing
     fingers = max(scene.top(center + k * offset, finger, walls=True) for k in (-1, 1))
     release = max(
@@ -130,13 +139,12 @@ def _candidate(scene: _Scene, container: Box, item: HeldItem, turn: float, uv, m
         scene.top(center, _turned(HAND_HALF, turn)) - HAND_ABOVE_SITE + CLEAR,
     )
     drop = release - item.hang - support
-    kind = "flat" if item.height < FLAT else "short" if item.height < SHORT else "tall"
     # Within the goal's height (a tall thing on a can is not "in") and a short drop first,
     # then the lowest; then row by row along the container's x axis from its -y wall: its y
     # side is the longer, so a can and a carton fit in a row across it.
     above = support + item.height / 2 > scene.rim - 0.012
     bad = (above, drop > MAX_DROP[kind])
-    key = (bad, round(support - scene.floor, 2), round(uv[1], 2), -uv[0])
+    key = (bad, squeezed, round(support - scene.floor, 2), round(uv[1], 2), -uv[0])
     slot = Slot(
         center=tuple(_world(container, center)),
         yaw=wrap_half_turn(container.yaw + turn),
