@@ -24,7 +24,6 @@ from pytest_gap.producers.prebuilt import PRODUCED_FILE, materialize
 from pytest_gap.results import (
     EXIT_CRASH,
     EXIT_ERROR,
-    EXIT_RAN,
     EXIT_TIMEOUT,
     RUNNING_FILE,
     TrialResult,
@@ -324,6 +323,3 @@ def record_crash(trial: Trial, run_dir: Path, *, nodeid: str, config: str, detai
         )
     write_result(trial_dir, result)
     return result
-
-
-__all__ = ["EXIT_RAN", "TrialRun", "record_crash"]

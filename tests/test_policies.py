@@ -32,6 +32,17 @@ OPENPI_CONNECT = pytest.mark.filterwarnings(
 GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
 
 
+def _connect_when_listening(port: int, timeout_s: float = 20.0) -> WebsocketClientPolicy:
+    """openpi-client's connection to a server process that is still starting."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return WebsocketClientPolicy(f"ws://127.0.0.1:{port}")
+        except OSError:
+            assert time.monotonic() < deadline, "the server never listened"
+            time.sleep(0.2)
+
+
 def _obs(seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     return {
@@ -184,14 +195,7 @@ def test_gap_policy_serve_serves_until_terminated():
     )
     try:
         assert proc.stdout.readline().startswith(f"serving hold on ws://127.0.0.1:{port}")
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                client = WebsocketClientPolicy(f"ws://127.0.0.1:{port}")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the server never listened"
-                time.sleep(0.2)
+        client = _connect_when_listening(port)
         assert client.get_server_metadata() == {"policy": "hold"}
         assert client.infer(_obs())["actions"].shape == (10, 7)
         client._ws.close()
@@ -234,14 +238,7 @@ def test_gap_policy_serve_runs_a_registry_entry(tmp_path):
     )
     try:
         assert proc.stdout.readline().startswith("serving mine: ")
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                client = WebsocketClientPolicy(f"ws://127.0.0.1:{port}")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the server never listened"
-                time.sleep(0.2)
+        client = _connect_when_listening(port)
         assert client.get_server_metadata() == {"policy": "random"}
         client._ws.close()
     finally:
