@@ -47,13 +47,6 @@ def test_a_flat_item_may_lie_on_a_short_one_when_the_floor_is_full():
     assert best.release_z >= BASKET.top - 0.035  # the hand stays above the rim
 
 
-def test_a_standing_item_squeezes_onto_the_floor_rather_than_perch():
-    row = _block(-0.056, 0.056, 0.19, 0.255, top=0.093)  # cans across the -y half
-    best = plan_slots(BASKET, row, MILK, min_release=BASKET.top - 0.035)[0]
-    assert best.support < 0.02  # on the floor beside the row, leaning on it if need be
-    assert best.center[1] > 0.255
-
-
 def test_footprint_along_turns_with_the_hand():
     box = Box(center=(0, 0, 0), half_extents=(0.04, 0.02, 0.01), yaw=0.0)
     assert np.allclose(footprint_along(box, 0.0), (0.04, 0.02))

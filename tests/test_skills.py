@@ -8,9 +8,13 @@ import pytest
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.sim.variations import resolve
 from pytest_gap.skills import library as skills
+from pytest_gap.skills import motion
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import quat_xyzw_to_matrix
 from pytest_gap.skills.registry import SkillFailure
+from pytest_gap.workflow.executor import run_workflow
+from pytest_gap.workflow.schema import load_workflow
+from pytest_gap.workflow.templates import task_placeholders
 
 LOCATE_TOL_XY = 0.015  # box centre vs the object's true centre, metres
 MOVE_TOL = 0.015
@@ -63,6 +67,19 @@ def test_move_to_reaches_the_pose_and_refuses_unreachable_ones(env):
         skills.move_to(ctx, target, planner="curobo")
 
 
+def test_grip_yaw_turns_the_wrist_the_short_way_within_its_easy_range(env):
+    """A parallel grip at yaw y is also a grip at y + pi: take the one the wrist turns to
+    least, unless that takes the wrist near its limits."""
+    env.reset(0)
+    ctx = SkillContext(env)
+    there = [0.05, 0.05, 0.15]
+    skills.move_to(ctx, [0.0, 0.0, 0.2], yaw=-1.4)
+    assert motion.grip_yaw(ctx, there, 1.5) == pytest.approx(1.5 - np.pi)  # 0.24 rad, not 2.9
+    skills.move_to(ctx, [0.0, 0.0, 0.2], yaw=1.9)
+    assert motion.grip_yaw(ctx, there, 2.9) == pytest.approx(2.9 - np.pi)  # not out to 2.9
+    assert motion.grip_yaw(ctx, [0.9, 0.0, 0.1], 0.0) is None  # out of reach either way
+
+
 def test_grasp_candidates_close_across_the_narrow_side(env):
     env.reset(0)
     ctx = SkillContext(env)
@@ -95,12 +112,40 @@ def test_read_task_and_next_item(env):
     assert task.container == "basket" and len(task.items) == 2 + 1 % 4
     boxes = {i: skills.locate(ctx, i).box for i in task.items}
 
-    def order(item):  # standing things first, the widest first; flat things last
+    def order(item):  # tall things first, then cans, then flat things; the widest first
         hx, hy, hz = boxes[item].half_extents
-        return (2 * hz < 0.04, -hx * hy)
+        return (0 if 2 * hz >= 0.09 else 1 if 2 * hz >= 0.04 else 2, -hx * hy)
 
     expected = sorted(task.items, key=order)
+    assert len({order(i)[0] for i in task.items}) == 3  # this task has one of each
     first = skills.next_item(ctx, task.items, task.container)
     assert first.item == expected[0] and first.remaining == len(task.items)
     second = skills.next_item(ctx, task.items, task.container, max_attempts=1)
     assert second.item == expected[1]
+
+
+def test_next_item_leaves_an_item_perched_over_the_container(env):
+    """Lifting an item that rests on others in the basket drags the basket: never try."""
+    env.reset(2, variation=resolve("grocery_packing", "object"))
+    ctx = SkillContext(env)
+    task = skills.read_task(ctx)
+    perched = skills.locate(ctx, task.items[0]).name
+    basket = env.scene.pose("basket_1").pos
+    sim = env.raw.sim
+    joint = env.raw.objects_dict[perched].joints[-1]
+    qpos = sim.data.get_joint_qpos(joint).copy()
+    qpos[:3] = [basket[0], basket[1], 0.25]  # test setup only: skills never move objects
+    sim.data.set_joint_qpos(joint, qpos)
+    sim.forward()
+    picks = [skills.next_item(ctx, task.items, task.container) for _ in range(2 * len(task.items))]
+    assert perched not in {skills.locate(ctx, p.item).name for p in picks if not p.done}
+    assert picks[-1].done and picks[-1].remaining == len(task.items)
+
+
+def test_pack_all_packs_a_carton_a_can_and_a_flat_box(env):
+    """The pack_all reference graph on a fixed trial: orange juice, alphabet soup, cream cheese."""
+    obs = env.reset(2, variation=resolve("grocery_packing", "object"))
+    graph = load_workflow("examples/workflows/pack_all", task_placeholders(obs.prompt))
+    result = run_workflow(graph, env)
+    assert result.success and result.completion == 1.0, result.error
+    assert env.success()

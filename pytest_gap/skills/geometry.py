@@ -38,17 +38,40 @@ def min_area_yaw(xy: np.ndarray, step_deg: float = 1.0) -> float:
     several degrees, which a rectangle hugging the points does not."""
     best, best_area = 0.0, np.inf
     for yaw in np.deg2rad(np.arange(0.0, 90.0, step_deg)):
-        c, s = np.cos(yaw), np.sin(yaw)
-        u, v = xy @ np.array([c, s]), xy @ np.array([-s, c])
-        area = np.ptp(u) * np.ptp(v)
+        area = _rect_area(xy, yaw)
         if area < best_area:
             best, best_area = float(yaw), area
     return best
 
 
+def _rect_area(xy: np.ndarray, yaw: float) -> float:
+    c, s = np.cos(yaw), np.sin(yaw)
+    return float(np.ptp(xy @ np.array([c, s])) * np.ptp(xy @ np.array([-s, c])))
+
+
+def _pca_yaw(xy: np.ndarray) -> float:
+    mean = xy.mean(axis=0)
+    cov = np.cov((xy - mean).T) if len(xy) > 2 else np.eye(2)
+    _, vecs = np.linalg.eigh(cov)
+    major = vecs[:, 1]
+    return float(np.arctan2(major[1], major[0]))
+
+
+def fit_yaw(xy: np.ndarray) -> float:
+    """The yaw of an object's box: along the principal axis, unless a rectangle turned
+    otherwise is clearly (10%) smaller.
+
+    A square carton has no principal axis: PCA turns its box by up to 45 degrees, and a grasp
+    across that box closes on the corners. A round can has no smaller rectangle, and keeps
+    the principal axis its grasps were tuned on."""
+    pca = _pca_yaw(xy)
+    tight = min_area_yaw(xy)
+    return tight if _rect_area(xy, tight) < 0.9 * _rect_area(xy, pca) else pca
+
+
 def box_from_points(points: np.ndarray, floor: float = 0.0, yaw: float | None = None) -> Box:
-    """Upright OBB of a point cloud: PCA in the table plane (or the given `yaw`), z from the
-    floor to the top.
+    """Upright OBB of a point cloud: turned by `fit_yaw` in the table plane (or the given
+    `yaw`), z from the floor to the top.
 
     The underside of a resting object is never seen, so the box extends down to `floor`
     when the lowest visible point is within 3 cm of it.
@@ -56,10 +79,7 @@ def box_from_points(points: np.ndarray, floor: float = 0.0, yaw: float | None = 
     xy = points[:, :2]
     mean = xy.mean(axis=0)
     if yaw is None:
-        cov = np.cov((xy - mean).T) if len(xy) > 2 else np.eye(2)
-        _, vecs = np.linalg.eigh(cov)
-        major = vecs[:, 1]
-        yaw = float(np.arctan2(major[1], major[0]))
+        yaw = fit_yaw(xy)
     local = (xy - mean) @ np.array([[np.cos(yaw), -np.sin(yaw)], [np.sin(yaw), np.cos(yaw)]])
     lo, hi = local.min(axis=0), local.max(axis=0)
     mid = (lo + hi) / 2
@@ -72,6 +92,11 @@ def box_from_points(points: np.ndarray, floor: float = 0.0, yaw: float | None = 
         half_extents=(float((hi - lo)[0] / 2), float((hi - lo)[1] / 2), (z_hi - z_lo) / 2),
         yaw=yaw,
     )
+
+
+def wrap_angle(angle: float) -> float:
+    """Map an angle to [-pi, pi)."""
+    return float((angle + np.pi) % (2 * np.pi) - np.pi)
 
 
 def wrap_half_turn(angle: float) -> float:

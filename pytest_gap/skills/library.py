@@ -21,6 +21,9 @@ BOX_BIAS = 0.005  # boxes from depth run wide by the points on silhouette edges
 # The hand's body starts about 4.5 cm above the grip site: the grip site may go this far
 # below a container's rim with the body still 1 cm above it.
 HAND_BELOW_RIM = 0.035
+# Lowering that stops this far above the release height is blocked, not done: retry this many
+# times, each this much nearer the container's middle.
+BLOCKED, UNBLOCK_TRIES, UNBLOCK_SHIFT = 0.02, 2, 0.01
 
 
 # -- outputs -------------------------------------------------------------------------------------
@@ -217,20 +220,25 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
         box, _ = perception.locate_box(ctx, scene_name)
         grasp = grasp_candidates(ctx, box).candidates[min(attempt, 1)]
         above = [*grasp.position[:2], max(box.top + 0.08, 0.15)]
-        motion.require_reachable(ctx, grasp.position, grasp.yaw)
+        yaw = motion.grip_yaw(ctx, grasp.position, grasp.yaw)
+        if yaw is None:
+            raise SkillFailure(
+                f"the grasp of {scene_name} at {np.round(grasp.position, 3).tolist()} is out of "
+                "the arm's reach, the hand turned either way"
+            )
         _gripper(ctx, OPEN, min_steps=4)
-        motion.travel(ctx, above, grasp.yaw, OPEN)
-        motion.servo(ctx, grasp.position, grasp.yaw, OPEN, max_steps=60)
+        motion.travel(ctx, above, yaw, OPEN)
+        motion.servo(ctx, grasp.position, yaw, OPEN, max_steps=60)
         closed = _gripper(ctx, CLOSE)
         if not closed.holding:
-            motion.servo(ctx, above, grasp.yaw, OPEN, max_steps=40)
+            motion.servo(ctx, above, yaw, OPEN, max_steps=40)
             continue
-        motion.servo(ctx, [*grasp.position[:2], motion.SAFE_Z], grasp.yaw, CLOSE, tolerance=0.02)
+        motion.servo(ctx, [*grasp.position[:2], motion.SAFE_Z], yaw, CLOSE, tolerance=0.02)
         after, _ = perception.locate_box(ctx, scene_name)
         rose = after.bottom - box.bottom
         if _width(ctx) > HOLD_WIDTH and rose > 0.05:
             ctx.memory["held"] = scene_name
-            ctx.memory["picked_box"], ctx.memory["picked_yaw"] = box, grasp.yaw
+            ctx.memory["picked_box"], ctx.memory["picked_yaw"] = box, yaw
             return Picked(holding=True, attempts=attempts, lifted_by=rose)
         _gripper(ctx, OPEN)
     return Picked(holding=False, attempts=attempts, lifted_by=0.0)
@@ -254,8 +262,12 @@ def place(ctx: SkillContext, container: str) -> Placed:
         raise SkillFailure(f"no reachable room for {held or 'the held object'} in {scene_name}")
     release = [*slot.center, slot.release_z]
     cruise = max(motion.SAFE_Z, box.top + item.hang + 0.04)
-    # Lowering into a container stops where it is blocked: release from there.
-    motion.travel(ctx, release, yaw, CLOSE, safe_z=cruise, descend_steps=50)
+    # Stop square over the slot with the item just above the rim before going in: lowering
+    # while the hand still catches up sideways drags the item's bottom across the rim.
+    entry = [*slot.center, max(slot.release_z, box.top + item.hang + 0.015)]
+    motion.travel(ctx, entry, yaw, CLOSE, safe_z=cruise, tolerance=0.005)
+    motion.servo(ctx, release, yaw, CLOSE, max_steps=50, gentle=True)
+    _unblock(ctx, release, yaw, box)
     _gripper(ctx, OPEN)
     if held:
         ctx.memory.setdefault("placed", set()).add(held)
@@ -265,16 +277,32 @@ def place(ctx: SkillContext, container: str) -> Placed:
     return Placed(released=True, position=release)
 
 
+def _unblock(ctx: SkillContext, release: list[float], yaw: float, box: Box) -> None:
+    """When lowering stopped well above the release height, the item rests on a rim or on a
+    neighbour's edge, and let go there it perches: back up and come down again a little
+    further towards the container's middle (a few times), then release where it stops."""
+    target = np.asarray(release, float)
+    toward = np.asarray(box.center[:2]) - target[:2]
+    step = UNBLOCK_SHIFT * toward / max(float(np.linalg.norm(toward)), 1e-6)
+    for _ in range(UNBLOCK_TRIES):
+        pos = ctx.env.scene.gripper().eef_pos
+        if pos[2] <= target[2] + BLOCKED:
+            return
+        ctx.note("lowering blocked", height=round(float(pos[2] - target[2]), 3))
+        motion.servo(ctx, [*pos[:2], pos[2] + 0.03], yaw, CLOSE, tolerance=0.01, max_steps=30)
+        target[:2] += step
+        motion.servo(ctx, [*target[:2], pos[2] + 0.03], yaw, CLOSE, tolerance=0.008, max_steps=30)
+        motion.servo(ctx, target, yaw, CLOSE, max_steps=50, gentle=True)
+
+
 def _first_reachable(
     ctx: SkillContext, slots: list[packing.Slot]
 ) -> tuple[packing.Slot | None, float]:
-    """The best slot the arm reaches, and the hand yaw to use there: the slot's, or the same
-    grip turned half round, which the wrist's limits sometimes allow instead."""
+    """The best slot the arm reaches, and the hand yaw to use there (`motion.grip_yaw`)."""
     for slot in slots:
-        position = [*slot.center, slot.release_z]
-        for yaw in (slot.yaw, slot.yaw - np.pi if slot.yaw > 0 else slot.yaw + np.pi):
-            if motion.solve_ik(ctx, position, yaw) <= 0.01:
-                return slot, yaw
+        yaw = motion.grip_yaw(ctx, [*slot.center, slot.release_z], slot.yaw)
+        if yaw is not None:
+            return slot, yaw
     return None, 0.0
 
 
@@ -342,25 +370,31 @@ def next_item(
 ) -> NextItem:
     """The next listed item not yet in the container and not tried `max_attempts` times.
 
-    Standing things go first, the widest first, while the floor has room for them; flat ones
-    last, as they may also lie on top of short things or of each other."""
+    Tall things go first, the widest first, then cans, then flat things (`packing.KIND_ORDER`).
+    An item that is over the container but not in it (perched on what is there) is not tried
+    again: the fingers close on its neighbours too, and lifting drags the container along."""
     tries = ctx.memory.setdefault("next_item_attempts", {})
     placed = ctx.memory.get("placed", set())
     box = perception.locate_box(ctx, perception.ground_name(ctx, container))[0]
-    remaining: list[tuple[tuple[bool, float], str]] = []
+    remaining: list[tuple[tuple[int, float], str]] = []
+    blocked = 0
     for item in items:
         scene_name = perception.ground_name(ctx, item)
         try:
             found = perception.locate_box(ctx, scene_name)[0]
         except SkillFailure:  # unseen: buried in the container if this run put it there
             if scene_name not in placed:
-                remaining.append(((True, 0.0), item))
+                remaining.append(((len(packing.KIND_ORDER), 0.0), item))
             continue
-        if not _inside(found, box, ctx.memory.get("heights", {}).get(scene_name)):
-            flat = 2 * found.half_extents[2] < packing.FLAT
-            remaining.append(((flat, -found.half_extents[0] * found.half_extents[1]), item))
+        if _inside(found, box, ctx.memory.get("heights", {}).get(scene_name)):
+            continue
+        if box.contains([*found.center[:2], box.center[2]]):
+            blocked += 1
+            continue
+        kind = packing.KIND_ORDER.index(packing.kind_of(2 * found.half_extents[2]))
+        remaining.append(((kind, -found.half_extents[0] * found.half_extents[1]), item))
     for _, item in sorted(remaining, key=lambda r: r[0]):
         if tries.get(item, 0) < max_attempts:
             tries[item] = tries.get(item, 0) + 1
-            return NextItem(item=item, remaining=len(remaining), done=False)
-    return NextItem(item="", remaining=len(remaining), done=True)
+            return NextItem(item=item, remaining=len(remaining) + blocked, done=False)
+    return NextItem(item="", remaining=len(remaining) + blocked, done=True)

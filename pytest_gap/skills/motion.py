@@ -11,13 +11,22 @@ from __future__ import annotations
 import numpy as np
 
 from pytest_gap.skills.context import SkillContext
-from pytest_gap.skills.geometry import down_rotation, quat_xyzw_to_matrix, rotation_error
+from pytest_gap.skills.geometry import (
+    down_rotation,
+    quat_xyzw_to_matrix,
+    rotation_error,
+    wrap_angle,
+)
 from pytest_gap.skills.registry import SkillFailure
 
 POS_GAIN = 15.0
 ROT_GAIN = 2.0
 SAFE_Z = 0.25  # above every object of LIBERO's tabletop scenes (tallest about 0.15 m)
+IK_TOLERANCE = 0.01  # m: an IK residual above this means the pose is out of reach
+IK_TURN_TOLERANCE = 0.05  # rad: and so does an orientation left this far off
+WRIST_EASY = np.pi / 2 + 0.4  # rad of hand yaw either side of LIBERO's start pose
 STALL_STEPS = 15  # steps without 2 mm of progress: blocked, stop pushing
+GENTLE_ACTION, GENTLE_STALL_STEPS = 0.3, 5  # about 1.5 cm a step, and stop sooner
 
 
 def hand_pose(ctx: SkillContext) -> tuple[np.ndarray, np.ndarray]:
@@ -39,27 +48,37 @@ def servo(
     *,
     tolerance: float = 0.008,
     max_steps: int = 150,
+    gentle: bool = False,
 ) -> float:
     """Drive the grip site to `position` pointing down at `yaw`; return the final error (m).
 
-    Gives up early when blocked (no 2 mm of progress in STALL_STEPS steps)."""
+    Gives up early when blocked: no 2 mm (or, while the wrist turns, 0.02 rad) of progress in
+    STALL_STEPS steps. `gentle`: move slowly and give up after GENTLE_STALL_STEPS, for going
+    down among things; the controller pushes in proportion to how far ahead it is told to
+    go, and a full push on something blocked drags it, the container it stands in too."""
+    limit, stall_steps = (GENTLE_ACTION, GENTLE_STALL_STEPS) if gentle else (1.0, STALL_STEPS)
     target = np.asarray(position, float)
     desired = down_rotation(yaw)
-    error, best, best_at = np.inf, np.inf, 0
+    error, best, best_turn, best_at = np.inf, np.inf, np.inf, 0
     for i in range(max_steps):
         pos, rot = hand_pose(ctx)
         delta = target - pos
         rot_err = rotation_error(rot, desired)
         error = float(np.linalg.norm(delta))
-        if error < tolerance and np.linalg.norm(rot_err) < 0.05:
+        turn = float(np.linalg.norm(rot_err))
+        if error < tolerance and turn < 0.05:
             return error
-        if error < best - 0.002:
-            best, best_at = error, i
-        elif i - best_at > STALL_STEPS:
+        if error < best - 0.002 or turn < best_turn - 0.02:
+            best, best_turn, best_at = min(best, error), min(best_turn, turn), i
+        elif i - best_at > stall_steps:
             ctx.note("servo stalled", target=target.round(3).tolist(), error=round(error, 4))
             return error
         action = np.concatenate(
-            [np.clip(POS_GAIN * delta, -1, 1), np.clip(ROT_GAIN * rot_err, -1, 1), [gripper]]
+            [
+                np.clip(POS_GAIN * delta, -limit, limit),
+                np.clip(ROT_GAIN * rot_err, -1, 1),
+                [gripper],
+            ]
         )
         ctx.act(action)
     return error
@@ -87,9 +106,12 @@ def travel(
 
 
 def solve_ik(ctx: SkillContext, position, yaw: float, iterations: int = 200) -> float:
-    """Damped least-squares IK on a scratch copy of the model state; return the residual (m).
+    """Damped least-squares IK on a scratch copy of the model state; return the position
+    residual (m), infinite where the hand cannot also point down at `yaw` there.
 
     Answers "can the arm put its grip site there, pointing down?" without moving anything.
+    Starts from the arm as it is, then, if that ends in a local minimum against the joint
+    limits (it does after some long reaches), from the arm's start configuration.
     """
     import mujoco
 
@@ -99,6 +121,17 @@ def solve_ik(ctx: SkillContext, position, yaw: float, iterations: int = 200) -> 
     data.qpos[:] = raw.sim.data._data.qpos
     robot = raw.robots[0]
     qidx = np.asarray(robot._ref_joint_pos_indexes)
+    residual = _ik_residual(model, data, robot, position, yaw, iterations)
+    if residual > IK_TOLERANCE:
+        data.qpos[qidx] = robot.init_qpos
+        residual = min(residual, _ik_residual(model, data, robot, position, yaw, iterations))
+    return residual
+
+
+def _ik_residual(model, data, robot, position, yaw: float, iterations: int) -> float:
+    import mujoco
+
+    qidx = np.asarray(robot._ref_joint_pos_indexes)
     didx = np.asarray(robot._ref_joint_vel_indexes)
     site = robot.eef_site_id
     hand = model.body(robot.robot_model.eef_name).id
@@ -106,30 +139,51 @@ def solve_ik(ctx: SkillContext, position, yaw: float, iterations: int = 200) -> 
     target = np.asarray(position, float)
     desired = down_rotation(yaw)
     jacp, jacr = np.zeros((3, model.nv)), np.zeros((3, model.nv))
-    residual = np.inf
+    residual, turn = np.inf, np.inf
     for _ in range(iterations):
         mujoco.mj_kinematics(model, data)
         mujoco.mj_comPos(model, data)
         pos_err = target - data.site_xpos[site]
         rot_err = rotation_error(data.xmat[hand].reshape(3, 3), desired)
-        residual = float(np.linalg.norm(pos_err))
-        if residual < 1e-3 and np.linalg.norm(rot_err) < 1e-2:
+        residual, turn = float(np.linalg.norm(pos_err)), float(np.linalg.norm(rot_err))
+        if residual < 1e-3 and turn < 1e-2:
             break
         mujoco.mj_jacSite(model, data, jacp, jacr, site)
         jac = np.vstack([jacp[:, didx], jacr[:, didx]])
         err = np.concatenate([pos_err, 0.5 * rot_err])
         dq = jac.T @ np.linalg.solve(jac @ jac.T + 1e-4 * np.eye(6), err)
         data.qpos[qidx] = np.clip(data.qpos[qidx] + dq, lo, hi)
-    return residual
+    # The wrist at its limit reaches the place but not the yaw: that pose is out of reach too.
+    return residual if turn < IK_TURN_TOLERANCE else np.inf
 
 
 def require_reachable(ctx: SkillContext, position, yaw: float) -> None:
     residual = solve_ik(ctx, position, yaw)
-    if residual > 0.01:
+    if residual > IK_TOLERANCE:
+        why = f"IK residual {residual:.3f} m" if np.isfinite(residual) else "the wrist's limits"
         raise SkillFailure(
-            f"pose {np.round(position, 3).tolist()} yaw {yaw:.2f} is out of the arm's reach "
-            f"(IK residual {residual:.3f} m)"
+            f"pose {np.round(position, 3).tolist()} yaw {yaw:.2f} is out of the arm's reach ({why})"
         )
+
+
+def grip_yaw(ctx: SkillContext, position, yaw: float) -> float | None:
+    """The hand yaw for a parallel grip at `yaw`: it or the same grip turned half round, the
+    one reachable there that is nearer the hand's yaw now, among those in the wrist's easy
+    range first; None if neither is reachable.
+
+    The two grip alike, but turning the wrist half round on the way swings what is held, and
+    the controller's rotation error is ill-defined near a half turn: the arm flails. Near the
+    wrist's limits (yaw beyond WRIST_EASY) the controller tracks poorly."""
+    now = hand_yaw(ctx)
+    turned = yaw - np.pi if yaw > 0 else yaw + np.pi
+
+    def key(option: float) -> tuple[bool, float, float]:
+        return abs(option) > WRIST_EASY, round(abs(wrap_angle(option - now)), 1), abs(option)
+
+    for option in sorted((yaw, turned), key=key):
+        if solve_ik(ctx, position, option) <= IK_TOLERANCE:
+            return float(option)
+    return None
 
 
 def curobo_planner():

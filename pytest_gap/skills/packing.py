@@ -19,8 +19,9 @@ from pydantic import BaseModel
 
 from pytest_gap.skills.geometry import Box, wrap_half_turn
 
-# The box is the outer hull; LIBERO's basket (15.7 x 17 cm outside) is 12.4 x 13.5 cm inside
-# half-way up, 11.8 x 12.8 cm at the floor: walls, slant and a 3 mm margin take 2.4 cm a side.
+# The box is the outer hull; LIBERO's basket (15.8 x 16.7 cm outside) is 11.8 x 12.7 cm inside
+# at the floor, its collision walls leaning out to 12.4 x 13.3 cm at the rim: walls and a 4 mm
+# margin take 2.4 cm a side. (Its outer hull from depth is a few mm off either way.)
 WALL = 0.024
 WALL_SLANT = 0.004  # the walls lean out: the inside is this much wider at the rim
 # Fingers reaching over a wall may dip this far below its rim: the pads are thin and the walls
@@ -38,11 +39,12 @@ CLEAR = 0.005
 FLOOR = 0.017  # the basket's floor stands this high above its bottom
 DROP = 0.015  # release the item this far above its support
 FLAT, SHORT = 0.04, 0.09  # heights: flat things lie, short ones stand low, tall ones tip
-MAX_DROP = {"flat": 0.11, "short": 0.07, "tall": 0.04}  # a standing thing dropped further may tip
-# Round things fill less than their box: when the floor has no clean room for a standing item,
-# it may still stand there overlapping its neighbours' boxes by this much a side (it leans on
-# them or the walls, its centre low enough to count as inside), rather than perch on top.
-SQUEEZE = 0.012
+# A standing thing dropped further may tip; a can dropped 6-7 cm rolls across the floor. The
+# hand stays above the rim, so a can held near its top falls at least 4 cm.
+MAX_DROP = {"flat": 0.11, "short": 0.06, "tall": 0.04}
+# Packing order: tall things are lowered to the floor and stay where they are put; cans fall
+# some way and roll, so they go in once walls and neighbours hem them in; flat things last.
+KIND_ORDER = ("tall", "short", "flat")
 
 
 class HeldItem(BaseModel):
@@ -90,6 +92,11 @@ class _Scene:
         return top
 
 
+def kind_of(height: float) -> str:
+    """flat (lies), short (stands low: cans) or tall (cartons, bottles)."""
+    return "flat" if height < FLAT else "short" if height < SHORT else "tall"
+
+
 def plan_slots(
     container: Box, occupied: np.ndarray, item: HeldItem, min_release: float
 ) -> list[Slot]:
@@ -125,11 +132,7 @@ def _candidate(scene: _Scene, container: Box, item: HeldItem, turn: float, uv, m
     closing = _turned((0.0, 1.0), turn)
     finger = _turned((FINGER_HALF_WIDTH, FINGER_DEPTH / 2), turn)
     support = max(scene.top(center, body + MARGIN), scene.floor)
-    kind = "flat" if item.height < FLAT else "short" if item.height < SHORT else "tall"
-    squeezed = False
-    if kind != "flat" and support > scene.floor:
-        squeezed = scene.top(center, np.maximum(body - SQUEEZE, 0.005)) <= scene.floor
-        support = scene.floor if squeezed else support
+    kind = kind_of(item.height)
     offset = (item.half_y + FINGER_DEPTH / 2) * closing
     fingers = max(scene.top(center + k * offset, finger, walls=True) for k in (-1, 1))
     release = max(
@@ -144,7 +147,7 @@ def _candidate(scene: _Scene, container: Box, item: HeldItem, turn: float, uv, m
     # side is the longer, so a can and a carton fit in a row across it.
     above = support + item.height / 2 > scene.rim - 0.012
     bad = (above, drop > MAX_DROP[kind])
-    key = (bad, squeezed, round(support - scene.floor, 2), round(uv[1], 2), -uv[0])
+    key = (bad, round(support - scene.floor, 2), round(uv[1], 2), -uv[0])
     slot = Slot(
         center=tuple(_world(container, center)),
         yaw=wrap_half_turn(container.yaw + turn),

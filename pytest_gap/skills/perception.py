@@ -18,6 +18,7 @@ from pytest_gap.skills.registry import SkillFailure
 
 CAMERAS = ("agentview", "birdview")
 MIN_PIXELS = 8
+RIM_BAND = 0.02  # a container's rim: its points this close to its top
 
 
 def _normal(text: str) -> str:
@@ -50,8 +51,9 @@ def ground_name(ctx: SkillContext, name: str) -> str:
 def locate_box(ctx: SkillContext, scene_name: str, tight: bool = False) -> tuple[Box, int]:
     """Box of the named object from the cameras' depth and segmentation; (box, pixels).
 
-    `tight`: turn the box to hug the points (least area) rather than along their principal
-    axis; for square-ish containers, whose walls the slots are planned against."""
+    `tight`: turn the box to hug its rim (least area) rather than by `fit_yaw`; for square-ish
+    containers, whose walls the slots are planned against. Only the rim: what stands inside
+    hides parts of the walls, and the rest can turn the least-area box by tens of degrees."""
     clouds, pixels = [], 0
     for camera in CAMERAS:
         frame = ctx.render(camera)
@@ -66,7 +68,11 @@ def locate_box(ctx: SkillContext, scene_name: str, tight: bool = False) -> tuple
     center = np.median(points, axis=0)
     dist = np.linalg.norm(points[:, :2] - center[:2], axis=1)
     points = points[dist <= np.percentile(dist, 98) + 0.005]
-    box = box_from_points(points, yaw=min_area_yaw(points[:, :2]) if tight else None)
+    yaw = None
+    if tight:
+        rim = points[points[:, 2] > points[:, 2].max() - RIM_BAND]
+        yaw = min_area_yaw(rim[:, :2])
+    box = box_from_points(points, yaw=yaw)
     if box.bottom == 0.0:  # standing on the table, seen whole: remember how tall it is
         ctx.memory.setdefault("heights", {})[scene_name] = 2 * box.half_extents[2]
     return box, pixels
