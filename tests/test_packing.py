@@ -51,3 +51,16 @@ def test_footprint_along_turns_with_the_hand():
     box = Box(center=(0, 0, 0), half_extents=(0.04, 0.02, 0.01), yaw=0.0)
     assert np.allclose(footprint_along(box, 0.0), (0.04, 0.02))
     assert np.allclose(footprint_along(box, np.pi / 2), (0.02, 0.04))
+
+
+def test_a_wider_margin_keeps_the_slot_further_from_a_neighbour():
+    can = _block(0.005, 0.06, 0.18, 0.245, top=0.093)
+    near = plan_slots(BASKET, can, MILK, min_release=BASKET.top - 0.035)[0]
+    far = plan_slots(BASKET, can, MILK, min_release=BASKET.top - 0.035, margin=0.01)[0]
+
+    def gap(slot):  # clearance between the milk's box and the can's, along x or y
+        x, y = slot.center
+        return max(0.005 - (x + MILK.half_x), (y - MILK.half_y) - 0.245)
+
+    assert near.support < 0.02 and far.support < 0.02
+    assert 0.003 <= gap(near) < 0.01 <= gap(far)

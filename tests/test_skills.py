@@ -105,6 +105,17 @@ def test_gripper_and_lift_and_success_check(env):
     assert skills.observe(ctx).visible  # something is in view
 
 
+def test_frames_are_rendered_once_per_step(env):
+    """Skills look at every item between two steps: one render per camera and step."""
+    env.reset(0)
+    ctx = SkillContext(env)
+    first = ctx.render("agentview")
+    assert ctx.render("agentview") is first
+    assert ctx.render("birdview") is not first
+    skills.lift(ctx, height=0.26)
+    assert ctx.render("agentview") is not first
+
+
 def test_read_task_and_next_item(env):
     env.reset(2, variation=resolve("grocery_packing", "object"))
     ctx = SkillContext(env)

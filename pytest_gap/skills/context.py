@@ -30,6 +30,7 @@ class SkillContext:
     # policy id -> {"url": ws url, "protocol": "openpi" | "vla-eval", "privileged": bool}
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)
     _clients: dict[str, Any] = field(default_factory=dict)
+    _frames: dict[tuple[str, int, int, int], CameraFrame] = field(default_factory=dict)
 
     def policy(self, policy_id: str):
         """A connected client for `policy_id` (one per run, closed by `close()`)."""
@@ -68,10 +69,15 @@ class SkillContext:
         return result
 
     def render(self, camera: str, *, height: int = 256, width: int = 256) -> CameraFrame:
-        frame = self.env.scene.render(camera, height=height, width=width)
-        if self.keep_images and frame.rgb is not None:
-            self.images.append((camera, frame.rgb))
-        return frame
+        """A camera's frame now; rendered once per sim step, as skills look many times
+        between two steps (every item's box, what is in the container)."""
+        key = (camera, height, width, self.env.steps)
+        if key not in self._frames:
+            frame = self.env.scene.render(camera, height=height, width=width)
+            self._frames = {key: frame, **{k: f for k, f in self._frames.items() if k[3] == key[3]}}
+            if self.keep_images and frame.rgb is not None:
+                self.images.append((camera, frame.rgb))
+        return self._frames[key]
 
     def note(self, message: str, **data: Any) -> None:
         self.events.append({"message": message, "step": self.env.steps, **data})

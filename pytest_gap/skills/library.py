@@ -21,9 +21,9 @@ BOX_BIAS = 0.005  # boxes from depth run wide by the points on silhouette edges
 # The hand's body starts about 4.5 cm above the grip site: the grip site may go this far
 # below a container's rim with the body still 1 cm above it.
 HAND_BELOW_RIM = 0.035
-# Lowering that stops this far above the release height is blocked, not done: retry this many
-# times, each this much nearer the container's middle.
-BLOCKED, UNBLOCK_TRIES, UNBLOCK_SHIFT = 0.02, 2, 0.01
+# Lowering that stops this far above the release height is blocked, not done: plan again,
+# keeping these clearances in turn.
+BLOCKED, UNBLOCK_MARGINS = 0.02, (0.01, 0.02)
 
 
 # -- outputs -------------------------------------------------------------------------------------
@@ -252,47 +252,62 @@ def place(ctx: SkillContext, container: str) -> Placed:
     the item and the fingers, the hand square to the walls, as low as what is there allows."""
     scene_name = perception.ground_name(ctx, container)
     box, _ = perception.locate_box(ctx, scene_name, tight=True)
+    # Rows fill from the container frame's -y wall and +x end. LIBERO's basket, as it stands
+    # in every scene, has its collision walls about 3 mm towards world +y and 2 mm towards -x
+    # of the middle of what the cameras see: turned half round, the rows start from the
+    # walls with room to spare, and the tight sides fill last, if at all.
+    box = box.model_copy(update={"yaw": box.yaw + np.pi})
     held = ctx.memory.get("held")
     item = _held_item(ctx, held)
-    inside = perception.contents(ctx, scene_name, box, exclude=held)
-    # The hand's body is wider than the container: it stops above the rim, the fingers below.
-    slots = packing.plan_slots(box, inside, item, min_release=box.top - HAND_BELOW_RIM)
-    slot, yaw = _first_reachable(ctx, slots)
+    slot, yaw = _plan(ctx, scene_name, box, held, item)
     if slot is None:
         raise SkillFailure(f"no reachable room for {held or 'the held object'} in {scene_name}")
-    release = [*slot.center, slot.release_z]
-    cruise = max(motion.SAFE_Z, box.top + item.hang + 0.04)
-    # Stop square over the slot with the item just above the rim before going in: lowering
-    # while the hand still catches up sideways drags the item's bottom across the rim.
-    entry = [*slot.center, max(slot.release_z, box.top + item.hang + 0.015)]
-    motion.travel(ctx, entry, yaw, CLOSE, safe_z=cruise, tolerance=0.005)
-    motion.servo(ctx, release, yaw, CLOSE, max_steps=50, gentle=True)
-    _unblock(ctx, release, yaw, box)
+    slot, yaw = _lower_into(ctx, scene_name, box, held, item, slot, yaw)
     _gripper(ctx, OPEN)
     if held:
         ctx.memory.setdefault("placed", set()).add(held)
     ctx.memory.pop("held", None)
     pos = ctx.env.scene.gripper().eef_pos
     motion.servo(ctx, [pos[0], pos[1], motion.SAFE_Z], yaw, OPEN, tolerance=0.02, max_steps=40)
-    return Placed(released=True, position=release)
+    return Placed(released=True, position=[*slot.center, slot.release_z])
 
 
-def _unblock(ctx: SkillContext, release: list[float], yaw: float, box: Box) -> None:
-    """When lowering stopped well above the release height, the item rests on a rim or on a
-    neighbour's edge, and let go there it perches: back up and come down again a little
-    further towards the container's middle (a few times), then release where it stops."""
-    target = np.asarray(release, float)
-    toward = np.asarray(box.center[:2]) - target[:2]
-    step = UNBLOCK_SHIFT * toward / max(float(np.linalg.norm(toward)), 1e-6)
-    for _ in range(UNBLOCK_TRIES):
-        pos = ctx.env.scene.gripper().eef_pos
-        if pos[2] <= target[2] + BLOCKED:
-            return
-        ctx.note("lowering blocked", height=round(float(pos[2] - target[2]), 3))
-        motion.servo(ctx, [*pos[:2], pos[2] + 0.03], yaw, CLOSE, tolerance=0.01, max_steps=30)
-        target[:2] += step
-        motion.servo(ctx, [*target[:2], pos[2] + 0.03], yaw, CLOSE, tolerance=0.008, max_steps=30)
-        motion.servo(ctx, target, yaw, CLOSE, max_steps=50, gentle=True)
+def _lower_into(ctx: SkillContext, container: str, box: Box, held, item, slot, yaw):
+    """Bring the held item over the slot and lower it in; return the slot and yaw it ended at.
+
+    It stops square over the slot with the item just above the rim before going in: lowering
+    while the hand still catches up sideways drags the item's bottom across the rim. Lowering
+    that stops well above the release height is blocked: the item rests on a rim or on a
+    neighbour's edge, and let go there it perches. Then it backs up over the rim and goes
+    down again where the room, planned anew, keeps more clearance."""
+    cruise = max(motion.SAFE_Z, box.top + item.hang + 0.04)
+    above = box.top + item.hang + 0.015
+    for extra in (None, *UNBLOCK_MARGINS):
+        if extra is not None:
+            pos = ctx.env.scene.gripper().eef_pos
+            if pos[2] <= slot.release_z + BLOCKED:
+                break
+            ctx.note("lowering blocked", height=round(float(pos[2] - slot.release_z), 3))
+            motion.servo(ctx, [*pos[:2], max(above, pos[2] + 0.02)], yaw, CLOSE, tolerance=0.01)
+            again, again_yaw = _plan(ctx, container, box, held, item, extra)
+            if again is None:
+                break
+            slot, yaw, cruise = again, again_yaw, above
+        entry = [*slot.center, max(slot.release_z, above)]
+        motion.travel(ctx, entry, yaw, CLOSE, safe_z=cruise, tolerance=0.005)
+        motion.servo(ctx, [*slot.center, slot.release_z], yaw, CLOSE, max_steps=50, gentle=True)
+    return slot, yaw
+
+
+def _plan(ctx, container: str, box: Box, held, item, margin: float = packing.MARGIN):
+    """The best reachable slot for the held item in the container as it is now, and the hand
+    yaw there. The hand's body is wider than the container: it stops above the rim, the
+    fingers below."""
+    inside = perception.contents(ctx, container, box, exclude=held)
+    min_release = box.top - HAND_BELOW_RIM
+    then = [half for name, half in ctx.memory.get("to_pack", {}).items() if name != held]
+    slots = packing.plan_slots(box, inside, item, min_release=min_release, margin=margin, then=then)
+    return _first_reachable(ctx, slots)
 
 
 def _first_reachable(
@@ -378,6 +393,7 @@ def next_item(
     box = perception.locate_box(ctx, perception.ground_name(ctx, container))[0]
     remaining: list[tuple[tuple[int, float], str]] = []
     blocked = 0
+    to_pack: dict[str, tuple[tuple[int, float], tuple[float, float]]] = {}
     for item in items:
         scene_name = perception.ground_name(ctx, item)
         try:
@@ -392,7 +408,15 @@ def next_item(
             blocked += 1
             continue
         kind = packing.KIND_ORDER.index(packing.kind_of(2 * found.half_extents[2]))
-        remaining.append(((kind, -found.half_extents[0] * found.half_extents[1]), item))
+        order = (kind, -found.half_extents[0] * found.half_extents[1])
+        remaining.append((order, item))
+        if kind < packing.KIND_ORDER.index("flat"):
+            half = (found.half_extents[0] - BOX_BIAS / 2, found.half_extents[1] - BOX_BIAS / 2)
+            to_pack[scene_name] = (order, half)
+    # The footprints still to stand on the container's floor, in packing order: `place`
+    # leaves room for them.
+    ordered = sorted(to_pack, key=lambda n: to_pack[n][0])
+    ctx.memory["to_pack"] = {n: to_pack[n][1] for n in ordered}
     for _, item in sorted(remaining, key=lambda r: r[0]):
         if tries.get(item, 0) < max_attempts:
             tries[item] = tries.get(item, 0) + 1

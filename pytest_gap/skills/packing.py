@@ -14,9 +14,12 @@ wall, so what is placed packs against the walls and the rest stays one free stri
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 from pydantic import BaseModel
 
+from pytest_gap.skills import floorplan
 from pytest_gap.skills.geometry import Box, wrap_half_turn
 
 # The box is the outer hull; LIBERO's basket (15.8 x 16.7 cm outside) is 11.8 x 12.7 cm inside
@@ -98,12 +101,20 @@ def kind_of(height: float) -> str:
 
 
 def plan_slots(
-    container: Box, occupied: np.ndarray, item: HeldItem, min_release: float
+    container: Box,
+    occupied: np.ndarray,
+    item: HeldItem,
+    min_release: float,
+    margin: float = MARGIN,
+    then: list[tuple[float, float]] | None = None,
 ) -> list[Slot]:
     """Slots for `item`, best first: those that need no long drop, then the rest.
 
     `occupied`: points (N, 3) seen inside the container, walls and floor excluded.
     `min_release`: the lowest grip-site height at which the hand itself stays above the rim.
+    `margin`: the clearance to keep from what is there.
+    `then`: footprints (half sizes) of the standing items to be packed after this one: among
+    the slots as good as the best, those that leave floor for more of them come first.
     """
     scene = _Scene(container, occupied)
     ranked = []
@@ -114,9 +125,27 @@ def plan_slots(
             continue  # the item does not fit this way round
         for u in _steps(limit[0]):
             for v in _steps(limit[1]):
-                ranked.append(_candidate(scene, container, item, turn, (u, v), min_release))
+                key, slot = _candidate(scene, container, item, turn, (u, v), min_release, margin)
+                ranked.append((key, slot, (u, v), body))
     ranked.sort(key=lambda r: r[0])
-    return [slot for _, slot in ranked]
+    if then and ranked:
+        ranked = _leave_room(scene, ranked, then, margin)
+    return [slot for _, slot, _, _ in ranked]
+
+
+def _leave_room(scene: _Scene, ranked: list, then: list[tuple[float, float]], margin: float):
+    """Re-rank the slots of the best tier (above the rim or not, long drop or not, support)
+    by how many of the items to come still find floor after this one (`floorplan`)."""
+    tier = ranked[0][0][:3]
+    best = [r for r in ranked if r[0][:3] == tier]
+    grid = floorplan.FloorGrid(scene.inner, scene.local, scene.z, scene.floor)
+    scored = []
+    for key, slot, uv, body in best:
+        trial = copy.deepcopy(grid)
+        trial.take(uv, body)
+        scored.append(((tier, -floorplan.fits(trial, then, margin), *key[3:]), slot, uv, body))
+    scored.sort(key=lambda r: r[0])
+    return scored + ranked[len(best) :]
 
 
 def _turned(pair, turn: float) -> np.ndarray:
@@ -125,13 +154,13 @@ def _turned(pair, turn: float) -> np.ndarray:
     return np.array(pair if turn == 0 else pair[::-1], float)
 
 
-def _candidate(scene: _Scene, container: Box, item: HeldItem, turn: float, uv, min_release):
+def _candidate(scene: _Scene, container: Box, item: HeldItem, turn: float, uv, min_release, margin):
     """(rank key, slot) for the item centred at `uv` (container frame) with the hand turned."""
     center = np.asarray(uv, float)
     body = _turned((item.half_x, item.half_y), turn)
     closing = _turned((0.0, 1.0), turn)
     finger = _turned((FINGER_HALF_WIDTH, FINGER_DEPTH / 2), turn)
-    support = max(scene.top(center, body + MARGIN), scene.floor)
+    support = max(scene.top(center, body + margin), scene.floor)
     kind = kind_of(item.height)
     offset = (item.half_y + FINGER_DEPTH / 2) * closing
     fingers = max(scene.top(center + k * offset, finger, walls=True) for k in (-1, 1))
@@ -146,8 +175,7 @@ def _candidate(scene: _Scene, container: Box, item: HeldItem, turn: float, uv, m
     # then the lowest; then row by row along the container's x axis from its -y wall: its y
     # side is the longer, so a can and a carton fit in a row across it.
     above = support + item.height / 2 > scene.rim - 0.012
-    bad = (above, drop > MAX_DROP[kind])
-    key = (bad, round(support - scene.floor, 2), round(uv[1], 2), -uv[0])
+    key = (above, drop > MAX_DROP[kind], round(support - scene.floor, 2), round(uv[1], 2), -uv[0])
     slot = Slot(
         center=tuple(_world(container, center)),
         yaw=wrap_half_turn(container.yaw + turn),

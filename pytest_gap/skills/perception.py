@@ -48,12 +48,9 @@ def ground_name(ctx: SkillContext, name: str) -> str:
     raise SkillFailure(f"no object called {name!r} in this scene; it has {spoken}")
 
 
-def locate_box(ctx: SkillContext, scene_name: str, tight: bool = False) -> tuple[Box, int]:
-    """Box of the named object from the cameras' depth and segmentation; (box, pixels).
-
-    `tight`: turn the box to hug its rim (least area) rather than by `fit_yaw`; for square-ish
-    containers, whose walls the slots are planned against. Only the rim: what stands inside
-    hides parts of the walls, and the rest can turn the least-area box by tens of degrees."""
+def object_points(ctx: SkillContext, scene_name: str) -> tuple[np.ndarray, int]:
+    """The named object's points (N, 3) from the cameras' depth and segmentation, and how
+    many pixels showed it."""
     clouds, pixels = [], 0
     for camera in CAMERAS:
         frame = ctx.render(camera)
@@ -67,7 +64,16 @@ def locate_box(ctx: SkillContext, scene_name: str, tight: bool = False) -> tuple
     # Depth edges of neighbours can leak into a mask: keep the bulk of the cloud.
     center = np.median(points, axis=0)
     dist = np.linalg.norm(points[:, :2] - center[:2], axis=1)
-    points = points[dist <= np.percentile(dist, 98) + 0.005]
+    return points[dist <= np.percentile(dist, 98) + 0.005], pixels
+
+
+def locate_box(ctx: SkillContext, scene_name: str, tight: bool = False) -> tuple[Box, int]:
+    """Box of the named object from the cameras' depth and segmentation; (box, pixels).
+
+    `tight`: turn the box to hug its rim (least area) rather than by `fit_yaw`; for square-ish
+    containers, whose walls the slots are planned against. Only the rim: what stands inside
+    hides parts of the walls, and the rest can turn the least-area box by tens of degrees."""
+    points, pixels = object_points(ctx, scene_name)
     yaw = None
     if tight:
         rim = points[points[:, 2] > points[:, 2].max() - RIM_BAND]
