@@ -148,6 +148,7 @@ def test_next_item_leaves_an_item_perched_over_the_container(env):
     qpos[:3] = [basket[0], basket[1], 0.25]  # test setup only: skills never move objects
     sim.data.set_joint_qpos(joint, qpos)
     sim.forward()
+    ctx = SkillContext(env)  # frames are kept per step, and no step was taken
     picks = [skills.next_item(ctx, task.items, task.container) for _ in range(2 * len(task.items))]
     assert perched not in {skills.locate(ctx, p.item).name for p in picks if not p.done}
     assert picks[-1].done and picks[-1].remaining == len(task.items)

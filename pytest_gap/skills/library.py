@@ -391,33 +391,30 @@ def next_item(
     tries = ctx.memory.setdefault("next_item_attempts", {})
     placed = ctx.memory.get("placed", set())
     box = perception.locate_box(ctx, perception.ground_name(ctx, container))[0]
-    remaining: list[tuple[tuple[int, float], str]] = []
+    # (packing order, item, scene name, footprint if it stands on the floor)
+    remaining: list[tuple[tuple[int, float], str, str, tuple[float, float] | None]] = []
     blocked = 0
-    to_pack: dict[str, tuple[tuple[int, float], tuple[float, float]]] = {}
     for item in items:
         scene_name = perception.ground_name(ctx, item)
         try:
             found = perception.locate_box(ctx, scene_name)[0]
         except SkillFailure:  # unseen: buried in the container if this run put it there
             if scene_name not in placed:
-                remaining.append(((len(packing.KIND_ORDER), 0.0), item))
+                remaining.append(((len(packing.KIND_ORDER), 0.0), item, scene_name, None))
             continue
         if _inside(found, box, ctx.memory.get("heights", {}).get(scene_name)):
             continue
         if box.contains([*found.center[:2], box.center[2]]):
             blocked += 1
             continue
-        kind = packing.KIND_ORDER.index(packing.kind_of(2 * found.half_extents[2]))
-        order = (kind, -found.half_extents[0] * found.half_extents[1])
-        remaining.append((order, item))
-        if kind < packing.KIND_ORDER.index("flat"):
-            half = (found.half_extents[0] - BOX_BIAS / 2, found.half_extents[1] - BOX_BIAS / 2)
-            to_pack[scene_name] = (order, half)
-    # The footprints still to stand on the container's floor, in packing order: `place`
-    # leaves room for them.
-    ordered = sorted(to_pack, key=lambda n: to_pack[n][0])
-    ctx.memory["to_pack"] = {n: to_pack[n][1] for n in ordered}
-    for _, item in sorted(remaining, key=lambda r: r[0]):
+        hx, hy, hz = found.half_extents
+        kind = packing.kind_of(2 * hz)
+        half = None if kind == "flat" else (hx - BOX_BIAS / 2, hy - BOX_BIAS / 2)
+        remaining.append(((packing.KIND_ORDER.index(kind), -hx * hy), item, scene_name, half))
+    remaining.sort(key=lambda r: r[0])
+    # The footprints still to stand on the container's floor, in order: `place` leaves room.
+    ctx.memory["to_pack"] = {name: half for _, _, name, half in remaining if half is not None}
+    for _, item, _, _ in remaining:
         if tries.get(item, 0) < max_attempts:
             tries[item] = tries.get(item, 0) + 1
             return NextItem(item=item, remaining=len(remaining) + blocked, done=False)

@@ -92,7 +92,6 @@ def travel(
     *,
     safe_z: float = SAFE_Z,
     tolerance: float = 0.008,
-    descend_steps: int = 80,
 ) -> float:
     """Up to `safe_z`, across, then down to `position`; return the final error (m)."""
     target = np.asarray(position, float)
@@ -102,7 +101,7 @@ def travel(
         if pos[2] < cruise - 0.02:
             servo(ctx, [pos[0], pos[1], cruise], hand_yaw(ctx), gripper, tolerance=0.02)
         servo(ctx, [target[0], target[1], cruise], yaw, gripper, tolerance=0.015)
-    return servo(ctx, target, yaw, gripper, tolerance=tolerance, max_steps=descend_steps)
+    return servo(ctx, target, yaw, gripper, tolerance=tolerance, max_steps=80)
 
 
 def solve_ik(ctx: SkillContext, position, yaw: float, iterations: int = 200) -> float:
