@@ -14,6 +14,9 @@ NONE = np.zeros((0, 2)), np.zeros(0)
 
 def test_first_fit_fills_rows_from_the_minus_y_side_and_runs_out():
     grid = floorplan.FloorGrid(np.array([0.05, 0.05]), *NONE, floor=0.0)
+    trial = grid.copy()
+    assert floorplan.fits(trial, [(0.024, 0.024)] * 5, margin=0.0) == 4
+    assert not grid.taken.any()  # trials on a copy leave the grid as it was
     first = grid.first_fit((0.024, 0.024))
     assert first is not None and first[1] < 0 and first[0] > 0  # -y row, +x end
     assert floorplan.fits(grid, [(0.024, 0.024)] * 4, margin=0.0) == 3  # 2 x 2 in 10 x 10 cm

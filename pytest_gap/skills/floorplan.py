@@ -28,6 +28,11 @@ class FloorGrid:
         keep = np.all((idx >= 0) & (idx < self.shape), axis=1)
         self.taken[idx[keep, 0], idx[keep, 1]] = True
 
+    def copy(self) -> FloorGrid:
+        other = object.__new__(FloorGrid)
+        other.inner, other.shape, other.taken = self.inner, self.shape, self.taken.copy()
+        return other
+
     def _index(self, xy: np.ndarray) -> np.ndarray:
         return np.floor((np.asarray(xy, float).reshape(-1, 2) + self.inner) / CELL).astype(int)
 

@@ -9,12 +9,11 @@ walls, and the hand lets go no lower than keeps the fingers above whatever is un
 (neighbours, or the wall when they reach over it) and the hand's wide body above the rim and
 the tall neighbours; a slot where that means dropping the item too far is not used. Slots
 rank by the lowest support under the item, then fill the container row by row from one
-wall, so what is placed packs against the walls and the rest stays one free strip.
+wall, so what is placed packs against the walls and the rest stays one free strip; among
+slots as good, those that leave floor for the standing items still to come go first.
 """
 
 from __future__ import annotations
-
-import copy
 
 import numpy as np
 from pydantic import BaseModel
@@ -43,7 +42,7 @@ FLOOR = 0.017  # the basket's floor stands this high above its bottom
 DROP = 0.015  # release the item this far above its support
 FLAT, SHORT = 0.04, 0.09  # heights: flat things lie, short ones stand low, tall ones tip
 # A standing thing dropped further may tip; a can dropped 6-7 cm rolls across the floor. The
-# hand stays above the rim, so a can held near its top falls at least 4 cm.
+# hand stays above the rim, so a can falls 4 cm or more.
 MAX_DROP = {"flat": 0.11, "short": 0.06, "tall": 0.04}
 # Packing order: tall things are lowered to the floor and stay where they are put; cans fall
 # some way and roll, so they go in once walls and neighbours hem them in; flat things last.
@@ -141,7 +140,7 @@ def _leave_room(scene: _Scene, ranked: list, then: list[tuple[float, float]], ma
     grid = floorplan.FloorGrid(scene.inner, scene.local, scene.z, scene.floor)
     scored = []
     for key, slot, uv, body in best:
-        trial = copy.deepcopy(grid)
+        trial = grid.copy()
         trial.take(uv, body)
         scored.append(((tier, -floorplan.fits(trial, then, margin), *key[3:]), slot, uv, body))
     scored.sort(key=lambda r: r[0])
