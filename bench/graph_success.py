@@ -1,6 +1,7 @@
 """Success and completion of the reference graphs, per family/variation, on real LIBERO.
 
-    python bench/graph_success.py [--tasks 0-9] [--seeds 5] [--workers 2] [--only pick_place]
+    python bench/graph_success.py [--tasks 0-9] [--seeds 5] [--first-seed 0] [--workers 2]
+                                  [--only pick_place]
 
 Targets (issue 3): pick_place on libero/object >= 0.95 and on each posvar variation >= 0.90;
 pack_all on grocery_packing completion >= 0.95. Trials of one task share one env; tasks are
@@ -78,7 +79,8 @@ def _ids(text: str) -> list[int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="0-9")
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=5, help="how many seeds per task")
+    parser.add_argument("--first-seed", type=int, default=0, help="held-out seeds start later")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", choices=["pick_place", "pack_all"])
     parser.add_argument("--out", help="write every trial as JSON here")
@@ -86,7 +88,8 @@ def main() -> int:
 
     plan = [p for p in PLAN if args.only in (None, p[0])]
     cells = [(g, f, v) for g, f, v, _, _ in plan]
-    jobs = [(t, list(range(args.seeds)), cells) for t in _ids(args.tasks)]
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    jobs = [(t, seeds, cells) for t in _ids(args.tasks)]
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(args.workers) as workers:
         rows = [r for chunk in workers.imap_unordered(_run_task, jobs) for r in chunk]
