@@ -272,7 +272,15 @@ def place(ctx: SkillContext, container: str) -> Placed:
     return Placed(released=True, position=[*slot.center, slot.release_z])
 
 
-def _lower_into(ctx: SkillContext, container: str, box: Box, held, item, slot, yaw):
+def _lower_into(
+    ctx: SkillContext,
+    container: str,
+    box: Box,
+    held: str | None,
+    item: packing.HeldItem,
+    slot: packing.Slot,
+    yaw: float,
+) -> tuple[packing.Slot, float]:
     """Bring the held item over the slot and lower it in; return the slot and yaw it ended at.
 
     It stops square over the slot with the item just above the rim before going in: lowering
@@ -299,7 +307,14 @@ def _lower_into(ctx: SkillContext, container: str, box: Box, held, item, slot, y
     return slot, yaw
 
 
-def _plan(ctx, container: str, box: Box, held, item, margin: float = packing.MARGIN):
+def _plan(
+    ctx: SkillContext,
+    container: str,
+    box: Box,
+    held: str | None,
+    item: packing.HeldItem,
+    margin: float = packing.MARGIN,
+) -> tuple[packing.Slot | None, float]:
     """The best reachable slot for the held item in the container as it is now, and the hand
     yaw there. The hand's body is wider than the container: it stops above the rim, the
     fingers below."""

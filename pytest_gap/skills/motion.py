@@ -119,10 +119,9 @@ def solve_ik(ctx: SkillContext, position, yaw: float, iterations: int = 200) -> 
     data = mujoco.MjData(model)
     data.qpos[:] = raw.sim.data._data.qpos
     robot = raw.robots[0]
-    qidx = np.asarray(robot._ref_joint_pos_indexes)
     residual = _ik_residual(model, data, robot, position, yaw, iterations)
     if residual > IK_TOLERANCE:
-        data.qpos[qidx] = robot.init_qpos
+        data.qpos[np.asarray(robot._ref_joint_pos_indexes)] = robot.init_qpos
         residual = min(residual, _ik_residual(model, data, robot, position, yaw, iterations))
     return residual
 
