@@ -30,7 +30,7 @@ from pytest_gap.cli import build_parser
 from pytest_gap.policies.builtin import HoldPolicy
 from pytest_gap.policies.client import PolicyClient, PolicyTransportError, VlaEvalClient
 from pytest_gap.policies.server import PolicyServer
-from pytest_gap.policies.wire import WireError, packb, unpack_vla, unpackb
+from pytest_gap.policies.wire import WireError, packb, packer, unpack_vla, unpackb
 
 # openpi-client 0.1.2 connects the way websockets 17.1 deprecated; that is its warning, not ours.
 OPENPI_CONNECT = pytest.mark.filterwarnings(
@@ -93,6 +93,8 @@ LAYOUTS = [
 @pytest.mark.parametrize("array", LAYOUTS, ids=lambda a: f"{a.dtype}{a.shape}")
 def test_encoder_is_byte_identical_to_openpi_client_for_every_layout(array):
     assert packb({"x": array}) == msgpack_numpy.packb({"x": array})
+    reused = packer()  # a connection's encoder, reused message after message
+    assert reused.pack({"x": array}) == reused.pack({"x": array}) == packb({"x": array})
     back = unpackb(packb({"x": array}))["x"]
     assert np.array_equal(back, array) and back.dtype == array.dtype
 
