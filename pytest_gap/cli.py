@@ -182,6 +182,16 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
 def _cmd_policy_serve(args: argparse.Namespace) -> int:
     import os
 
@@ -215,6 +225,8 @@ def _cmd_policy_serve(args: argparse.Namespace) -> int:
         metadata={"policy": args.name},
         max_batch_size=args.max_batch_size,
         max_wait_ms=args.max_wait_ms,
+        max_message_bytes=round(args.max_message_mb * 2**20),
+        debug=args.debug,
     )
     print(f"serving {args.name} on ws://{args.host}:{args.port}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
@@ -281,6 +293,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="batch observations across connections (needs the policy's infer_batch)",
     )
     serve.add_argument("--max-wait-ms", type=float, default=5.0, help="batch collection window")
+    serve.add_argument(
+        "--max-message-mb",
+        type=_positive_float,
+        default=64.0,  # server.DEFAULT_MAX_MESSAGE_MB (not imported: parsing stays light)
+        help="refuse incoming messages over this size (MiB; default 64), with close code 1009",
+    )
+    serve.add_argument(
+        "--debug",
+        action="store_true",
+        help="send the traceback on a failure (default: one line, the exception and message)",
+    )
     serve.set_defaults(func=_cmd_policy_serve)
     generate = sub.add_parser("generate", help="have the LLM write a workflow for a prompt")
     generate.add_argument(

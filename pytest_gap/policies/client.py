@@ -18,10 +18,11 @@ from websockets.sync.client import ClientConnection, connect
 
 from pytest_gap.errors import InfraFailure
 from pytest_gap.policies.wire import (
+    MESSAGE_TOO_BIG_CLOSE,
     VLA_PROTOCOL_VERSION,
     WireError,
     pack_vla,
-    packb,
+    packer,
     unpack_vla,
     unpackb,
 )
@@ -29,6 +30,23 @@ from pytest_gap.policies.wire import (
 
 class PolicyTransportError(InfraFailure):
     """The policy server could not be reached, failed, closed, or answered too late."""
+
+
+OUR_SERVER_LIMIT = "gap policy serve NAME --max-message-mb MB"
+
+
+def _closed(
+    server: str, exc: ConnectionClosed, sent_bytes: int, limit: str = OUR_SERVER_LIMIT
+) -> PolicyTransportError:
+    """The error for a connection the server closed; a refused oversize message says how to
+    raise the limit (websockets closes with 1009 and names the limit in the reason)."""
+    if exc.rcvd is not None and exc.rcvd.code == MESSAGE_TOO_BIG_CLOSE:
+        return PolicyTransportError(
+            f"{server} refused our {sent_bytes / 2**20:.1f} MiB message as too big "
+            f"({exc.rcvd.reason or 'close 1009'}); raise its limit ({limit}) or send smaller "
+            "observations"
+        )
+    return PolicyTransportError(f"{server} closed the connection ({exc})")
 
 
 class PolicyClient:
@@ -43,6 +61,8 @@ class PolicyClient:
         api_key: str | None = None,
     ):
         self.url, self.timeout_s = url, timeout_s
+        self._sent_bytes = 0
+        self._pack = packer().pack
         headers = {"Authorization": f"Api-Key {api_key}"} if api_key else None
         # Entered as a context manager: the form every websockets version supports without
         # deprecation warnings; close() exits it.
@@ -57,7 +77,7 @@ class PolicyClient:
                     additional_headers=headers,
                 )
             )
-            self.metadata: dict[str, Any] = self._receive("the metadata frame")
+            self.metadata: dict[str, Any] = self._receive("metadata")
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
             raise PolicyTransportError(
                 f"policy server {url} is unreachable ({type(exc).__name__}: {exc}); start it "
@@ -77,29 +97,29 @@ class PolicyClient:
             ) from None
         except ConnectionClosed as exc:
             self.close()
-            raise PolicyTransportError(
-                f"policy server {self.url} closed the connection ({exc})"
-            ) from None
+            raise _closed(f"policy server {self.url}", exc, self._sent_bytes) from None
         if isinstance(frame, str):  # openpi servers report failures as a text frame
             self.close()
             last = frame.strip().splitlines()[-1] if frame.strip() else "no detail"
             raise PolicyTransportError(f"policy server {self.url} failed: {last}")
         try:
-            return unpackb(frame)
+            return unpackb(frame, what)
         except WireError as exc:
             self.close()
-            raise PolicyTransportError(f"policy server {self.url}: {exc}") from None
+            raise PolicyTransportError(
+                f"policy server {self.url} sent a frame we refuse: {exc}"
+            ) from None
 
     def infer(self, obs: dict) -> dict:
         if self._ws is None:
             raise PolicyTransportError(f"policy server {self.url}: the session is closed")
+        frame = self._pack(obs)
+        self._sent_bytes = len(frame)
         try:
-            self._ws.send(packb(obs))
+            self._ws.send(frame)
         except ConnectionClosed as exc:
             self.close()
-            raise PolicyTransportError(
-                f"policy server {self.url} closed the connection ({exc})"
-            ) from None
+            raise _closed(f"policy server {self.url}", exc, self._sent_bytes) from None
         return self._receive("action")
 
     def close(self) -> None:
@@ -147,11 +167,12 @@ class VlaEvalClient:
         if self._ws is None:
             raise PolicyTransportError(f"vla-eval server {self.url}: the session is closed")
         self._seq += 1
+        frame = pack_vla(kind, payload, self._seq, time.time())
         try:
-            self._ws.send(pack_vla(kind, payload, self._seq, time.time()))
+            self._ws.send(frame)
             if expect is None:
                 return None
-            frame = self._ws.recv(timeout=self.timeout_s)
+            reply = self._ws.recv(timeout=self.timeout_s)
         except TimeoutError:
             self.close()
             raise PolicyTransportError(
@@ -160,17 +181,19 @@ class VlaEvalClient:
             ) from None
         except ConnectionClosed as exc:
             self.close()
-            raise PolicyTransportError(
-                f"vla-eval server {self.url} closed the connection ({exc})"
+            raise _closed(
+                f"vla-eval server {self.url}", exc, len(frame), "the server's max message size"
             ) from None
         try:
-            message = unpack_vla(frame) if isinstance(frame, bytes) else None
+            message = unpack_vla(reply) if isinstance(reply, bytes) else None
         except WireError as exc:
             self.close()
-            raise PolicyTransportError(f"vla-eval server {self.url}: {exc}") from None
+            raise PolicyTransportError(
+                f"vla-eval server {self.url} sent a frame we refuse: {exc}"
+            ) from None
         if message is None or message["type"] == "error" or message["type"] != expect:
             self.close()
-            detail = message["payload"] if message else frame
+            detail = message["payload"] if message else reply
             raise PolicyTransportError(f"vla-eval server {self.url} failed: {detail}")
         return message["payload"]
 

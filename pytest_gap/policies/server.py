@@ -8,11 +8,19 @@ port.
 Dynamic batching (`max_batch_size` > 1, for policies with `infer_batch(list) -> list`):
 observations arriving from different connections within `max_wait_ms` of the first are
 inferred together, and each connection gets its own reply.
+
+Hardening: a frame over `max_message_bytes` (default 64 MiB) is refused by the websocket layer
+with close code 1009 before it is buffered whole; a frame that does not decode, or a policy
+that raises, gets openpi's answer (an error text frame, then close 1011) on that connection
+only: the server goes on serving the others and new ones. The text frame is one line (the
+exception type and message) unless `debug`, when it is the traceback as openpi sends it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import threading
 import time
 import traceback
@@ -23,7 +31,16 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from pytest_gap.errors import GapError
-from pytest_gap.policies.wire import HEALTH_PATH, INTERNAL_ERROR_CLOSE, packb, unpackb
+from pytest_gap.policies.wire import (
+    HEALTH_PATH,
+    INTERNAL_ERROR_CLOSE,
+    MESSAGE_TOO_BIG_CLOSE,
+    packer,
+    unpackb,
+)
+
+DEFAULT_MAX_MESSAGE_MB = 64
+log = logging.getLogger(__name__)
 
 
 class Policy(Protocol):
@@ -40,6 +57,8 @@ class PolicyServer:
         metadata: dict[str, Any] | None = None,
         max_batch_size: int = 1,
         max_wait_ms: float = 5.0,
+        max_message_bytes: int | None = DEFAULT_MAX_MESSAGE_MB * 2**20,
+        debug: bool = False,
     ):
         if max_batch_size > 1 and not callable(getattr(policy, "infer_batch", None)):
             raise GapError(
@@ -49,6 +68,7 @@ class PolicyServer:
         self.policy, self.host, self.port = policy, host, port
         self.metadata = metadata or {}
         self.max_batch_size, self.max_wait_s = max_batch_size, max_wait_ms / 1000
+        self.max_message_bytes, self.debug = max_message_bytes, debug
         self.batch_sizes: list[int] = []  # for inspection: the size of every batch inferred
         self._infer_lock = threading.Lock()
         self._queue: asyncio.Queue | None = None
@@ -95,25 +115,39 @@ class PolicyServer:
                 future.set_result(reply)
 
     async def _session(self, ws: ServerConnection) -> None:
-        await ws.send(packb(self.metadata))
+        pack = packer().pack
+        await ws.send(pack(self.metadata))
         while True:
             try:
                 frame = await ws.recv()
-            except ConnectionClosed:
+            except ConnectionClosed as exc:
+                if exc.sent is not None and exc.sent.code == MESSAGE_TOO_BIG_CLOSE:
+                    log.warning(
+                        "refused a message from %s: %s (raise the limit with "
+                        "gap policy serve --max-message-mb)",
+                        ws.remote_address,
+                        exc.sent.reason,
+                    )
                 return
             try:
                 t0 = time.perf_counter()
-                obs = unpackb(frame)
+                obs = unpackb(frame, "observation")
                 action = dict(await self._infer(obs))
                 action["server_timing"] = {"infer_ms": (time.perf_counter() - t0) * 1000}
-                await ws.send(packb(action))
+                await ws.send(pack(action))
             except ConnectionClosed:
                 return
-            except Exception:
-                # openpi's convention: the traceback as a text frame, then close with 1011.
-                await ws.send(traceback.format_exc())
-                await ws.close(INTERNAL_ERROR_CLOSE, "Internal server error")
+            except Exception as exc:
+                # openpi's convention: an error text frame, then close with 1011.
+                with contextlib.suppress(ConnectionClosed):
+                    await ws.send(self._error_text(exc))
+                    await ws.close(INTERNAL_ERROR_CLOSE, "Internal server error")
                 return
+
+    def _error_text(self, exc: Exception) -> str:
+        if self.debug:
+            return traceback.format_exc()
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
     @staticmethod
     def _health(connection: ServerConnection, request):
@@ -139,7 +173,7 @@ class PolicyServer:
             self.host,
             self.port,
             compression=None,
-            max_size=None,
+            max_size=self.max_message_bytes,
             process_request=self._health,
         ) as server:
             self.port = server.sockets[0].getsockname()[1]
