@@ -2,7 +2,9 @@
 
 Protocol (LIBERO's own evaluation, as vla-eval and openpi run it):
 - seed s -> init state s mod n_init_states, then NumPy's global RNG seeded with that index
-  before the reset, because LIBERO samples fixture placement from it;
+  before the reset, because LIBERO samples fixture placement from it (openpi and vla-eval seed
+  once per env and hard-reset, so their fixture jitter for an init state depends on the
+  episodes run before it);
 - 10 settle steps with the no-op action (gripper open) before control; they are not counted;
 - at most `max_steps` control steps (spatial 220, object 280, goal 300, libero_10 520,
   libero_90 400) unless overridden;
