@@ -439,3 +439,17 @@ def test_presets_serve_real_openpi_libero_configs():
         assert config in OPENPI_LIBERO_CONFIGS, name
         assert name.replace("-", "_") == config, name
         assert options["--policy.dir"] == f"gs://openpi-assets/checkpoints/{config}", name
+
+
+@pytest.mark.images
+def test_libero_obs_shows_a_perturbed_scene_even_without_settle_steps():
+    """The LIBERO view is the scene robosuite last sampled; a variation moves objects after
+    that sample, and with no settle step to resample, the view must still show them moved."""
+    from pytest_gap.sim.libero import EnvOptions
+    from pytest_gap.sim.variations import resolve
+
+    with make_env("libero_object", 0, EnvOptions(settle_steps=0)) as env:
+        env.reset(0, variation=resolve("posvar", "pos_var"))
+        seen = env.libero_obs()["agentview_image"][::-1]
+        live = env.scene.renderer.rgb("agentview", 256, 256, multisample=True)
+    assert _grey_diff(seen, live) == 0.0

@@ -243,8 +243,10 @@ class LiberoEnv:
         self.max_steps = self.options.max_steps or self.suite.max_steps
         if perturbation is not None:
             self._apply(perturbation)
-            self.raw._update_observables(force=True)
-            self._robosuite_obs = self.raw._get_observations()
+            # The moved objects, seen if no settle step follows. Not by forcing robosuite's
+            # update: that would shift its sampling substep for this episode.
+            sampled = self.raw._observables[SAMPLED_SCENE]._sensor(None)
+            self._robosuite_obs = {**self._robosuite_obs, SAMPLED_SCENE: sampled}
             goal = perturbation.goal or goal
             prompt = perturbation.prompt or prompt
             if self.options.max_steps is None and perturbation.max_steps:
