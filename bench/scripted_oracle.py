@@ -37,7 +37,12 @@ def main() -> int:
     wins = trials = 0
     t0 = time.perf_counter()
     with PolicyServer(ScriptedPolicy()).start() as server:
-        endpoint = {"url": server.url, "protocol": "openpi", "privileged": True}
+        endpoint = {
+            "url": server.url,
+            "protocol": "openpi",
+            "obs_format": "gap",
+            "privileged": True,
+        }
         for task in _ids(args.tasks):
             with make_env(variation.suite, task) as env:
                 for seed in _ids(args.seeds):

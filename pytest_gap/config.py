@@ -11,6 +11,7 @@ per problem, each naming the file and the key path.
 from __future__ import annotations
 
 import difflib
+import shlex
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,8 +62,22 @@ class LLMConfig(_Strict):
     cache_dir: Path | None = None
 
 
+ObsFormatName = Literal["openpi-libero", "vla-eval-libero", "gap"]
+# A protocol's default observation format: what that protocol's own LIBERO client sends.
+PROTOCOL_OBS_FORMATS: dict[str, ObsFormatName] = {
+    "openpi": "openpi-libero",
+    "vla-eval": "vla-eval-libero",
+}
+
+
 class PolicyEntry(_Strict):
-    """One `policies:` registry entry: exactly one of url, command (alias start_cmd), preset."""
+    """One `policies:` registry entry: exactly one of url, command (alias start_cmd), preset.
+
+    `obs_format` is what run_policy sends and how it reads replies (policies/formats.py); unset,
+    it is `gap` for servers written for this harness (a `gap policy serve` command, or
+    `privileged_state: true`) and otherwise the protocol's own LIBERO client format
+    (openpi -> openpi-libero, vla-eval -> vla-eval-libero). See `resolved_obs_format`.
+    """
 
     url: str | None = None
     command: list[str] | str | None = Field(
@@ -71,7 +86,16 @@ class PolicyEntry(_Strict):
     preset: str | None = None
     env: dict[str, str] = {}
     protocol: Literal["openpi", "vla-eval"] = "openpi"
+    obs_format: ObsFormatName | None = None
     privileged_state: bool = False
+
+    @property
+    def resolved_obs_format(self) -> ObsFormatName:
+        if self.obs_format is not None:
+            return self.obs_format
+        if self.privileged_state or _is_gap_policy_serve(self.command):
+            return "gap"
+        return PROTOCOL_OBS_FORMATS[self.protocol]
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> PolicyEntry:
@@ -82,6 +106,17 @@ class PolicyEntry(_Strict):
                 + (f"; got {', '.join(given)}" if given else "")
             )
         return self
+
+
+def _is_gap_policy_serve(command: list[str] | str | None) -> bool:
+    """Whether a managed command runs this harness's own server (`gap policy serve ...`)."""
+    if command is None:
+        return False
+    try:
+        argv = shlex.split(command) if isinstance(command, str) else list(command)
+    except ValueError:  # unbalanced quotes: the manager reports the command itself
+        return False
+    return len(argv) >= 3 and Path(argv[0]).name == "gap" and argv[1:3] == ["policy", "serve"]
 
 
 class PolicyManagerConfig(_Strict):

@@ -15,11 +15,15 @@ from pytest_gap.policies.client import PolicyTransportError, VlaEvalClient, conn
 
 
 class RecordingServer(PredictModelServer):
-    """Returns a 4-step chunk whose x delta encodes the state it saw; remembers observations."""
+    """Returns a 4-step chunk whose x delta encodes the state it saw; remembers observations.
+    Asks for the wrist image and the state, as vla-eval's pi0 server does."""
 
-    def __init__(self, fail: bool = False):
-        super().__init__()
+    def __init__(self, fail: bool = False, chunk_size: int | None = None):
+        super().__init__(chunk_size=chunk_size)
         self.fail, self.seen, self.episodes = fail, [], 0
+
+    def get_observation_params(self):
+        return {"send_wrist_image": True, "send_state": True}
 
     def predict(self, obs, ctx):
         if self.fail:
@@ -62,14 +66,15 @@ class Served:
 
 
 def _obs(state0: float) -> dict:
+    """An observation in vla-eval's LIBERO keys (what the vla-eval-libero format builds)."""
     rng = np.random.default_rng(0)
     return {
         "images": {
             "agentview": rng.integers(0, 255, (64, 64, 3), dtype=np.uint8),
             "wrist": rng.integers(0, 255, (64, 64, 3), dtype=np.uint8),
         },
-        "state": np.array([state0, 0, 0, 0, 0, 0, 0.04, -0.04]),
-        "prompt": "put the milk in the basket",
+        "states": np.array([state0, 0, 0, 0, 0, 0, 0.04, -0.04]),
+        "task_description": "put the milk in the basket",
     }
 
 
@@ -78,6 +83,10 @@ def test_our_client_talks_to_a_vla_eval_model_server():
     with Served(model) as served, VlaEvalClient(f"ws://127.0.0.1:{served.port}") as client:
         assert client.metadata["model_server"] == "RecordingServer"
         assert client.metadata["protocol_version"] == 1
+        assert client.metadata["observation_params"] == {
+            "send_wrist_image": True,
+            "send_state": True,
+        }
         obs = _obs(0.25)
         reply = client.infer(obs)
         assert reply["actions"].shape == (4, 7) and np.allclose(reply["actions"][:, 0], 0.25)
@@ -85,7 +94,7 @@ def test_our_client_talks_to_a_vla_eval_model_server():
         assert seen["task_description"] == "put the milk in the basket"
         # images crossed PNG-encoded and came back pixel-exact
         assert np.array_equal(seen["images"]["agentview"], obs["images"]["agentview"])
-        assert np.allclose(seen["states"], obs["state"])
+        assert np.allclose(seen["states"], obs["states"])
         client.episode_end({"success": False})
         client.infer(_obs(0.5))
         assert model.episodes == 2
@@ -120,16 +129,21 @@ def test_run_policy_drives_libero_through_a_vla_eval_server(object_env):
             },
         }
     )
-    model = RecordingServer()
+    # The server buffers its 4-action chunks and answers one action per observation, as
+    # vla-eval model servers do for its own LIBERO benchmark.
+    model = RecordingServer(chunk_size=4)
     with Served(model) as served:
         object_env.reset(0)
+        # No obs_format: the vla-eval protocol's default, vla-eval-libero.
         endpoint = {"url": f"ws://127.0.0.1:{served.port}", "protocol": "vla-eval"}
         result = run_workflow(workflow, object_env, policies={"vla": endpoint})
     assert result.exit_status == "end_failure" and not result.infra_failure
+    # 3 windows of 4 actions: 12 observations sent, 3 chunks predicted.
     assert result.outputs["policy"] == {"status": "max_windows", "windows": 3, "steps": 12}
     assert len(model.seen) == 3
     first = model.seen[0]
-    assert set(first["images"]) == {"agentview", "wrist"}
+    assert set(first) == {"images", "task_description", "states", "controller_states"}
+    assert list(first["images"]) == ["agentview", "wrist"]
     assert first["images"]["wrist"].shape == (256, 256, 3)
     assert first["task_description"] == "pick up the alphabet soup and place it in the basket"
     assert first["states"].shape == (8,)

@@ -136,8 +136,9 @@ class PolicyClient:
 class VlaEvalClient:
     """vla-eval protocol: HELLO handshake, EPISODE_START, OBSERVATION -> ACTION, EPISODE_END.
 
-    Observations are sent with vla-eval's keys added (`task_description` = prompt, `states` =
-    state), so its model servers read them as they read their own LIBERO benchmark's.
+    Observations are sent as given: the registry entry's obs_format (policies/formats.py) makes
+    them what vla-eval's own LIBERO benchmark sends. `metadata` is the HELLO reply, with the
+    server's `observation_params`.
     """
 
     def __init__(self, url: str, *, connect_timeout_s: float = 5.0, timeout_s: float = 30.0):
@@ -204,8 +205,7 @@ class VlaEvalClient:
     def infer(self, obs: dict) -> dict:
         if not self._in_episode:
             self.episode_start({})
-        payload = {**obs, "task_description": obs.get("prompt", ""), "states": obs.get("state")}
-        reply = dict(self._request("observation", payload, expect="action"))
+        reply = dict(self._request("observation", obs, expect="action"))
         if "actions" in reply:
             reply["actions"] = np.atleast_2d(np.asarray(reply["actions"]))
         return reply

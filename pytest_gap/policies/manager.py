@@ -3,7 +3,8 @@
 Registry entries (`policies:` in the YAML) have exactly one source:
 - `url`: an external server; never started, only probed (preflight) before any trial runs;
 - `command` (alias `start_cmd`): argv list or shell-style string with `{port}`; managed;
-- `preset`: a named command (pi05-libero, molmoact-libero) built from $GAP_OPENPI_DIR; managed.
+- `preset`: a named openpi command (pi05-libero, pi0-libero, pi0-fast-libero) run in
+  $GAP_OPENPI_DIR; managed.
 A managed server gets a free port, its own process session (so its whole process tree can be
 signalled) and a parent-death signal (so even a SIGKILLed harness does not leave it running).
 It counts as started when its port accepts connections; stopping is SIGTERM, then SIGKILL after
@@ -28,16 +29,25 @@ from pytest_gap.errors import GapError
 
 OPENPI_DIR_VAR = "GAP_OPENPI_DIR"
 PREFLIGHT_TIMEOUT_S = 5.0
+# The openpi training configs that serve LIBERO (openpi's src/openpi/training/config.py) and
+# publish a checkpoint at gs://openpi-assets/checkpoints/<config>. A preset names one of these.
+OPENPI_LIBERO_CONFIGS = ("pi05_libero", "pi0_libero", "pi0_fast_libero")
+
+
+def _openpi_serve(config: str) -> str:
+    """openpi's own server script for one config and its published checkpoint."""
+    return (
+        "uv run scripts/serve_policy.py --port {port} policy:checkpoint "
+        f"--policy.config={config} --policy.dir=gs://openpi-assets/checkpoints/{config}"
+    )
+
+
+# Preset name -> command, run in $GAP_OPENPI_DIR. They speak openpi's protocol and take the
+# openpi-libero observation format (the registry entry's defaults).
 PRESETS = {
-    # openpi's own server script; the checkpoint directory is openpi's published one.
-    "pi05-libero": (
-        "uv run scripts/serve_policy.py --port {port} policy:checkpoint "
-        "--policy.config=pi05_libero --policy.dir=gs://openpi-assets/checkpoints/pi05_libero"
-    ),
-    "molmoact-libero": (
-        "uv run scripts/serve_policy.py --port {port} policy:checkpoint "
-        "--policy.config=molmoact_libero --policy.dir=checkpoints/molmoact_libero"
-    ),
+    "pi05-libero": _openpi_serve("pi05_libero"),
+    "pi0-libero": _openpi_serve("pi0_libero"),
+    "pi0-fast-libero": _openpi_serve("pi0_fast_libero"),
 }
 
 

@@ -26,7 +26,8 @@ def needed(config: BenchmarkConfig, cells: list[Cell]) -> dict[str, PolicyEntry]
 
 
 def endpoints_for(config: BenchmarkConfig) -> dict[str, dict]:
-    """Policy id -> {url, protocol, privileged} for one config, in this process."""
+    """Policy id -> {url, protocol, obs_format, privileged} for one config, in this process;
+    obs_format is the entry's resolved format name (PolicyEntry.resolved_obs_format)."""
     published = json.loads(os.environ.get(URLS_VAR) or "{}").get(str(config.source), {})
     endpoints = {}
     for pid, entry in config.policies.items():
@@ -35,6 +36,7 @@ def endpoints_for(config: BenchmarkConfig) -> dict[str, dict]:
             endpoints[pid] = {
                 "url": url,
                 "protocol": entry.protocol,
+                "obs_format": entry.resolved_obs_format,
                 "privileged": entry.privileged_state,
             }
     return endpoints

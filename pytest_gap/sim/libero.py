@@ -2,7 +2,9 @@
 
 Protocol (LIBERO's own evaluation, as vla-eval and openpi run it):
 - seed s -> init state s mod n_init_states, then NumPy's global RNG seeded with that index
-  before the reset, because LIBERO samples fixture placement from it;
+  before the reset, because LIBERO samples fixture placement from it (openpi and vla-eval seed
+  once per env and hard-reset, so their fixture jitter for an init state depends on the
+  episodes run before it);
 - 10 settle steps with the no-op action (gripper open) before control; they are not counted;
 - at most `max_steps` control steps (spatial 220, object 280, goal 300, libero_10 520,
   libero_90 400) unless overridden;
@@ -39,6 +41,21 @@ if TYPE_CHECKING:
     from pytest_gap.sim.variations import Perturbation, Variation
 
 SETTLE_STEPS = 10
+SAMPLED_SCENE = "gap_sampled_scene"  # our robosuite observable (see LiberoEnv.__init__)
+# The MjData frames that a camera render (mjv_updateScene) reads.
+RENDERED_FRAMES = (
+    "xpos",
+    "xmat",
+    "geom_xpos",
+    "geom_xmat",
+    "site_xpos",
+    "site_xmat",
+    "cam_xpos",
+    "cam_xmat",
+    "light_xpos",
+    "light_xdir",
+)
+LIBERO_CAMERA_SIZE = 256  # what openpi's and vla-eval's LIBERO clients render at
 NOOP_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
 CONTROL_HZ = 20
 Predicate = tuple[str, ...]
@@ -104,6 +121,21 @@ def quat_xyzw_to_axis_angle(quat: np.ndarray) -> np.ndarray:
     return np.array([x, y, z]) * (2.0 * np.arccos(w) / den)
 
 
+def _scene_observable(raw):
+    """A robosuite observable of the frames a camera render reads, at the control rate: it is
+    sampled at the same substep, from the same (pre-integration) kinematics, as LIBERO's camera
+    and proprio observables. LIBERO scenes have no tendons, flexes or skins to add."""
+    from robosuite.utils.observables import Observable, sensor
+
+    data = raw.sim.data._data
+
+    @sensor(modality="gap")
+    def sampled_scene(obs_cache):
+        return np.concatenate([getattr(data, name).ravel() for name in RENDERED_FRAMES])
+
+    return Observable(name=SAMPLED_SCENE, sensor=sampled_scene, sampling_rate=raw.control_freq)
+
+
 def _quiet():
     """LIBERO and robosuite print progress to stdout; keep it out of test and bench output."""
     return contextlib.redirect_stdout(io.StringIO())
@@ -140,6 +172,14 @@ class LiberoEnv:
         self._episode: EpisodeInfo | None = None
         self._video: VideoWriter | None = None
         self._video_cameras: dict[str, str] = {}
+        # robosuite's observation dict from the last set_init_state / step. robosuite samples
+        # its observables once per control step, one physics substep before the step's end, from
+        # kinematics computed before that substep's integration: what LIBERO hands a policy lags
+        # the sim's final state. An observable of our own, sampled with them, keeps the frames
+        # of that instant so that `libero_obs` renders what LIBERO's cameras rendered.
+        self._robosuite_obs: dict[str, np.ndarray] = {}
+        self._sampled_data = None  # scratch MjData for that scene
+        self.raw.add_observable(_scene_observable(self.raw))
         self._closed = False
 
     # -- episodes ----------------------------------------------------------------------------
@@ -196,13 +236,17 @@ class LiberoEnv:
             np.random.set_state(caller_rng)
         # The gripper's command filter survives a soft reset; a fresh env starts it at zero.
         self.raw.robots[0].gripper.current_action[:] = 0.0
-        self._control.set_init_state(state)
+        self._robosuite_obs = self._control.set_init_state(state)
         perturbation = variation.perturbation(self.task, seed, self.scene) if variation else None
         goal = tuple(tuple(p) for p in self.raw.parsed_problem["goal_state"])
         prompt = self.task.prompt
         self.max_steps = self.options.max_steps or self.suite.max_steps
         if perturbation is not None:
             self._apply(perturbation)
+            # The moved objects, seen if no settle step follows. Not by forcing robosuite's
+            # update: that would shift its sampling substep for this episode.
+            sampled = self.raw._observables[SAMPLED_SCENE]._sensor(None)
+            self._robosuite_obs = {**self._robosuite_obs, SAMPLED_SCENE: sampled}
             goal = perturbation.goal or goal
             prompt = perturbation.prompt or prompt
             if self.options.max_steps is None and perturbation.max_steps:
@@ -211,7 +255,7 @@ class LiberoEnv:
             seed=seed, init_state=index, prompt=prompt, goal=goal, perturbation=perturbation
         )
         for _ in range(self.options.settle_steps):
-            self.raw.step(NOOP_ACTION)
+            self._robosuite_obs = self.raw.step(NOOP_ACTION)[0]
         self._steps = 0
         if video is not None:
             model = self.raw.sim.model._model
@@ -250,7 +294,7 @@ class LiberoEnv:
                 f"{self.task.suite} task {self.task.task_id} seed {episode.seed}: step limit "
                 f"{self.max_steps} reached; reset() to start the next episode"
             )
-        self.raw.step(act)
+        self._robosuite_obs = self.raw.step(act)[0]
         self._steps += 1
         obs = self._observe_and_record()
         success = self.success()
@@ -296,6 +340,36 @@ class LiberoEnv:
             state=self.state(),
             prompt=self.episode.prompt,
         )
+
+    def libero_obs(self, size: int = LIBERO_CAMERA_SIZE) -> dict[str, np.ndarray]:
+        """This state as LIBERO's OffScreenRenderEnv (camera_heights = camera_widths = `size`)
+        hands it to an evaluation client: `agentview_image` and `robot0_eye_in_hand_image` as
+        robosuite stores them (upside down, 4x MSAA), and robosuite's proprio observables
+        `robot0_eef_pos`, `robot0_eef_quat` (xyzw) and `robot0_gripper_qpos`.
+
+        The policy observation formats (policies/formats.py) apply their clients' recipes to
+        this dict; tests/test_formats.py checks it against OffScreenRenderEnv itself."""
+        _ = self.episode  # raises unless an episode is running
+        import mujoco
+
+        model = self.raw.sim.model._model
+        if self._sampled_data is None:
+            self._sampled_data = mujoco.MjData(model)
+        data, at = self._sampled_data, 0
+        sampled = self._robosuite_obs[SAMPLED_SCENE]
+        for name in RENDERED_FRAMES:
+            frame = getattr(data, name)
+            frame.flat[:] = sampled[at : at + frame.size]
+            at += frame.size
+        out = {
+            f"{key}_image": self.scene.renderer.rgb(
+                resolve_camera(model, camera), size, size, multisample=True, data=data
+            )[::-1]
+            for key, camera in (("agentview", "agentview"), ("robot0_eye_in_hand", "wrist"))
+        }
+        for key in ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos"):
+            out[key] = np.array(self._robosuite_obs[key], dtype=np.float64)
+        return out
 
     def _observe_and_record(self) -> Observation:
         obs = self.observe()

@@ -15,6 +15,8 @@ import numpy as np
 from pytest_gap.errors import RenderBackendError, SimInputError
 from pytest_gap.sim.gl import render_backend_error, render_unavailable_reason
 
+# What robosuite's offscreen renderer uses (MJCF's default vis.quality.offsamples).
+MSAA_SAMPLES = 4
 # User-facing camera names -> MuJoCo camera names in LIBERO scenes.
 CAMERA_ALIASES = {"agentview": "agentview", "front": "agentview", "wrist": "robot0_eye_in_hand"}
 
@@ -74,15 +76,19 @@ class SceneRenderer:
         self._data = data
         self._geom_labels = geom_labels  # geom id -> label index
         self._labels = labels
-        self._renderers: dict[tuple[int, int], object] = {}
+        self._renderers: dict[tuple[int, int, bool], object] = {}
         # As robosuite renders LIBERO: visual meshes (group 1) only, never the collision
         # geometry of group 0, which policies trained on LIBERO images have never seen.
         self._option = mujoco.MjvOption()
         self._option.geomgroup[0] = 0
         self._option.geomgroup[1] = 1
 
-    def _renderer(self, height: int, width: int):
-        key = (height, width)
+    def _renderer(self, height: int, width: int, multisample: bool | None = None):
+        """One GL renderer per (size, MSAA); `multisample` None follows the model's setting."""
+        quality = self._model.vis.quality
+        if multisample is None:
+            multisample = quality.offsamples > 0
+        key = (height, width, multisample)
         if key not in self._renderers:
             reason = render_unavailable_reason()
             if reason:
@@ -91,15 +97,32 @@ class SceneRenderer:
 
             vis = self._model.vis.global_
             vis.offwidth, vis.offheight = max(vis.offwidth, width), max(vis.offheight, height)
+            # The GL context reads the sample count once, when it is made: set it for this one.
+            saved, quality.offsamples = quality.offsamples, MSAA_SAMPLES if multisample else 0
             try:
                 self._renderers[key] = mujoco.Renderer(self._model, height, width)
             except Exception as exc:  # context creation failures come as several types
                 raise render_backend_error(exc) from exc
+            finally:
+                quality.offsamples = saved
         return self._renderers[key]
 
-    def rgb(self, camera: str, height: int, width: int) -> np.ndarray:
-        renderer = self._renderer(height, width)
-        renderer.update_scene(self._data, camera=camera, scene_option=self._option)
+    def rgb(
+        self,
+        camera: str,
+        height: int,
+        width: int,
+        *,
+        multisample: bool | None = None,
+        data=None,
+    ) -> np.ndarray:
+        """Upright RGB; `multisample` True renders with robosuite's 4x MSAA whatever the env's
+        own setting (None: the env's setting); `data` renders another MjData of the same model
+        (its kinematics computed) instead of the live one."""
+        renderer = self._renderer(height, width, multisample)
+        renderer.update_scene(
+            self._data if data is None else data, camera=camera, scene_option=self._option
+        )
         return renderer.render()
 
     def frame(

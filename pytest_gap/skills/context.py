@@ -27,7 +27,8 @@ class SkillContext:
     keep_images: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)  # scratch state of one run
-    # policy id -> {"url": ws url, "protocol": "openpi" | "vla-eval", "privileged": bool}
+    # policy id -> {"url": ws url, "protocol": "openpi" | "vla-eval", "obs_format": a name in
+    # policies/formats.py (default: the protocol's), "privileged": bool}
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)
     _clients: dict[str, Any] = field(default_factory=dict)
     _frames: dict[tuple[str, int, int, int], CameraFrame] = field(default_factory=dict)

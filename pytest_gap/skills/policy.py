@@ -8,9 +8,11 @@ chunk (action chunking), then asks again. The run ends when
   (status `gripper_cycle`);
 - the policy says it is done (`"done": true` in a reply; status `completed`);
 - `max_windows` windows were used (status `max_windows`).
-Observation sent (the harness convention): `images` {agentview, wrist} upright HWC uint8,
-`state` 8-D (eef xyz, axis-angle, finger qpos 2), `prompt`. A reply must carry `actions`, an
-(H, 7) array of OSC_POSE deltas with gripper -1 open / +1 closed.
+What is sent and how a reply becomes actions is the endpoint's `obs_format`
+(policies/formats.py): openpi-libero, vla-eval-libero or the native gap. A window is
+`replan_every` actions: one request to a server that answers chunks, several to one that answers
+single actions (vla-eval). Actions are OSC_POSE deltas with gripper -1 open / +1 closed; a reply
+the format cannot use fails the skill (a policy failure).
 A server that cannot be reached, fails, closes or answers late raises PolicyTransportError, an
 infrastructure failure: the trial is not scored as a policy failure.
 """
@@ -22,13 +24,13 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
+from pytest_gap.policies.formats import ReplyError, obs_format
 from pytest_gap.skills import library
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.registry import SkillFailure, skill
 
 CLOSE_THRESHOLD = 0.0  # a gripper command above this closes, below opens
 NOOP_OPEN = np.array([0, 0, 0, 0, 0, 0, -1.0])
-POLICY_CAMERAS = ("agentview", "wrist")
 
 
 class PolicyRun(BaseModel):
@@ -59,16 +61,6 @@ def privileged_state(ctx: SkillContext) -> dict:
     }
 
 
-def _actions(reply: dict, policy: str) -> np.ndarray:
-    actions = np.asarray(reply.get("actions") if isinstance(reply, dict) else None)
-    if actions.dtype == object or actions.ndim != 2 or actions.shape[1] != 7 or not len(actions):
-        raise SkillFailure(
-            f"policy {policy} replied without an (H, 7) `actions` array "
-            f"(got {getattr(actions, 'shape', None)})"
-        )
-    return actions.astype(np.float64)
-
-
 @skill
 def run_policy(
     ctx: SkillContext,
@@ -80,26 +72,36 @@ def run_policy(
 ) -> PolicyRun:
     """Let a learned policy act: observations in, action chunks out, until a gripper cycle."""
     client = ctx.policy(policy)
-    privileged = ctx.policies.get(policy, {}).get("privileged", False)
+    endpoint = ctx.policies.get(policy, {})
+    fmt = obs_format(endpoint)
+    privileged = endpoint.get("privileged", False)
+    server = getattr(client, "metadata", None) or {}
     closed = False
     steps0 = ctx.steps
     for window in range(1, max_windows + 1):
-        obs = ctx.env.observe(POLICY_CAMERAS).as_dict()
-        if prompt:
-            obs["prompt"] = prompt
-        if privileged:
-            obs["privileged"] = privileged_state(ctx)
-        reply = client.infer(obs)
-        for action in _actions(reply, policy)[:replan_every]:
-            ctx.act(action)
-            if action[6] > CLOSE_THRESHOLD:
-                closed = True
-            elif closed:  # closed on something, now released: the pick-and-place is over
-                for _ in range(settle_steps):
-                    ctx.act(NOOP_OPEN)
-                return PolicyRun(status="gripper_cycle", windows=window, steps=ctx.steps - steps0)
-        if isinstance(reply, dict) and reply.get("done") is True:
-            return PolicyRun(status="completed", windows=window, steps=ctx.steps - steps0)
+        pending = replan_every  # a window is replan_every actions, in one reply or several
+        while pending > 0:
+            obs = fmt.observation(ctx.env, prompt, server)
+            if privileged:
+                obs["privileged"] = privileged_state(ctx)
+            reply = client.infer(obs)
+            try:
+                chunk = fmt.actions(reply, replan_every)[:pending]
+            except ReplyError as exc:
+                raise SkillFailure(f"policy {policy} ({fmt.name}) {exc}") from None
+            for action in chunk:
+                ctx.act(action)
+                if action[6] > CLOSE_THRESHOLD:
+                    closed = True
+                elif closed:  # closed on something, now released: the pick-and-place is over
+                    for _ in range(settle_steps):
+                        ctx.act(NOOP_OPEN)
+                    return PolicyRun(
+                        status="gripper_cycle", windows=window, steps=ctx.steps - steps0
+                    )
+            pending -= len(chunk)
+            if isinstance(reply, dict) and reply.get("done") is True:
+                return PolicyRun(status="completed", windows=window, steps=ctx.steps - steps0)
     return PolicyRun(status="max_windows", windows=max_windows, steps=ctx.steps - steps0)
 
 
