@@ -86,6 +86,17 @@ def test_generation_end_to_end_with_cache_and_clean_traces(tmp_path):
         assert KEY not in path.read_text()
 
 
+def test_another_endpoint_misses_the_cache(tmp_path):
+    """Two servers may serve different models under one name: their answers are not shared."""
+    messages = [{"role": "user", "content": "same prompt"}]
+    with ChatDouble() as first, ChatDouble(lambda request: "from the second server") as second:
+        assert not _client(first, tmp_path).complete(messages)[1]
+        assert _client(first, tmp_path).complete(messages)[1]  # same endpoint: a hit
+        text, cached = _client(second, tmp_path).complete(messages)
+        assert (text, cached) == ("from the second server", False)
+        assert len(first.requests) == 1 and len(second.requests) == 1
+
+
 def test_rate_limits_and_server_errors_are_retried_then_reported(tmp_path):
     with ChatDouble() as double:
         double.script = [{"status": 429}, {"status": 503}]

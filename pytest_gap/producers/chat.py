@@ -3,8 +3,9 @@
 - Providers: openrouter (default), openai, vertex (its OpenAI-compatible endpoint), or any
   `endpoint` (vLLM, ollama, a proxy). The key comes from `llm.api_key` or the provider's
   environment variable; it is never written anywhere.
-- Every response is cached on disk, keyed by SHA-256 of (provider, model, temperature,
-  max_tokens, messages): re-scoring a run never pays twice for the same prompt.
+- Every response is cached on disk, keyed by SHA-256 of (provider, endpoint, model,
+  temperature, max_tokens, messages): re-scoring a run never pays twice for the same prompt,
+  and two servers that serve a model under the same name never share answers.
 - 429, 5xx, timeouts and dropped connections are retried with exponential backoff and jitter
   (a Retry-After header is honoured); when retries run out the LLM is *unavailable*, an
   infrastructure failure.
@@ -100,6 +101,7 @@ def cache_key(
 ) -> str:
     request = {
         "provider": settings.provider,
+        "endpoint": settings.base_url,
         "model": settings.model,
         "temperature": settings.temperature,
         "max_tokens": settings.max_tokens,
