@@ -20,7 +20,7 @@ from pytest_gap.producers.chat import (
 )
 from pytest_gap.producers.llm import extract_json, generate_workflow
 from pytest_gap.workflow.templates import task_placeholders
-from tests.llm_double import PICK_PLACE, ChatDouble
+from tests.llm_double import OPENROUTER_NO_MODEL, PICK_PLACE, ChatDouble
 
 KEY = "sk-test-SECRET-4242"
 PROMPT = "pick up the alphabet soup and place it in the basket"
@@ -28,10 +28,9 @@ GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
 
 
 def _settings(double: ChatDouble, tmp_path: Path, **llm):
-    config = LLMConfig(
-        model="test-model", endpoint=double.url, api_key=KEY, cache_dir=tmp_path / "cache", **llm
-    )
-    settings = resolve_settings(config)
+    fields = {"model": "test-model", "endpoint": double.url, "api_key": KEY}
+    config = LLMConfig(**(fields | {"cache_dir": tmp_path / "cache"} | llm))
+    settings = resolve_settings(config, "grid.yaml")
     return settings.model_copy(update={"timeout_s": 2.0, "max_retries": 3})
 
 
@@ -95,6 +94,72 @@ def test_another_endpoint_misses_the_cache(tmp_path):
         text, cached = _client(second, tmp_path).complete(messages)
         assert (text, cached) == ("from the second server", False)
         assert len(first.requests) == 1 and len(second.requests) == 1
+
+
+def test_preflight_passes_a_good_key_and_model_with_one_uncached_token(tmp_path):
+    with ChatDouble(key=KEY, models={"test-model"}) as double:
+        _client(double, tmp_path).check()
+        (sent,) = double.requests
+        assert sent["body"]["max_tokens"] == 1 and sent["body"]["model"] == "test-model"
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").glob("*.json"))
+
+
+def test_preflight_names_provider_model_and_the_setting_to_fix(tmp_path, monkeypatch):
+    def refusal(double, **llm) -> str:
+        client = ChatClient(_settings(double, tmp_path, **llm), sleep=lambda s: None)
+        with pytest.raises(LLMConfigError) as caught:
+            client.check()
+        message = str(caught.value)
+        assert "\n" not in message and "sk-wrong" not in message
+        where = f"grid.yaml: llm provider openai-compatible at {client.settings.base_url}"
+        assert message.startswith(where)
+        return message.removeprefix(where)
+
+    with ChatDouble(key=KEY, models={"test-model"}) as double:
+        assert refusal(double, api_key="sk-wrong") == (
+            " refused the API key for model 'test-model' (401: Incorrect API key provided); "
+            "fix llm.api_key"
+        )
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-wrong")
+        assert refusal(double, api_key=None).endswith("; fix OPENAI_API_KEY (or llm.api_key)")
+        monkeypatch.delenv("OPENAI_API_KEY")
+        assert "fix OPENAI_API_KEY or llm.api_key (the endpoint wants a key)" in refusal(
+            double, api_key=None
+        )
+        assert refusal(double, model="nope") == (
+            " has no model 'nope' (404: The model `nope` does not exist.); fix llm.model"
+        )
+        wrong_path = refusal(double, endpoint=double.url.removesuffix("/v1"))
+        assert (
+            "answered 404 for chat/completions" in wrong_path and "fix llm.endpoint" in wrong_path
+        )
+        with pytest.raises(LLMConfigError, match="has no model 'nope'"):  # in a trial, too
+            _client(double, tmp_path, model="nope").complete([{"role": "user", "content": "x"}])
+    with ChatDouble(
+        key=KEY, models={"openai/gpt-4.1"}, unknown_model=OPENROUTER_NO_MODEL
+    ) as double:
+        assert refusal(double, model="openai/gpt-4.2") == (
+            " has no model 'openai/gpt-4.2' (400: openai/gpt-4.2 is not a valid model ID); "
+            "fix llm.model"
+        )
+    with ChatDouble(refuse=(403, "This key may not use this model")) as double:
+        assert refusal(double) == (
+            " does not allow this key to use model 'test-model' (403: This key may not use this "
+            "model); fix llm.api_key or llm.model"
+        )
+
+
+def test_preflight_leaves_service_trouble_to_infra_and_odd_parameters_alone(tmp_path):
+    with ChatDouble(refuse=(400, "Unsupported parameter: 'max_tokens'")) as double:
+        _client(double, tmp_path).check()  # the key and the model were accepted
+    with ChatDouble(refuse=(503, "overloaded")) as double:
+        with pytest.raises(LLMUnavailable, match="failed 4 times; last: InternalServerError"):
+            _client(double, tmp_path).check()
+        url = double.url
+    with pytest.raises(LLMUnavailable, match="APIConnectionError"):  # nothing listens any more
+        ChatClient(
+            _settings(double, tmp_path).model_copy(update={"base_url": url, "max_retries": 0})
+        ).check()
 
 
 def test_rate_limits_and_server_errors_are_retried_then_reported(tmp_path):
