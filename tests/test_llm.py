@@ -281,7 +281,9 @@ def test_llm_generation_mode_generates_once_per_task_and_runs_on_libero(pytester
         result = pytester.runpytest_subprocess("grid.yaml", "-n", "2", timeout=300)
         out = result.stdout.str()
         assert result.ret == 0, out
-        assert len(double.requests) == 2  # one coordinator + one writer call for the task
+        probe, *calls = double.requests  # the preflight's token, then the generation
+        assert probe["body"]["max_tokens"] == 1
+        assert len(calls) == 2  # one coordinator + one writer call for the task
     assert "gate PASS: success_rate=1.000 threshold=1.000" in out
     (task_dir,) = (pytester.path / "runs").glob("*/llm_generation/libero/object/task_00")
     produced = json.loads((task_dir / "workflow/produced.json").read_text())
@@ -319,3 +321,67 @@ def test_gap_benchmark_fails_fast_without_a_model(tmp_path, monkeypatch):
     assert out.returncode == 2
     assert "llm.model is not set" in out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def _llm_grid(path: Path, llm: dict) -> None:
+    import yaml
+
+    grid = {
+        "families": ["libero"],
+        "variations": ["object"],
+        "modes": ["llm_generation"],
+        "task_ids": [0],
+        "n_seeds": 1,
+        "output_dir": "runs",
+    }
+    path.write_text(yaml.safe_dump({"llm": {"cache_dir": "cache", **llm}, "benchmark": grid}))
+
+
+def test_a_refused_key_or_unknown_model_stops_the_session_before_any_trial(pytester, monkeypatch):
+    """A config error: pytest exits 4 and `gap benchmark` 2, with one line saying what to fix."""
+    with ChatDouble(key=KEY, models={"test-model"}) as double:
+        _llm_grid(pytester.path / "grid.yaml", {"model": "test-model", "endpoint": double.url})
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-wrong")
+        session = pytester.runpytest_subprocess("grid.yaml", "-n", "2", timeout=120)
+        assert session.ret == 4
+        assert (
+            "refused the API key for model 'test-model' (401: Incorrect API key provided); "
+            "fix OPENAI_API_KEY (or llm.api_key)" in session.stderr.str()
+        )
+        assert not (pytester.path / "runs").exists()
+
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        _llm_grid(pytester.path / "grid.yaml", {"model": "test-modle", "endpoint": double.url})
+        cli = subprocess.run(
+            [GAP, "benchmark", "grid.yaml", "--gate"],
+            cwd=pytester.path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert cli.returncode == 2, cli.stdout + cli.stderr
+        assert cli.stderr == (
+            f"gap: error: {pytester.path / 'grid.yaml'}: llm provider openai-compatible at "
+            f"{double.url} has no model 'test-modle' (404: The model `test-modle` does not "
+            "exist.); fix llm.model\n"
+        )
+        assert not (pytester.path / "runs").exists()
+        assert all(r["body"]["max_tokens"] == 1 for r in double.requests)  # preflights only
+
+
+def test_an_llm_that_is_down_errors_only_the_cells_that_need_it(tmp_path):
+    from pytest_gap.config import load_config
+    from pytest_gap.plan import plan
+    from pytest_gap.preflight import check_llms
+
+    with ChatDouble(refuse=(503, "overloaded")) as double:
+        _llm_grid(tmp_path / "grid.yaml", {"model": "m", "endpoint": double.url})
+    config = load_config(tmp_path / "grid.yaml")
+    cells = plan(config)
+    down = check_llms([(tmp_path / "grid.yaml", config, cells, tmp_path)], max_retries=0)
+    why = down[str(tmp_path / "grid.yaml")]["llm"]
+    assert why.startswith("the LLM did not answer the preflight request: ")
+    (cell,) = [c.unavailable(down[str(tmp_path / "grid.yaml")]) for c in cells]
+    assert cell.error == why and cell.infra_error and not cell.needs_llm
+    templated = cell.model_copy(update={"workflow_dir": tmp_path, "error": None})
+    assert templated.unavailable({"llm": why}) == templated  # templates need no LLM
