@@ -23,6 +23,7 @@ from pathlib import Path
 from pytest_gap.config import BenchmarkConfig
 from pytest_gap.errors import GapError, InfraFailure
 from pytest_gap.plan import Cell
+from pytest_gap.redaction import redact_text
 
 UNAVAILABLE_VAR = "GAP_UNAVAILABLE"
 # (config file, config, cells that will run, policy server log dir)
@@ -51,7 +52,7 @@ def check_llms(configs: list[Planned], **settings_update) -> dict:
                 ChatClient(settings).check()
                 checked[key] = None
             except InfraFailure as exc:
-                checked[key] = f"the LLM did not answer the preflight request: {exc}"
+                checked[key] = redact_text(f"the LLM did not answer the preflight request: {exc}")
         if checked[key]:
             down.setdefault(str(path), {})["llm"] = checked[key]
     return down
@@ -75,7 +76,7 @@ def start_policies(configs: list[Planned]):
     except PolicyConfigError:
         raise
     except GapError as exc:  # one failure stops every server of the session
-        why = f"the policy servers were not started: {exc}"
+        why = redact_text(f"the policy servers were not started: {exc}")  # url passwords
         return policies, {str(path): {"policies": why} for path, *_ in users}
     return policies, {}
 
