@@ -31,6 +31,7 @@ from pytest_gap.config import (
 )
 from pytest_gap.errors import GapError
 from pytest_gap.plan import llm_problem, plan
+from pytest_gap.preflight import check_config
 from pytest_gap.report import CellSummary
 
 __all__ = [
@@ -49,6 +50,11 @@ BenchmarkModeOverride = ModeOverride
 
 class BenchmarkRunError(GapError, RuntimeError):
     """The pytest session ended without a summary (it crashed or was interrupted)."""
+
+
+class BenchmarkConfigError(GapError, ValueError):
+    """The pytest session stopped before any trial on a config problem (its preflight found
+    a key the LLM provider refuses, an unknown model, a policy command that does not exist)."""
 
 
 class BenchmarkSummary(BaseModel):
@@ -133,6 +139,7 @@ async def run_benchmark(
             problem = llm_problem(loaded)
             if problem:  # fail fast: every llm_generation cell would error on it
                 raise ConfigError(str(path), [problem])
+        check_config(path.resolve(), loaded, cells)  # a refused key, a missing program
         report_json = Path(tmp) / "report.json"
         args = pytest_args(
             path,
@@ -150,12 +157,19 @@ async def run_benchmark(
             sys.executable, "-m", "pytest", *args, stdout=quiet_io, stderr=quiet_io
         )
         exit_code = await process.wait()
-        if not report_json.is_file():
+        report = json.loads(report_json.read_text()) if report_json.is_file() else None
+        if report is not None and report.get("error"):
+            raise BenchmarkConfigError(report["error"])
+        if exit_code == 4:  # pytest's usage error, from an option or a plugin
+            raise BenchmarkConfigError(
+                f"{path}: the pytest session stopped on a usage error (exit status 4); its "
+                "message is above"
+            )
+        if report is None:
             raise BenchmarkRunError(
                 f"{path}: the pytest session ended with exit status {exit_code} and scored "
                 "nothing; run it with -v to see why"
             )
-        report = json.loads(report_json.read_text())
     entry = report["configs"][0]
     run_dir = Path(entry["run_dir"])
     summary = json.loads((run_dir / "summary.json").read_text())

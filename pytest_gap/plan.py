@@ -42,7 +42,23 @@ class Cell(BaseModel):
     task_prompts: dict[int, str] = {}
     objects: dict[str, str] = {}
     error: str | None = None
+    infra_error: bool = False  # `error` is a service found down before any trial, not config
     privileged: bool = False  # its policy reads ground truth (privileged_state: true)
+
+    @property
+    def needs_llm(self) -> bool:
+        """Its trials have the LLM write their workflow (no workflow_dir, nothing wrong)."""
+        return self.workflow_dir is None and self.error is None
+
+    def unavailable(self, services: dict[str, str]) -> Cell:
+        """This cell, errored as an infrastructure failure if a service it needs is down.
+
+        `services` ({"llm": why, "policies": why}) comes from the controller's preflight.
+        """
+        why = (self.needs_llm and services.get("llm")) or (
+            self.policy_id and self.error is None and services.get("policies")
+        )
+        return self.model_copy(update={"error": why, "infra_error": True}) if why else self
 
     @property
     def row(self) -> str:

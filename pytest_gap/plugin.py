@@ -48,6 +48,16 @@ class LoadedConfig:
         self.trials = {t.id: t for cell in self.all_cells for t in cell.trials()}
         output_dir = session.output_dir or self.config.output_dir
         self.run_dir = resolve_run_dir(output_dir, session.stamp, session.reuse_latest)
+        from pytest_gap.preflight import unavailable
+
+        self.mark_unavailable(unavailable(path))
+
+    def mark_unavailable(self, services: dict[str, str]) -> None:
+        """Error the cells that need a service the controller's preflight found down."""
+        if services:
+            self.all_cells = [cell.unavailable(services) for cell in self.all_cells]
+            self.cells = [cell.unavailable(services) for cell in self.cells]
+            self.trials = {t.id: t for cell in self.all_cells for t in cell.trials()}
 
 
 class GapSession:
@@ -355,29 +365,39 @@ def _is_trial_nodeid(nodeid: str) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """On the controller, before xdist starts workers: probe and start policy servers."""
+    """On the controller, before xdist starts workers: preflight the LLM, start policy servers.
+
+    A config problem stops the session (usage error); a service that is down errors the cells
+    that need it (pytest_gap/preflight.py).
+    """
     gap = session.config.stash[SESSION]
     if gap.is_worker:
         return
     session.config.pluginmanager.register(_Controller(gap), "gap-controller")
     if session.config.option.collectonly:
         return
-    configs = []
+    loaded = {}
     for path in _session_config_paths(session.config):
         try:
-            loaded = gap.load(path)
+            loaded[str(path)] = gap.load(path)
         except GapError:
             continue  # collection reports it, with every other problem of the file
-        configs.append((loaded.config, loaded.cells, loaded.run_dir / "policy_logs"))
-    if not any(cell.policy_id for _, cells, _ in configs for cell in cells):
-        return
-    from pytest_gap.policies.registry import SessionPolicies
+    from pytest_gap.preflight import check_llms, publish, start_policies
 
-    gap.policies = SessionPolicies()
+    configs = [(c.path, c.config, c.cells, c.run_dir / "policy_logs") for c in loaded.values()]
     try:
-        gap.policies.start(configs)
+        down = check_llms(configs)
+        gap.policies, policies_down = start_policies(configs)
     except GapError as exc:
-        pytest.exit(f"gap: {exc}", returncode=pytest.ExitCode.INTERRUPTED)
+        report_path = session.config.getoption("gap_report_json")
+        if report_path:  # `gap benchmark` reads the one line from here
+            write_json(Path(report_path), {"passed": False, "error": str(exc), "configs": []})
+        pytest.exit(f"gap: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+    for path, services in policies_down.items():
+        down[path] = {**down.get(path, {}), **services}
+    for path, services in down.items():
+        loaded[path].mark_unavailable(services)
+    publish(down)
 
 
 def _session_config_paths(config: pytest.Config) -> list[Path]:

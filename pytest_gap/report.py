@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from pytest_gap.plan import Cell
+from pytest_gap.redaction import redact_argv, redact_tree
 from pytest_gap.results import TrialResult, now_iso, write_json
 
 DONE_FLAG = "aaa_done_flag.txt"
@@ -257,7 +258,7 @@ def write_run_outputs(
     write_json(
         run_dir / SUMMARY_JSON,
         {
-            "grid": grid,
+            "grid": redact_tree(grid),  # a policy url's password, a token in a command
             "cells": [s.model_dump(mode="json") for s in summaries],
             "matrix": matrix,
             "gate": gate.model_dump(mode="json"),
@@ -288,7 +289,11 @@ def _flag(path: Path, planned: int, recorded: int) -> None:
 
 
 def write_manifest(run_dir: Path, config_path: Path, session: dict) -> None:
-    """Append this session to run_manifest.json: who ran what, where, with which options."""
+    """Append this session to run_manifest.json: who ran what, where, with which options.
+
+    The command line is recorded with secret values masked (`--api-key ***`, `TOKEN=***`,
+    `Authorization: Bearer ***`, `ws://user:***@host`): a run dir is shared, keys are not.
+    """
     import json
     import socket
     import sys
@@ -302,6 +307,13 @@ def write_manifest(run_dir: Path, config_path: Path, session: dict) -> None:
         manifest = {"config": str(config_path), "created_at": now_iso(), "sessions": []}
     manifest["pytest_gap_version"] = __version__
     manifest["sessions"].append(
-        {"finished_at": now_iso(), "host": socket.gethostname(), "argv": sys.argv[1:], **session}
+        redact_tree(
+            {
+                "finished_at": now_iso(),
+                "host": socket.gethostname(),
+                "argv": redact_argv(sys.argv[1:]),
+                **session,
+            }
+        )
     )
     write_json(path, manifest)

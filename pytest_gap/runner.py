@@ -102,7 +102,9 @@ class TrialRun:
         )
         cell = self.trial.cell
         if cell.error:
-            return self._finish(exit_code=EXIT_ERROR, error=cell.error)
+            return self._finish(
+                exit_code=EXIT_ERROR, error=cell.error, infra_failure=cell.infra_error
+            )
         try:
             fields = self._run()
         except InfraFailure as exc:  # an LLM endpoint or policy server that kept failing

@@ -1,9 +1,12 @@
 """A local OpenAI-compatible chat server for tests: the LLM provider that cannot exist here.
 
-It speaks POST /v1/chat/completions (non-streaming). Scripted faults are served first, in
-order (a status code with a body, a delay, a raw answer); after them every request gets
-`answer(request)`. Every request is recorded, headers included, so tests can assert what the
-harness sent and how often.
+It speaks POST /v1/chat/completions (non-streaming); any other path is a 404, as on a real
+server. Like a provider, it can check the key (`key`: a request with another bearer token gets
+401) and the model (`models`: another model gets `unknown_model`, vLLM's 404 by default, or
+OpenRouter's 400), or refuse every request (`refuse`: e.g. 403). Scripted faults are served
+next, in order (a status code with a body, a delay, a raw answer); after them every request
+gets `answer(request)`. Every request is recorded, headers included, so tests can assert what
+the harness sent and how often.
 """
 
 from __future__ import annotations
@@ -25,9 +28,23 @@ def reference_answer(request: dict) -> str:
     return json.dumps(STAGES if "You plan robot" in system else PICK_PLACE)
 
 
+VLLM_NO_MODEL = (404, "The model `{model}` does not exist.")
+OPENROUTER_NO_MODEL = (400, "{model} is not a valid model ID")
+
+
 class ChatDouble:
-    def __init__(self, answer=reference_answer):
+    def __init__(
+        self,
+        answer=reference_answer,
+        *,
+        key: str | None = None,
+        models: set[str] | None = None,
+        unknown_model: tuple[int, str] = VLLM_NO_MODEL,
+        refuse: tuple[int, str] | None = None,
+    ):
         self.answer = answer
+        self.key, self.models, self.unknown_model = key, models, unknown_model
+        self.refuse = refuse
         self.script: list[dict] = []  # {"status": 429, "body": ..., "delay": s, "content": ...}
         self.requests: list[dict] = []
         self._lock = threading.Lock()
@@ -44,7 +61,12 @@ class ChatDouble:
                     double.requests.append(
                         {"path": self.path, "headers": dict(self.headers), "body": body}
                     )
-                    step = double.script.pop(0) if double.script else {}
+                    refusal = double._refusal(self.path, self.headers, body)
+                    step = {} if refusal else (double.script.pop(0) if double.script else {})
+                if refusal:
+                    status, message = refusal
+                    self._send(status, {"error": {"message": message, "code": status}})
+                    return
                 time.sleep(step.get("delay", 0))
                 status = step.get("status", 200)
                 if status != 200:
@@ -85,6 +107,16 @@ class ChatDouble:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _refusal(self, path: str, headers, body: dict) -> tuple[int, str] | None:
+        if path != "/v1/chat/completions":
+            return 404, "Not Found"
+        if self.key is not None and headers.get("authorization") != f"Bearer {self.key}":
+            return 401, "Incorrect API key provided"
+        if self.models is not None and body.get("model") not in self.models:
+            status, message = self.unknown_model
+            return status, message.format(model=body.get("model"))
+        return self.refuse
 
     def __enter__(self) -> ChatDouble:
         self._thread.start()

@@ -77,3 +77,37 @@ def test_a_broken_user_backend_names_the_variable_and_the_fix():
     assert out["error"].startswith("MUJOCO_GL=glx: could not create an OpenGL context")
     assert "\n" not in out["error"]
     assert "unset MUJOCO_GL" in out["error"]
+
+
+pytest_plugins = ["pytester"]
+
+GIVE_UP = {
+    "version": 1,
+    "name": "give_up",
+    "start": "failed",
+    "nodes": {"failed": {"type": "end", "status": "failure"}},
+}
+
+
+def test_robosuite_macro_advice_stays_out_of_trial_reports(pytester):
+    """robosuite says "No private macro file found!" at its first import in every process:
+    under xdist it landed in the first failed trial of each worker (stderr, log, warnings)."""
+    import yaml
+
+    (pytester.path / "give_up").mkdir()
+    (pytester.path / "give_up/workflow.json").write_text(json.dumps(GIVE_UP))
+    grid = {
+        "families": ["libero"],
+        "variations": ["object"],
+        "modes": ["workflow"],
+        "task_ids": [0, 1],
+        "n_seeds": 1,
+        "output_dir": "runs",
+        "mode_overrides": {"workflow": {"workflow_dir": str(pytester.path / "give_up")}},
+    }
+    (pytester.path / "grid.yaml").write_text(yaml.safe_dump({"benchmark": grid}))
+    result = pytester.runpytest_subprocess("grid.yaml", "-n", "2", "-rA", timeout=300)
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == 1 and out.count("task not completed: task") == 2, out
+    assert out.count("No private macro file") <= 1
+    assert "Captured" not in out and "warnings summary" not in out

@@ -20,7 +20,7 @@ from pytest_gap.producers.chat import (
 )
 from pytest_gap.producers.llm import extract_json, generate_workflow
 from pytest_gap.workflow.templates import task_placeholders
-from tests.llm_double import PICK_PLACE, ChatDouble
+from tests.llm_double import OPENROUTER_NO_MODEL, PICK_PLACE, ChatDouble
 
 KEY = "sk-test-SECRET-4242"
 PROMPT = "pick up the alphabet soup and place it in the basket"
@@ -28,10 +28,9 @@ GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
 
 
 def _settings(double: ChatDouble, tmp_path: Path, **llm):
-    config = LLMConfig(
-        model="test-model", endpoint=double.url, api_key=KEY, cache_dir=tmp_path / "cache", **llm
-    )
-    settings = resolve_settings(config)
+    fields = {"model": "test-model", "endpoint": double.url, "api_key": KEY}
+    config = LLMConfig(**(fields | {"cache_dir": tmp_path / "cache"} | llm))
+    settings = resolve_settings(config, "grid.yaml")
     return settings.model_copy(update={"timeout_s": 2.0, "max_retries": 3})
 
 
@@ -84,6 +83,83 @@ def test_generation_end_to_end_with_cache_and_clean_traces(tmp_path):
     assert [p.name for p in traces] == ["01_coordinator.json", "02_writer.json"]
     for path in [*traces, *(tmp_path / "cache").rglob("*.json")]:
         assert KEY not in path.read_text()
+
+
+def test_another_endpoint_misses_the_cache(tmp_path):
+    """Two servers may serve different models under one name: their answers are not shared."""
+    messages = [{"role": "user", "content": "same prompt"}]
+    with ChatDouble() as first, ChatDouble(lambda request: "from the second server") as second:
+        assert not _client(first, tmp_path).complete(messages)[1]
+        assert _client(first, tmp_path).complete(messages)[1]  # same endpoint: a hit
+        text, cached = _client(second, tmp_path).complete(messages)
+        assert (text, cached) == ("from the second server", False)
+        assert len(first.requests) == 1 and len(second.requests) == 1
+
+
+def test_preflight_passes_a_good_key_and_model_with_one_uncached_token(tmp_path):
+    with ChatDouble(key=KEY, models={"test-model"}) as double:
+        _client(double, tmp_path).check()
+        (sent,) = double.requests
+        assert sent["body"]["max_tokens"] == 1 and sent["body"]["model"] == "test-model"
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").glob("*.json"))
+
+
+def test_preflight_names_provider_model_and_the_setting_to_fix(tmp_path, monkeypatch):
+    def refusal(double, **llm) -> str:
+        client = ChatClient(_settings(double, tmp_path, **llm), sleep=lambda s: None)
+        with pytest.raises(LLMConfigError) as caught:
+            client.check()
+        message = str(caught.value)
+        assert "\n" not in message and "sk-wrong" not in message
+        where = f"grid.yaml: llm provider openai-compatible at {client.settings.base_url}"
+        assert message.startswith(where)
+        return message.removeprefix(where)
+
+    with ChatDouble(key=KEY, models={"test-model"}) as double:
+        assert refusal(double, api_key="sk-wrong") == (
+            " refused the API key for model 'test-model' (401: Incorrect API key provided); "
+            "fix llm.api_key"
+        )
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-wrong")
+        assert refusal(double, api_key=None).endswith("; fix OPENAI_API_KEY (or llm.api_key)")
+        monkeypatch.delenv("OPENAI_API_KEY")
+        assert "fix OPENAI_API_KEY or llm.api_key (the endpoint wants a key)" in refusal(
+            double, api_key=None
+        )
+        assert refusal(double, model="nope") == (
+            " has no model 'nope' (404: The model `nope` does not exist.); fix llm.model"
+        )
+        wrong_path = refusal(double, endpoint=double.url.removesuffix("/v1"))
+        assert (
+            "answered 404 for chat/completions" in wrong_path and "fix llm.endpoint" in wrong_path
+        )
+        with pytest.raises(LLMConfigError, match="has no model 'nope'"):  # in a trial, too
+            _client(double, tmp_path, model="nope").complete([{"role": "user", "content": "x"}])
+    with ChatDouble(
+        key=KEY, models={"openai/gpt-4.1"}, unknown_model=OPENROUTER_NO_MODEL
+    ) as double:
+        assert refusal(double, model="openai/gpt-4.2") == (
+            " has no model 'openai/gpt-4.2' (400: openai/gpt-4.2 is not a valid model ID); "
+            "fix llm.model"
+        )
+    with ChatDouble(refuse=(403, "This key may not use this model")) as double:
+        assert refusal(double) == (
+            " does not allow this key to use model 'test-model' (403: This key may not use this "
+            "model); fix llm.api_key or llm.model"
+        )
+
+
+def test_preflight_leaves_service_trouble_to_infra_and_odd_parameters_alone(tmp_path):
+    with ChatDouble(refuse=(400, "Unsupported parameter: 'max_tokens'")) as double:
+        _client(double, tmp_path).check()  # the key and the model were accepted
+    with ChatDouble(refuse=(503, "overloaded")) as double:
+        with pytest.raises(LLMUnavailable, match="failed 4 times; last: InternalServerError"):
+            _client(double, tmp_path).check()
+        url = double.url
+    with pytest.raises(LLMUnavailable, match="APIConnectionError"):  # nothing listens any more
+        ChatClient(
+            _settings(double, tmp_path).model_copy(update={"base_url": url, "max_retries": 0})
+        ).check()
 
 
 def test_rate_limits_and_server_errors_are_retried_then_reported(tmp_path):
@@ -205,7 +281,9 @@ def test_llm_generation_mode_generates_once_per_task_and_runs_on_libero(pytester
         result = pytester.runpytest_subprocess("grid.yaml", "-n", "2", timeout=300)
         out = result.stdout.str()
         assert result.ret == 0, out
-        assert len(double.requests) == 2  # one coordinator + one writer call for the task
+        probe, *calls = double.requests  # the preflight's token, then the generation
+        assert probe["body"]["max_tokens"] == 1
+        assert len(calls) == 2  # one coordinator + one writer call for the task
     assert "gate PASS: success_rate=1.000 threshold=1.000" in out
     (task_dir,) = (pytester.path / "runs").glob("*/llm_generation/libero/object/task_00")
     produced = json.loads((task_dir / "workflow/produced.json").read_text())
@@ -243,3 +321,67 @@ def test_gap_benchmark_fails_fast_without_a_model(tmp_path, monkeypatch):
     assert out.returncode == 2
     assert "llm.model is not set" in out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def _llm_grid(path: Path, llm: dict) -> None:
+    import yaml
+
+    grid = {
+        "families": ["libero"],
+        "variations": ["object"],
+        "modes": ["llm_generation"],
+        "task_ids": [0],
+        "n_seeds": 1,
+        "output_dir": "runs",
+    }
+    path.write_text(yaml.safe_dump({"llm": {"cache_dir": "cache", **llm}, "benchmark": grid}))
+
+
+def test_a_refused_key_or_unknown_model_stops_the_session_before_any_trial(pytester, monkeypatch):
+    """A config error: pytest exits 4 and `gap benchmark` 2, with one line saying what to fix."""
+    with ChatDouble(key=KEY, models={"test-model"}) as double:
+        _llm_grid(pytester.path / "grid.yaml", {"model": "test-model", "endpoint": double.url})
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-wrong")
+        session = pytester.runpytest_subprocess("grid.yaml", "-n", "2", timeout=120)
+        assert session.ret == 4
+        assert (
+            "refused the API key for model 'test-model' (401: Incorrect API key provided); "
+            "fix OPENAI_API_KEY (or llm.api_key)" in session.stderr.str()
+        )
+        assert not (pytester.path / "runs").exists()
+
+        monkeypatch.setenv("OPENAI_API_KEY", KEY)
+        _llm_grid(pytester.path / "grid.yaml", {"model": "test-modle", "endpoint": double.url})
+        cli = subprocess.run(
+            [GAP, "benchmark", "grid.yaml", "--gate"],
+            cwd=pytester.path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert cli.returncode == 2, cli.stdout + cli.stderr
+        assert cli.stderr == (
+            f"gap: error: {pytester.path / 'grid.yaml'}: llm provider openai-compatible at "
+            f"{double.url} has no model 'test-modle' (404: The model `test-modle` does not "
+            "exist.); fix llm.model\n"
+        )
+        assert not (pytester.path / "runs").exists()
+        assert all(r["body"]["max_tokens"] == 1 for r in double.requests)  # preflights only
+
+
+def test_an_llm_that_is_down_errors_only_the_cells_that_need_it(tmp_path):
+    from pytest_gap.config import load_config
+    from pytest_gap.plan import plan
+    from pytest_gap.preflight import check_llms
+
+    with ChatDouble(refuse=(503, "overloaded")) as double:
+        _llm_grid(tmp_path / "grid.yaml", {"model": "m", "endpoint": double.url})
+    config = load_config(tmp_path / "grid.yaml")
+    cells = plan(config)
+    down = check_llms([(tmp_path / "grid.yaml", config, cells, tmp_path)], max_retries=0)
+    why = down[str(tmp_path / "grid.yaml")]["llm"]
+    assert why.startswith("the LLM did not answer the preflight request: ")
+    (cell,) = [c.unavailable(down[str(tmp_path / "grid.yaml")]) for c in cells]
+    assert cell.error == why and cell.infra_error and not cell.needs_llm
+    templated = cell.model_copy(update={"workflow_dir": tmp_path, "error": None})
+    assert templated.unavailable({"llm": why}) == templated  # templates need no LLM

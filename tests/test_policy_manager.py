@@ -17,6 +17,7 @@ from pytest_gap.config import PolicyEntry, PolicyManagerConfig
 from pytest_gap.policies.client import PolicyClient
 from pytest_gap.policies.manager import (
     OPENPI_DIR_VAR,
+    PolicyConfigError,
     PolicyManager,
     PolicyStartError,
     PolicyUnreachable,
@@ -49,6 +50,33 @@ def test_managed_servers_start_answer_and_stop(tmp_path):
     manager.stop_all()
     assert server.process.poll() is not None and not port_open(server.port)
     assert "serving hold" in (tmp_path / "policy_hold.log").read_text()
+
+
+def test_gap_commands_start_without_the_venv_on_path(tmp_path, monkeypatch):
+    """A new user runs `.venv/bin/python -m pytest`: the venv's bin/ (and `gap`) is not on PATH."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert shutil.which("gap") is None
+    manager = PolicyManager(log_dir=tmp_path)
+    entry = PolicyEntry(command="gap policy serve hold --port {port}")
+    try:
+        urls = manager.start_all({"hold": entry})
+        with PolicyClient(urls["hold"]) as client:
+            assert client.metadata == {"policy": "hold"}
+    finally:
+        manager.stop_all()
+
+
+def test_a_program_that_is_not_there_is_a_config_error_and_starts_nothing(tmp_path):
+    manager = PolicyManager(log_dir=tmp_path)
+    entries = {
+        "hold": SERVE_HOLD,
+        "typo": PolicyEntry(command=["serve-polcy", "--port", "{port}"]),
+    }
+    with pytest.raises(PolicyConfigError, match=r"policies\.typo: the program 'serve-polcy' is "):
+        manager.start_all(entries)
+    assert manager.servers == {} and not (tmp_path / "policy_hold.log").exists()
+    with pytest.raises(PolicyConfigError, match=r"'\./serve\.sh' does not exist"):
+        manager.start_all({"rel": PolicyEntry(command="./serve.sh {port}")})
 
 
 def test_one_failing_server_stops_the_others(tmp_path):

@@ -113,13 +113,55 @@ def test_a_server_killed_mid_trial_is_an_infra_failure_not_a_policy_failure(pyte
     assert "llm_plus_policy@dying\tERR" in "\n".join(tsv)
 
 
-def test_an_unreachable_external_policy_stops_the_run_before_any_trial(pytester):
+def test_an_unreachable_external_policy_errors_its_cells_before_any_trial(pytester):
+    """A server that is down is an infrastructure failure: errored cells, gate FAIL, exit 1."""
     _grid(pytester, {"ghost": {"url": "ws://127.0.0.1:9"}}, "policy_only", ["ghost"])
-    result = pytester.runpytest_subprocess("grid.yaml", timeout=60)
-    out = result.stdout.str() + result.stderr.str()
-    assert result.ret == 2
-    assert "preflight: policy ghost at ws://127.0.0.1:9 did not answer" in out
-    assert not (pytester.path / "runs").exists()
+    result = pytester.runpytest_subprocess("grid.yaml", "-n", "2", timeout=120)
+    out = result.stdout.str()
+    assert result.ret == 1, out
+    record = _only_result(pytester)
+    assert record["infra_failure"] and record["steps"] == 0 and record["init_state"] is None
+    assert "preflight: policy ghost at ws://127.0.0.1:9 did not answer" in record["error"]
+    assert "infrastructure failure: task 0 seed 0" in out
+    assert "gate FAIL" in out and "errored cells: policy_only@ghost libero/object" in out
+
+
+def test_gap_benchmark_exits_1_on_a_server_that_dies_at_start_and_2_on_a_missing_program(
+    pytester,
+):
+    import subprocess
+
+    def benchmark() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [GAP, "benchmark", "grid.yaml", "--gate"],
+            cwd=pytester.path,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+
+    crash = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    _grid(pytester, {"crash": {"command": crash}}, "policy_only", ["crash"])
+    infra = benchmark()
+    assert infra.returncode == 1, infra.stdout + infra.stderr
+    assert "gate FAIL: success_rate=0.000 threshold=0.000 (no trial was scored; errored " in (
+        infra.stdout
+    )
+    record = _only_result(pytester)
+    assert record["infra_failure"] and "crash: the server exited with status 3" in record["error"]
+    tsv = next((pytester.path / "runs").rglob("summary.tsv")).read_text()
+    assert "policy_only@crash\tERR" in tsv
+
+    _grid(pytester, {"typo": {"command": ["serve-polcy", "{port}"]}}, "policy_only", ["typo"])
+    config = benchmark()
+    assert config.returncode == 2, config.stdout + config.stderr
+    assert config.stderr == (
+        "gap: error: policies.typo: the program 'serve-polcy' is not on PATH; install it or "
+        "give its full path in policies.typo.command\n"
+    )
+    session = pytester.runpytest_subprocess("grid.yaml", timeout=60)  # the same, under pytest
+    assert session.ret == 4
+    assert "policies.typo: the program 'serve-polcy' is not on PATH" in session.stderr.str()
 
 
 def test_the_scripted_oracle_succeeds_and_is_labelled_privileged(pytester):

@@ -154,3 +154,95 @@ def test_run_outputs_are_rebuilt_from_every_result_in_the_run_dir(tmp_path):
     video = tmp_path / "videos/workflow__libero__object__task00__seed000__pass.mp4"
     assert video.read_bytes() == b"mp4"
     assert video.stat().st_ino == (tmp_path / trials[0].key / "video.mp4").stat().st_ino
+
+
+pytest_plugins = ["pytester"]
+
+# A user's conftest with options of its own, as plugins (an LLM or hub client) add them.
+SECRET_OPTIONS = """
+def pytest_addoption(parser):
+    parser.addoption("--api-key")
+    parser.addoption("--token")
+    parser.addoption("--header", action="append", default=[])
+"""
+
+
+def test_the_manifest_and_summary_mask_keys_given_on_the_command_line(pytester):
+    import yaml
+
+    pytester.makeconftest(SECRET_OPTIONS)
+    give_up = pytester.path / "give_up"
+    give_up.mkdir()
+    (give_up / "workflow.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "name": "give_up",
+                "start": "failed",
+                "nodes": {"failed": {"type": "end", "status": "failure"}},
+            }
+        )
+    )
+    config = {
+        "benchmark": {
+            "families": ["libero"],
+            "variations": ["object"],
+            "modes": ["workflow"],
+            "task_ids": [0],
+            "n_seeds": 1,
+            "output_dir": "runs",
+            "mode_overrides": {"workflow": {"workflow_dir": str(give_up)}},
+        },
+        "policies": {  # registered, not used: echoed in summary.json's grid
+            "remote": {"url": "ws://gap:sk-live-url@127.0.0.1:9"},
+            "local": {"command": "serve --hf-token sk-live-cmd --port {port}"},
+        },
+    }
+    (pytester.path / "grid.yaml").write_text(yaml.safe_dump(config))
+    result = pytester.runpytest_subprocess(
+        "grid.yaml",
+        "--api-key",
+        "sk-live-1",
+        "--token=sk-live-2",
+        "--header",
+        "Authorization: Bearer sk-live-3",
+        "-o",
+        "OPENAI_API_KEY=sk-live-4",
+        "--gap-no-gate",
+        timeout=300,
+    )
+    assert result.ret == 1, result.stdout.str()  # the trial failed; the session wrote its files
+    (run_dir,) = (pytester.path / "runs").iterdir()
+    (session,) = json.loads((run_dir / "run_manifest.json").read_text())["sessions"]
+    assert session["argv"][-9:] == [
+        "grid.yaml",
+        "--api-key",
+        "***",
+        "--token=***",
+        "--header",
+        "Authorization: Bearer ***",
+        "-o",
+        "OPENAI_API_KEY=***",
+        "--gap-no-gate",
+    ]
+    grid = json.loads((run_dir / "summary.json").read_text())["grid"]
+    assert grid["policies"]["remote"]["url"] == "ws://gap:***@127.0.0.1:9"
+    assert grid["policies"]["local"]["command"] == "serve --hf-token *** --port {port}"
+    for path in run_dir.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".tsv", ".txt"):
+            assert "sk-live" not in path.read_text(), path
+
+
+def test_redaction_keeps_names_and_ordinary_arguments():
+    from pytest_gap.redaction import redact_argv, redact_text
+
+    argv = ["-k", "posvar and key", "--keyword", "x", "--gap-output-dir=/tmp/token-runs"]
+    assert redact_argv(argv) == argv
+    assert redact_argv(["--hf-token", "--verbose", "HF_TOKEN=abc", "-H", "Api-Key abc"]) == [
+        "--hf-token",
+        "--verbose",
+        "HF_TOKEN=***",
+        "-H",
+        "Api-Key ***",
+    ]
+    assert redact_text("https://h/v1?api_key=abc&model=m") == "https://h/v1?api_key=***&model=m"

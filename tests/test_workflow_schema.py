@@ -199,3 +199,47 @@ def test_catalogue_is_machine_readable_with_typed_inputs_and_outputs():
     assert "box" in locate["outputs"]["properties"]
     assert entries["move_to"]["inputs"]["properties"]["planner"]["enum"] == ["builtin", "curobo"]
     assert all(e["description"] for e in entries.values())
+
+
+def test_every_bound_a_workflow_sets_has_a_hard_cap():
+    """An LLM-written graph cannot run unbounded, even with the trial watchdog off."""
+
+    def uncapped(data):
+        data["limits"] = {"max_node_executions": 10**9, "max_sim_steps": 10**9}
+        data["nodes"]["find"]["max_visits"] = 10**6
+        data["nodes"]["ok?"]["max_visits"] = 101
+        data["nodes"]["fail"]["recovery"] = [{"skill": "open_gripper"}] * 21
+
+    assert _problems(uncapped) == [
+        "limits.max_node_executions: Input should be less than or equal to 1000 (a hard cap: "
+        "no workflow may run unbounded)",
+        "limits.max_sim_steps: Input should be less than or equal to 5000 (a hard cap: "
+        "no workflow may run unbounded)",
+        "nodes.find.max_visits: Input should be less than or equal to 100 (a hard cap: "
+        "no workflow may run unbounded)",
+        "nodes.ok?.max_visits: Input should be less than or equal to 100 (a hard cap: "
+        "no workflow may run unbounded)",
+        "nodes.fail.recovery: List should have at most 20 items after validation, not 21 (a "
+        "hard cap: no workflow may run unbounded)",
+    ]
+
+    def counting(data):
+        data["nodes"]["find"] = {
+            "type": "tool",
+            "skill": "run_policy",
+            "inputs": {"policy": "pi05", "max_windows": 1001, "settle_steps": 10**9},
+            "next": "grab",
+        }
+        data["nodes"]["grab"]["inputs"]["box"] = {"$ref": "go.box"}
+
+    problems = [p for p in _problems(counting) if "above the cap" in p]
+    assert problems == [
+        "nodes.find.inputs.max_windows: 1001 is above the cap of 1000 for a count (a hard cap: "
+        "no workflow may run unbounded)",
+        "nodes.find.inputs.settle_steps: 1000000000 is above the cap of 1000 for a count (a "
+        "hard cap: no workflow may run unbounded)",
+    ]
+    capped = copy.deepcopy(BASE)
+    capped["limits"] = {"max_node_executions": 1000, "max_sim_steps": 5000}
+    capped["nodes"]["find"]["max_visits"] = 100
+    validate_workflow(capped)  # the caps themselves are allowed

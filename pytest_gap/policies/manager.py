@@ -9,6 +9,9 @@ A managed server gets a free port, its own process session (so its whole process
 signalled) and a parent-death signal (so even a SIGKILLed harness does not leave it running).
 It counts as started when its port accepts connections; stopping is SIGTERM, then SIGKILL after
 `evict_grace_s`. If one server fails to start, every server already started is stopped.
+`gap` as a command's program is this harness's own CLI, run by this interpreter (a session
+started as `.venv/bin/python -m pytest` has no venv bin/ on PATH). A program that cannot be
+found is a config error (PolicyConfigError), raised before anything starts.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ import contextlib
 import ctypes
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +60,11 @@ class PolicyStartError(GapError, RuntimeError):
     """A managed policy server could not be started."""
 
 
+class PolicyConfigError(PolicyStartError, ValueError):
+    """A managed entry that cannot start as written (unknown preset, no openpi checkout, a
+    program that does not exist): the user fixes the config; no server is at fault."""
+
+
 class PolicyUnreachable(GapError, RuntimeError):
     """An external (url:) policy server did not answer the preflight handshake."""
 
@@ -76,13 +86,13 @@ def command_for(policy_id: str, entry: PolicyEntry, port: int) -> tuple[list[str
     cwd = None
     if entry.preset is not None:
         if entry.preset not in PRESETS:
-            raise PolicyStartError(
+            raise PolicyConfigError(
                 f"policies.{policy_id}.preset: unknown preset {entry.preset!r}; use one of "
                 f"{', '.join(PRESETS)} or give a command"
             )
         root = os.environ.get(OPENPI_DIR_VAR)
         if not root or not Path(root, "scripts/serve_policy.py").is_file():
-            raise PolicyStartError(
+            raise PolicyConfigError(
                 f"policies.{policy_id}.preset {entry.preset}: set {OPENPI_DIR_VAR} to an openpi "
                 f"checkout (with scripts/serve_policy.py and uv installed)"
                 + (f"; {root} has no scripts/serve_policy.py" if root else "")
@@ -91,7 +101,31 @@ def command_for(policy_id: str, entry: PolicyEntry, port: int) -> tuple[list[str
     else:
         command = entry.command
     argv = shlex.split(command) if isinstance(command, str) else list(command)
-    return [part.replace("{port}", str(port)) for part in argv], cwd
+    argv = [part.replace("{port}", str(port)) for part in argv]
+    if not argv:
+        raise PolicyConfigError(f"policies.{policy_id}.command is empty; give the server's argv")
+    if argv[0] == "gap":
+        # This harness's own CLI, from this very install: `gap` on PATH may be missing (the
+        # venv's bin/ is not on PATH) or another install's.
+        argv = [sys.executable, "-m", "pytest_gap.cli", *argv[1:]]
+    return argv, cwd
+
+
+def check_command(policy_id: str, entry: PolicyEntry) -> None:
+    """Raise PolicyConfigError unless a managed entry's program can be found."""
+    argv, cwd = command_for(policy_id, entry, 0)
+    program = argv[0]
+    if "/" in program:
+        found = Path(cwd or ".", program).is_file()
+    else:
+        path = entry.env.get("PATH", os.environ.get("PATH"))
+        found = shutil.which(program, path=path) is not None
+    if not found:
+        raise PolicyConfigError(
+            f"policies.{policy_id}: the program {program!r} "
+            + ("does not exist" if "/" in program else "is not on PATH")
+            + f"; install it or give its full path in policies.{policy_id}.command"
+        )
 
 
 def _die_with_parent() -> None:
@@ -120,10 +154,12 @@ class PolicyManager:
 
     def start_all(self, entries: dict[str, PolicyEntry]) -> dict[str, str]:
         """Start every managed entry; on any failure stop them all and raise. Returns urls."""
+        managed = {p: e for p, e in entries.items() if e.url is None and p not in self.servers}
+        for policy_id, entry in managed.items():  # a wrong command starts nothing
+            check_command(policy_id, entry)
         try:
-            for policy_id, entry in entries.items():
-                if entry.url is None and policy_id not in self.servers:
-                    self.servers[policy_id] = self._start(policy_id, entry)
+            for policy_id, entry in managed.items():
+                self.servers[policy_id] = self._start(policy_id, entry)
             for server in self.servers.values():
                 self._wait(server)
         except BaseException:
@@ -150,8 +186,8 @@ class PolicyManager:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        except OSError as exc:
-            raise PolicyStartError(
+        except OSError as exc:  # not executable, not a program: the command is wrong
+            raise PolicyConfigError(
                 f"policies.{policy_id}: cannot start {argv[0]!r} ({exc.strerror})"
             ) from None
         finally:

@@ -31,7 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_gap.errors import EpisodeError, SimInputError
-from pytest_gap.sim.gl import ensure_gl_backend
+from pytest_gap.sim.gl import ensure_gl_backend, import_robosuite_quietly
 from pytest_gap.sim.render import resolve_camera
 from pytest_gap.sim.scene import SceneView
 from pytest_gap.sim.suites import SuiteSpec, TaskSpec, get_suite
@@ -150,6 +150,7 @@ class LiberoEnv:
         self.options = options or EnvOptions()
         self.max_steps = self.options.max_steps or self.suite.max_steps
         ensure_gl_backend()
+        import_robosuite_quietly()
         from libero.libero.envs.env_wrapper import ControlEnv
 
         with _quiet():

@@ -24,6 +24,11 @@ are edges back to earlier nodes; every node's `max_visits` caps them. Inputs are
 `{"$ref": "node.field[.sub...]"}` bindings to an earlier tool node's outputs, or strings with
 `{{placeholder}}`s filled before validation. Conditions are data, not code:
 `{"ref", "op", "value"}` with op in eq ne lt le gt ge in truthy falsy, or all/any/not.
+
+Every bound has a hard cap, checked at validation, so that no graph runs unbounded (even with
+the trial watchdog off): limits.max_node_executions <= 1000, limits.max_sim_steps <= 5000,
+max_visits <= 100, at most 20 recovery calls, skill count inputs (retries, attempts, windows,
+steps, iterations) <= 1000.
 """
 
 from __future__ import annotations
@@ -44,6 +49,18 @@ WORKFLOW_FILE = "workflow.json"
 SCHEMA_VERSION = 1
 PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 OPS = ("eq", "ne", "lt", "le", "gt", "ge", "in", "truthy", "falsy")
+# Hard caps. The shipped graphs need at most 120 node executions, 14 visits of a node and one
+# episode's steps (LIBERO's longest protocol is 520); the caps leave ~10x headroom and still
+# bound a trial's work to minutes when nodes take no sim steps (routers, perception, a policy
+# that answers with no actions).
+MAX_NODE_EXECUTIONS = 1_000
+MAX_VISITS = 100
+MAX_SIM_STEPS = 5_000  # the env's own episode limit applies as well
+MAX_RECOVERY_CALLS = 20  # an end node's recovery calls do not count as node executions
+# Counting inputs of skills (retries, attempts, windows, steps, iterations): literal values above
+# the cap are refused, so no skill loops on an LLM's 10**9.
+MAX_COUNT_INPUT = 1_000
+COUNT_INPUT = re.compile(r"^max_|(steps|retries|attempts|iterations|windows|_every)$")
 
 
 class WorkflowError(GapError, ValueError):
@@ -87,7 +104,7 @@ class ToolNode(_Strict):
     inputs: dict[str, Any] = {}
     next: str
     on_error: str | None = None
-    max_visits: int = Field(10, ge=1)
+    max_visits: int = Field(10, ge=1, le=MAX_VISITS)
     description: str = ""
 
 
@@ -100,7 +117,7 @@ class RouterNode(_Strict):
     type: Literal["router"]
     routes: list[Route] = Field(min_length=1)
     default: str
-    max_visits: int = Field(10, ge=1)
+    max_visits: int = Field(10, ge=1, le=MAX_VISITS)
     description: str = ""
 
 
@@ -112,7 +129,7 @@ class SkillCall(_Strict):
 class EndNode(_Strict):
     type: Literal["end"]
     status: Literal["success", "failure"]
-    recovery: list[SkillCall] = []
+    recovery: list[SkillCall] = Field([], max_length=MAX_RECOVERY_CALLS)
     description: str = ""
 
 
@@ -120,8 +137,8 @@ Node = Annotated[ToolNode | RouterNode | EndNode, Field(discriminator="type")]
 
 
 class Limits(_Strict):
-    max_node_executions: int = Field(200, ge=1)
-    max_sim_steps: int | None = Field(None, ge=1)  # None = the env's episode limit
+    max_node_executions: int = Field(200, ge=1, le=MAX_NODE_EXECUTIONS)
+    max_sim_steps: int | None = Field(None, ge=1, le=MAX_SIM_STEPS)  # None = the episode limit
 
 
 class Workflow(_Strict):
@@ -179,12 +196,16 @@ def placeholders_in(data: Any) -> set[str]:
 
 
 # -- validation ------------------------------------------------------------------------------
+_CAPS = ("less_than_equal", "too_long")
+
+
 def _pydantic_problems(exc: ValidationError) -> list[str]:
     problems = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "tagged")))
         loc = re.sub(r"\.(tool|router|end)(?=\.|$)", "", loc)  # drop the union tag segment
-        problems.append(f"{loc or '<root>'}: {err['msg']}")
+        cap = " (a hard cap: no workflow may run unbounded)" if err["type"] in _CAPS else ""
+        problems.append(f"{loc or '<root>'}: {err['msg']}{cap}")
     return problems
 
 
@@ -279,6 +300,12 @@ def _check_inputs(wf: Workflow, where: str, skill_name: str, inputs: dict, probl
             problems.append(
                 f"{at}: type mismatch: {value!r} is not a valid {type_label(type_key(want))} "
                 f"({exc.errors()[0]['msg']})"
+            )
+            continue
+        if COUNT_INPUT.search(key) and isinstance(value, int) and value > MAX_COUNT_INPUT:
+            problems.append(
+                f"{at}: {value} is above the cap of {MAX_COUNT_INPUT} for a count (a hard cap: "
+                "no workflow may run unbounded)"
             )
     for key, info in fields.items():
         if info.is_required() and key not in inputs:

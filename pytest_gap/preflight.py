@@ -1,0 +1,109 @@
+"""Before any trial, on the controller: check the services a session's cells need.
+
+Two kinds of trouble, two outcomes (the spec's exit codes):
+- a problem only the user can fix (the LLM provider refuses the key or does not know the model;
+  a managed policy's program does not exist, an unknown preset) is a config error: it is
+  raised, the session stops before any trial (pytest exit status 4, `gap benchmark` 2) with one
+  line naming what to fix;
+- a service that is down (an LLM endpoint unreachable or failing after retries; a policy server
+  that does not start or does not answer its handshake) is an infrastructure failure: every cell
+  that needs it is errored (its trials are recorded as infrastructure failures without running),
+  the rest of the grid runs, the gate fails (exit 1).
+What is down is published in GAP_UNAVAILABLE ({config path: {"llm" | "policies": why}}), which
+xdist workers inherit (as GAP_POLICY_URLS), so that every process plans the same errored cells.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from pytest_gap.config import BenchmarkConfig
+from pytest_gap.errors import GapError, InfraFailure
+from pytest_gap.plan import Cell
+from pytest_gap.redaction import redact_text
+
+UNAVAILABLE_VAR = "GAP_UNAVAILABLE"
+# (config file, config, cells that will run, policy server log dir)
+Planned = tuple[Path, BenchmarkConfig, list[Cell], Path]
+
+
+def check_llms(configs: list[Planned], **settings_update) -> dict:
+    """One 1-token request per distinct LLM the cells need; raises LLMConfigError.
+
+    Returns {config path: {"llm": why}} for the LLMs that are down. `settings_update` changes
+    the client's settings (max_retries, timeout_s) for a quicker look.
+    """
+    from pytest_gap.producers.chat import ChatClient, resolve_settings
+
+    down: dict[str, dict[str, str]] = {}
+    checked: dict[str, str | None] = {}
+    for path, config, cells, _ in configs:
+        if not any(cell.needs_llm for cell in cells):
+            continue
+        settings = resolve_settings(config.llm, str(path)).model_copy(update=settings_update)
+        key = hashlib.sha256(
+            json.dumps([settings.base_url, settings.model, settings.api_key]).encode()
+        ).hexdigest()
+        if key not in checked:
+            try:
+                ChatClient(settings).check()
+                checked[key] = None
+            except InfraFailure as exc:
+                checked[key] = redact_text(f"the LLM did not answer the preflight request: {exc}")
+        if checked[key]:
+            down.setdefault(str(path), {})["llm"] = checked[key]
+    return down
+
+
+def start_policies(configs: list[Planned]):
+    """Probe the external policy servers and start the managed ones the cells need.
+
+    Returns (SessionPolicies or None, {config path: {"policies": why}}); raises
+    PolicyConfigError for a command or preset that cannot work as written.
+    """
+    from pytest_gap.policies.manager import PolicyConfigError
+    from pytest_gap.policies.registry import SessionPolicies
+
+    users = [c for c in configs if any(cell.policy_id and not cell.error for cell in c[2])]
+    if not users:
+        return None, {}
+    policies = SessionPolicies()
+    try:
+        policies.start([(config, cells, log_dir) for _, config, cells, log_dir in users])
+    except PolicyConfigError:
+        raise
+    except GapError as exc:  # one failure stops every server of the session
+        why = redact_text(f"the policy servers were not started: {exc}")  # url passwords
+        return policies, {str(path): {"policies": why} for path, *_ in users}
+    return policies, {}
+
+
+def check_config(path: Path, config: BenchmarkConfig, cells: list[Cell]) -> None:
+    """The config problems a preflight would find, found without starting anything heavy:
+    raises PolicyConfigError or LLMConfigError. Services that are down are left to the session.
+    `gap benchmark` calls it before it starts the pytest session, for a one-line error."""
+    from pytest_gap.policies.manager import check_command
+    from pytest_gap.policies.registry import needed
+
+    for policy_id, entry in needed(config, cells).items():
+        if entry.url is None:
+            check_command(policy_id, entry)
+    check_llms([(path, config, cells, path.parent)], max_retries=0, timeout_s=30.0)
+
+
+def publish(down: dict[str, dict[str, str]]) -> None:
+    """Tell the workers (started after this) which services are down, per config."""
+    if not down:
+        return
+    known = json.loads(os.environ.get(UNAVAILABLE_VAR) or "{}")
+    for path, services in down.items():
+        known[path] = {**known.get(path, {}), **services}
+    os.environ[UNAVAILABLE_VAR] = json.dumps(known)
+
+
+def unavailable(path: Path) -> dict[str, str]:
+    """The services the controller found down for one config: {"llm" | "policies": why}."""
+    return json.loads(os.environ.get(UNAVAILABLE_VAR) or "{}").get(str(path), {})
