@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+PICK_PLACE = Path(__file__).resolve().parent.parent / "examples/workflows/pick_place"
 GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
 
 
@@ -120,3 +121,21 @@ def test_every_shipped_benchmark_config_loads():
         assert all_trials(plan(load_config(path))), path
     embedded = [c for p in root.glob("benchmarks/*.yaml") for c in plan(load_config(p))]
     assert all(c.error is None for c in embedded)  # the main job runs every cell it plans
+
+
+def test_gap_benchmark_refuses_curobo_planner_before_any_trial(tmp_path):
+    """cuRobo planning is not supported: asking for it is a config error, not a silent IK run."""
+    config = tmp_path / "bench.yaml"
+    config.write_text(
+        "skills: {planner: curobo}\n"
+        f"trials: {{output_dir: {tmp_path / 'runs'}}}\n"
+        "benchmark: {families: [libero], variations: [object], modes: [workflow], task_ids: [0],"
+        f" n_seeds: 1, mode_overrides: {{workflow: {{workflow_dir: {PICK_PLACE}}}}},"
+        f" output_dir: {tmp_path / 'runs'}}}\n"
+    )
+    out = _gap("benchmark", str(config))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip().count("\n") == 0
+    assert "skills.planner: cuRobo motion planning is not supported" in out.stderr
+    assert "remove the key or set planner: ik" in out.stderr
+    assert not (tmp_path / "runs").exists()  # no trial ran, no run dir was made

@@ -127,6 +127,11 @@ def test_collection_ids_keywords_and_markers(pytester):
             ["--gap-families=posvar"],
             "--families/--modes restrict a grid",
         ),
+        (
+            {"skills": {"planner": "curobo"}, "benchmark": {"families": ["libero"]}},
+            [],
+            "skills.planner: cuRobo motion planning is not supported by this version",
+        ),
     ],
 )
 def test_config_errors_exit_2_with_the_message(pytester, data, args, message):
