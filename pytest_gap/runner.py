@@ -10,6 +10,7 @@ reached so far.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -71,6 +72,8 @@ class TrialRun:
         self._t0 = time.perf_counter()
         self._produce_s = 0.0
         self._eval_t0: float | None = None
+        # prompt (what the workflow was given), env_prompt (the env's instruction), workflow
+        self._prompts: dict[str, str] = {}
         cell = trial.cell
         self._base = {
             "nodeid": nodeid,
@@ -131,16 +134,24 @@ class TrialRun:
             os.environ["MUJOCO_EGL_DEVICE_ID"] = device
         cameras = ("agentview",) if cell.record_video else ()
         self.env = env = self.pool.get(cell.suite, trial.task_id, EnvOptions(cameras=cameras))
-        workflow_dir = self._produce(variation)
-        self._eval_t0 = time.perf_counter()
         video = self.dir / VIDEO_FILE if cell.record_video else None
+        t_reset = time.perf_counter()
         obs = env.reset(trial.seed, variation=variation, video=video)
+        reset_s = time.perf_counter() - t_reset
+        try:  # the seed's instruction decides which workflow it runs (see _produce)
+            workflow_dir = self._produce(variation, obs.prompt)
+        except BaseException:
+            with contextlib.suppress(GapError):
+                env.finish_video()
+            raise
+        self._eval_t0 = time.perf_counter() - reset_s  # evaluation: reset + run, not production
+        prompts = self._prompts
         if not (workflow_dir / WORKFLOW_FILE).is_file():  # the producer wrote no valid graph
             env.finish_video()
             produced = json.loads((workflow_dir / PRODUCED_FILE).read_text())
             return {
                 "init_state": env.episode.init_state,
-                "prompt": obs.prompt,
+                **prompts,
                 "exit_status": "no_workflow",
                 "reason": "the LLM produced no valid workflow: "
                 + "; ".join(produced.get("problems", [])[:3]),
@@ -158,11 +169,11 @@ class TrialRun:
                 "infra_failure": True,
                 "steps": run.steps,
                 "init_state": env.episode.init_state,
-                "prompt": obs.prompt,
+                **prompts,
             }
         return {
             "init_state": env.episode.init_state,
-            "prompt": obs.prompt,
+            **prompts,
             "success": run.success,
             "completion": run.completion,
             "reward": 1.0 if run.success else 0.0,
@@ -173,15 +184,31 @@ class TrialRun:
             "trace": f"{trial.key}/trace/dag_trace.json" if trace_dir else None,
         }
 
-    def _produce(self, variation) -> Path:
-        """The (cell, task) workflow, materialised once in the run dir and reused."""
+    def _produce(self, variation, instruction: str) -> Path:
+        """The workflow for this trial's instruction, materialised once in the run dir.
+
+        One workflow per distinct instruction of a (cell, task): `task_NN/workflow/` where the
+        instruction is fixed (LIBERO tasks, or a suite's `task_prompts` entry), and
+        `task_NN/workflow_<sha256 of the instruction, 8 hex>/` for generated families whose
+        instruction changes with the seed (grocery_packing lists the seed's items), so each seed
+        runs the workflow written for what it is asked to do.
+        """
         from pytest_gap.workflow.templates import task_placeholders
 
         cell, trial = self.trial.cell, self.trial
-        dest = self.run_dir / trial.task_dir / "workflow"
+        given = cell.task_prompts.get(trial.task_id)
+        prompt = given or instruction
+        name = "workflow"
+        if given is None and variation.generated:
+            name = f"workflow_{hashlib.sha256(prompt.encode()).hexdigest()[:8]}"
+        dest = self.run_dir / trial.task_dir / name
+        self._prompts = {
+            "prompt": prompt,
+            "env_prompt": instruction,
+            "workflow": f"{trial.task_dir}/{name}",
+        }
         if (dest / PRODUCED_FILE).is_file():
             return dest
-        prompt = cell.task_prompts.get(trial.task_id) or self._task_prompt(variation)
         values = {**task_placeholders(prompt), **cell.objects}
         if cell.policy_id:
             values["policy_id"] = cell.policy_id
@@ -191,14 +218,13 @@ class TrialRun:
         return dest
 
     def _generate(self, prompt: str, values: dict[str, str], dest: Path) -> Path:
-        """llm_generation: one generation per (cell, task), whatever the number of workers.
-
-        The first worker to arrive generates under a lock; the others wait, then reuse it.
-        """
+        """llm_generation: one generation per (cell, task, instruction), whatever the number of
+        workers. The first worker to arrive generates under a lock; the others wait, then reuse
+        it (and a repeated generation is answered from the LLM cache)."""
         from pytest_gap.producers.chat import ChatClient, resolve_settings
         from pytest_gap.producers.llm import generate_workflow
 
-        with slot(dest.parent / ".produce", 1):
+        with slot(dest.parent / f".produce_{dest.name}", 1):
             if (dest / PRODUCED_FILE).is_file():
                 return dest
             t0 = time.perf_counter()
@@ -233,16 +259,6 @@ class TrialRun:
             os.rename(tmp, dest)
         return dest
 
-    def _task_prompt(self, variation) -> str:
-        """The task's instruction: a generated family may write its own, per seed.
-
-        Such families (grocery_packing lists the seed's items) are produced from the cell's
-        first seed; their workflows read the task at run time (`read_task`), as pack_all does.
-        """
-        if not variation.generated:
-            return self.env.task.prompt
-        return self.env.reset(self.trial.cell.seeds[0], variation=variation).prompt
-
     # -- recording ---------------------------------------------------------------------------
     def _finish(self, **fields) -> TrialResult:
         wall = time.perf_counter() - self._t0
@@ -270,6 +286,7 @@ class TrialRun:
             fields |= {
                 "init_state": episode.init_state,
                 "prompt": episode.prompt,
+                **self._prompts,
                 "steps": env.steps,
                 "completion": env.completion(),
             }

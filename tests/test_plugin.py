@@ -157,7 +157,13 @@ def test_trials_results_junit_gate_lf_and_resume(pytester):
         "trials": {"output_dir": "runs"},
         "suites": [
             {"suite_name": "libero_object", "task_ids": [0], "workflow_dir": str(PICK_PLACE)},
-            {"suite_name": "libero_object", "task_ids": [0], "seeds": [1], "workflow_dir": give_up},
+            {
+                "suite_name": "libero_object",
+                "task_ids": [0],
+                "seeds": [1],
+                "workflow_dir": give_up,
+                "task_prompts": {0: "pick up the milk and place it in the basket"},
+            },
         ],
         "gate_threshold": 0.5,
     }
@@ -169,6 +175,11 @@ def test_trials_results_junit_gate_lf_and_resume(pytester):
     assert "gate PASS: success_rate=0.500 threshold=0.500" in out
     assert "task not completed: task 0 seed 1 (init state 1)" in out
     assert "reason: workflow ended with end_failure at failed" in out
+    # task_prompts: the message names the prompt the workflow was given, then LIBERO's.
+    assert (
+        "prompt: 'pick up the milk and place it in the basket'; "
+        "env prompt: 'pick up the alphabet soup and place it in the basket'"
+    ) in out
     run_dir = _run_dir(pytester.path / "runs")
     results = _results(run_dir)
     ok = results["suites/libero_object/task_00/seed_000"]
@@ -181,6 +192,10 @@ def test_trials_results_junit_gate_lf_and_resume(pytester):
     assert filled["nodes"]["pick"]["inputs"]["name"] == "alphabet soup"
     failed = results["suites/libero_object_02/task_00/seed_001"]
     assert not failed["success"] and failed["init_state"] == 1 and failed["steps"] > 0
+    assert failed["prompt"] == "pick up the milk and place it in the basket"
+    assert failed["env_prompt"] == "pick up the alphabet soup and place it in the basket"
+    produced = json.loads((run_dir / failed["workflow"] / "produced.json").read_text())
+    assert produced["prompt"] == failed["prompt"]
     tsv = (run_dir / "summary.tsv").read_text().splitlines()
     assert tsv[1].startswith(
         "workflow\t\tlibero\tobject\tlibero_object\t1.000\t1.000\t1.000\t1\t1\t0"
@@ -200,8 +215,14 @@ def test_trials_results_junit_gate_lf_and_resume(pytester):
         "wall_s",
         "infra_failure",
         "video",
+        "prompt",
+        "env_prompt",
+        "workflow",
     }
     assert props["success"] == "True" and props["exit_code"] == "0"
+    given = {p.get("name"): p.get("value") for p in cases["seed001"].iter("property")}
+    assert given["prompt"] == "pick up the milk and place it in the basket"
+    assert given["env_prompt"] == "pick up the alphabet soup and place it in the basket"
 
     # --lf re-runs only the failed trial, into the same run dir; the summary keeps both.
     second = _run(pytester, "bench.yaml", "--lf")
