@@ -56,6 +56,7 @@ class TrialResult(BaseModel):
     error: str | None = None  # why the harness could not score it (errored trial)
     infra_failure: bool = False
     wall_s: float = 0.0
+    slot_wait_s: float = 0.0  # waiting for a num_workers slot; not charged to the watchdog
     produce_s: float = 0.0
     eval_s: float = 0.0
     video: str | None = None  # relative to the run dir

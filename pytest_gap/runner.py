@@ -5,6 +5,11 @@ workflow that fails is a failed trial, and anything the harness could not do (a 
 workflow, a simulator fault) is an errored one. An interruption from outside (the pytest-timeout
 watchdog) is recorded afterwards with `abort()`, keeping the steps and partial completion
 reached so far.
+
+Time spent waiting for a `num_workers` slot is not the trial's: the watchdog is paused while
+it waits (`Watchdog`), and running.json's start moves forward by the wait, so a crash is judged
+on the time charged too. A trial that gets no slot within its budget is an errored
+(infrastructure) trial.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import shutil
 import time
 import traceback
 from pathlib import Path
+from typing import Protocol
 
 from pytest_gap.devices import egl_device_for_cell
 from pytest_gap.errors import GapError, InfraFailure
@@ -33,10 +39,28 @@ from pytest_gap.results import (
     write_json,
     write_result,
 )
-from pytest_gap.throttle import slot
+from pytest_gap.throttle import Slot, SlotTimeout, slot
 from pytest_gap.workflow.schema import WORKFLOW_FILE
 
 VIDEO_FILE = "video.mp4"
+
+
+class Watchdog(Protocol):
+    """The trial's time limit, as whoever enforces it (pytest-timeout, in the plugin) sees it."""
+
+    def pause(self) -> None:
+        """Stop charging time to the trial (it is about to wait for a slot)."""
+
+    def resume(self) -> None:
+        """Charge time again, with the budget that was left at `pause`."""
+
+
+class _NoWatchdog:
+    def pause(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        pass
 
 
 def _reason(run) -> str | None:
@@ -61,8 +85,10 @@ class TrialRun:
         policies: dict[str, dict[str, str]] | None = None,
         llm=None,
         max_validation_retries: int = 2,
+        watchdog: Watchdog | None = None,
     ):
         self.trial, self.run_dir, self.pool = trial, run_dir, pool
+        self.watchdog = watchdog or _NoWatchdog()
         self.policies = policies or {}
         self.llm, self.max_validation_retries = llm, max_validation_retries
         self.config_source = config
@@ -71,6 +97,8 @@ class TrialRun:
         self.result: TrialResult | None = None
         self._t0 = time.perf_counter()
         self._produce_s = 0.0
+        self._slot_wait_s = 0.0
+        self._started = time.time()
         self._eval_t0: float | None = None
         # prompt (what the workflow was given), env_prompt (the env's instruction), workflow
         self._prompts: dict[str, str] = {}
@@ -99,10 +127,8 @@ class TrialRun:
     def execute(self) -> TrialResult:
         shutil.rmtree(self.dir, ignore_errors=True)  # a re-run starts from a clean trial dir
         self.dir.mkdir(parents=True)
-        write_json(
-            self.dir / RUNNING_FILE,
-            {"pid": os.getpid(), "started": time.time(), "timeout_s": self.trial.cell.timeout_s},
-        )
+        self._started = time.time()
+        self._write_running()
         cell = self.trial.cell
         if cell.error:
             return self._finish(exit_code=EXIT_ERROR, error=cell.error)
@@ -157,7 +183,7 @@ class TrialRun:
                 + "; ".join(produced.get("problems", [])[:3]),
             }
         trace_dir = self.dir / "trace" if cell.enable_tracing else None
-        with slot(self.run_dir / ".slots" / cell.throttle_key, cell.num_workers):
+        with self._throttled():
             run = run_workflow(
                 load_workflow(workflow_dir), env, trace_dir=trace_dir, policies=self.policies
             )
@@ -183,6 +209,48 @@ class TrialRun:
             "video": f"{trial.key}/{VIDEO_FILE}" if video else None,
             "trace": f"{trial.key}/trace/dag_trace.json" if trace_dir else None,
         }
+
+    def _write_running(self) -> None:
+        """running.json: who runs the trial, and since when its watchdog time counts (the
+        controller judges a dead worker's trial by it)."""
+        write_json(
+            self.dir / RUNNING_FILE,
+            {
+                "pid": os.getpid(),
+                "started": self._started + self._slot_wait_s,
+                "slot_wait_s": self._slot_wait_s,
+                "timeout_s": self.trial.cell.timeout_s,
+            },
+        )
+
+    @contextlib.contextmanager
+    def _throttled(self):
+        """Hold one of the cell's `num_workers` slots; the wait is not charged to the watchdog
+        and is bounded by the trial's budget (`timeout_s`; 0 waits as long as it takes)."""
+        cell = self.trial.cell
+        held = Slot(self.run_dir / ".slots" / cell.throttle_key, cell.num_workers)
+        budget = cell.timeout_s or None
+        t0 = time.perf_counter()
+        self.watchdog.pause()
+        try:
+            held.acquire(budget)
+        except SlotTimeout:
+            whose = f"suite {cell.suite_name}" if cell.suite_name else f"mode {cell.mode}"
+            if cell.policy_id:
+                whose = f"policy {cell.policy_id} ({cell.mode})"
+            raise InfraFailure(
+                f"no num_workers slot of {whose} came free within the trial's {budget:g} s "
+                f"budget (num_workers {cell.num_workers}, all held by other trials); raise "
+                "num_workers or the timeout, or run fewer workers"
+            ) from None
+        finally:
+            self._slot_wait_s += time.perf_counter() - t0
+            self._write_running()
+            self.watchdog.resume()
+        try:
+            yield
+        finally:
+            held.release()
 
     def _produce(self, variation, instruction: str) -> Path:
         """The workflow for this trial's instruction, materialised once in the run dir.
@@ -263,10 +331,12 @@ class TrialRun:
     def _finish(self, **fields) -> TrialResult:
         wall = time.perf_counter() - self._t0
         eval_s = time.perf_counter() - self._eval_t0 if self._eval_t0 is not None else 0.0
+        eval_s = max(eval_s - self._slot_wait_s, 0.0)
         self.result = TrialResult(
             **self._base,
             **fields,
             wall_s=wall,
+            slot_wait_s=self._slot_wait_s,
             produce_s=self._produce_s,
             eval_s=eval_s,
             finished_at=now_iso(),
@@ -276,6 +346,8 @@ class TrialRun:
 
     def abort(self, exit_code: int, reason: str) -> TrialResult:
         """Record a trial stopped from outside, with the steps and completion reached so far."""
+        if self._slot_wait_s >= 1:
+            reason += f" (not counting {self._slot_wait_s:.0f} s waiting for a num_workers slot)"
         fields: dict = {"exit_code": exit_code, "reason": reason}
         env = self.env
         try:

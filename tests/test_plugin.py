@@ -354,6 +354,95 @@ def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(pytester, doubl
     assert result.ret == 0  # timeouts are failed trials, not errored cells; 0.0 gate passes
 
 
+def _stall_then_end(pytester, seconds: float) -> str:
+    return _workflow(
+        pytester,
+        "stall_then_end",
+        {
+            "stall": {
+                "type": "tool",
+                "skill": "stall",
+                "inputs": {"seconds": seconds},
+                "next": "end",
+            },
+            "end": {"type": "end", "status": "success"},
+        },
+        "stall",
+    )
+
+
+@pytest.mark.parametrize("method", ["signal", "thread"])
+def test_waiting_for_a_num_workers_slot_is_not_charged_to_the_watchdog(pytester, doubles, method):
+    """Two workers, one slot, a 40 s watchdog, trials that hold the slot 22 s each: the second
+    trial's wait plus its own 22 s exceed 40 s, yet only its own time counts (env setup, up to
+    18 s on a loaded machine, plus its 22 s)."""
+    _config(
+        pytester,
+        "bench.yaml",
+        {
+            "trials": {"output_dir": "runs", "task_timeout_secs": 40},
+            "suites": [
+                {
+                    "suite_name": "libero_object",
+                    "task_ids": [0],
+                    "seeds": [0, 1],
+                    "num_workers": 1,
+                    "workflow_dir": _stall_then_end(pytester, 22),
+                }
+            ],
+            "gate_threshold": 0.0,
+        },
+    )
+    result = _run(pytester, "bench.yaml", "-n", "2", f"--timeout-method={method}")
+    results = _results(_run_dir(pytester.path / "runs"))
+    assert {r["worker"] for r in results.values()} == {"gw0", "gw1"}, results
+    for record in results.values():
+        assert record["exit_code"] == 0 and record["exit_status"] == "end_success", record
+    waited = max(results.values(), key=lambda r: r["slot_wait_s"])
+    assert waited["slot_wait_s"] > 5, results  # it really queued behind the other trial
+    assert waited["wall_s"] > 40, results  # longer than the watchdog, counting the wait
+    assert result.ret == 0, result.stdout.str()
+
+
+def test_a_trial_that_gets_no_slot_within_its_budget_is_an_errored_trial(pytester, doubles):
+    """Another process holds the suite's only slot for the whole session: the trial waits its
+    12 s budget, then is recorded as an infrastructure failure, not as a 124 timeout."""
+    import fcntl
+
+    _config(
+        pytester,
+        "bench.yaml",
+        {
+            "trials": {"output_dir": "runs", "task_timeout_secs": 12},
+            "suites": [
+                {
+                    "suite_name": "libero_object",
+                    "task_ids": [0],
+                    "num_workers": 1,
+                    "workflow_dir": _give_up(pytester),
+                }
+            ],
+            "gate_threshold": 0.0,
+        },
+    )
+    slots = pytester.path / "runs/20200101_000000/.slots/suites__libero_object"
+    slots.mkdir(parents=True)
+    with (slots / "slot_0.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = _run(pytester, "bench.yaml", "--gap-resume")
+    record = _results(pytester.path / "runs/20200101_000000")[
+        "suites/libero_object/task_00/seed_000"
+    ]
+    assert record["exit_code"] == 1 and record["infra_failure"], record
+    assert record["error"].startswith(
+        "no num_workers slot of suite libero_object came free within the trial's 12 s budget "
+        "(num_workers 1"
+    )
+    assert record["slot_wait_s"] >= 12
+    assert result.ret == 1  # an errored trial errors its cell: the gate fails
+    assert "infrastructure failure: task 0 seed 0" in result.stdout.str()
+
+
 def test_a_killed_worker_is_recorded_as_137_and_the_run_goes_on(pytester, doubles):
     _config(
         pytester,
