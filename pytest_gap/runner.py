@@ -155,11 +155,12 @@ class TrialRun:
 
         cell, trial = self.trial.cell, self.trial
         variation = resolve(cell.family, cell.variation)
-        device = egl_device_for_cell(self._base["worker"], cell.device_offset)
-        if device is not None:
-            os.environ["MUJOCO_EGL_DEVICE_ID"] = device
+        device = egl_device_for_cell(cell.device_offset)  # one of this worker's own devices
         cameras = ("agentview",) if cell.record_video else ()
-        self.env = env = self.pool.get(cell.suite, trial.task_id, EnvOptions(cameras=cameras))
+        options = EnvOptions(cameras=cameras)
+        self.env = env = self.pool.get(cell.suite, trial.task_id, options, egl_device=device)
+        if env.egl_device is not None:
+            self._base["devices"]["env_egl_device"] = str(env.egl_device)
         video = self.dir / VIDEO_FILE if cell.record_video else None
         t_reset = time.perf_counter()
         obs = env.reset(trial.seed, variation=variation, video=video)

@@ -302,14 +302,21 @@ def test_xdist_workers_are_pinned_round_robin(pytester):
             }
         },
     )
-    result = _run(pytester, "grid.yaml", "-n", "2", GAP_MUJOCO_EGL_DEVICES="3,5")
+    # The ids are fake (this machine has one EGL device): videos render with OSMesa.
+    result = _run(
+        pytester, "grid.yaml", "-n", "2", GAP_MUJOCO_EGL_DEVICES="3,5", MUJOCO_GL="osmesa"
+    )
     assert result.ret == 0, result.stdout.str()
     results = _results(_run_dir(pytester.path / "runs"))
     assert len(results) == 4
     workers = set()
     for record in results.values():
         device = {"gw0": "3", "gw1": "5"}[record["worker"]]
-        assert record["devices"] == {"CUDA_VISIBLE_DEVICES": device, "MUJOCO_EGL_DEVICE_ID": device}
+        assert record["devices"] == {
+            "CUDA_VISIBLE_DEVICES": device,
+            "MUJOCO_EGL_DEVICE_ID": device,
+            "env_egl_device": device,
+        }
         workers.add(record["worker"])
     assert workers == {"gw0", "gw1"}
     run_dir = _run_dir(pytester.path / "runs")
@@ -320,6 +327,63 @@ def test_xdist_workers_are_pinned_round_robin(pytester):
     record = results["workflow/libero/object/task_01/seed_001"]
     linked = run_dir / "videos" / videos[-1]
     assert linked.stat().st_ino == (run_dir / record["video"]).stat().st_ino  # a hard link
+
+
+def _robosuite_accepts(cuda_visible_devices: str, egl_device: str) -> bool:
+    """robosuite's own import-time check of MUJOCO_EGL_DEVICE_ID against CUDA_VISIBLE_DEVICES."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, MUJOCO_GL="osmesa", PYOPENGL_PLATFORM="osmesa")
+    env |= {"CUDA_VISIBLE_DEVICES": cuda_visible_devices, "MUJOCO_EGL_DEVICE_ID": egl_device}
+    proc = subprocess.run(
+        [sys.executable, "-c", "import robosuite.utils.binding_utils"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 or "MUJOCO_EGL_DEVICE_ID needs to be set" in proc.stderr, (
+        proc.stderr
+    )
+    return proc.returncode == 0
+
+
+def test_suites_cells_stagger_over_each_workers_own_devices(pytester):
+    """Four suites cells (offsets 0..3) on two workers over four (fake) GPUs: each worker owns
+    two, exported before the simulator loads, and builds each cell's env for one of its own."""
+    give_up = _give_up(pytester)
+    _config(
+        pytester,
+        "bench.yaml",
+        {
+            "trials": {"output_dir": "runs"},
+            "suites": [
+                {"suite_name": "libero_object", "task_ids": [0], "workflow_dir": give_up}
+                for _ in range(4)
+            ],
+            "gate_threshold": 0.0,
+        },
+    )
+    result = _run(pytester, "bench.yaml", "-n", "2", GAP_MUJOCO_EGL_DEVICES="3,5,7,9")
+    assert result.ret == 0, result.stdout.str()
+    results = _results(_run_dir(pytester.path / "runs"))
+    own = {"gw0": ["3", "7"], "gw1": ["5", "9"]}
+    offsets = {"libero_object": 0, "libero_object_02": 1, "libero_object_03": 2}
+    offsets["libero_object_04"] = 3
+    built = set()
+    for key, record in results.items():
+        assert record["exit_code"] == 0 and record["error"] is None, record
+        mine = own[record["worker"]]
+        devices = record["devices"]
+        assert devices["CUDA_VISIBLE_DEVICES"] == ",".join(mine)
+        assert devices["MUJOCO_EGL_DEVICE_ID"] == mine[0]  # never changed after pinning
+        assert devices["env_egl_device"] == mine[offsets[key.split("/")[1]] % 2], key
+        built.add((devices["CUDA_VISIBLE_DEVICES"], devices["env_egl_device"]))
+    assert {egl for _, egl in built} == {"3", "5", "7", "9"}  # every GPU got a cell
+    for cuda, egl in built:  # each env's device would pass robosuite's own check
+        assert _robosuite_accepts(cuda, egl), (cuda, egl)
+    assert not _robosuite_accepts("5", "7")  # the old stagger: a device outside the worker's
 
 
 def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(pytester, doubles):
