@@ -24,6 +24,7 @@ from pydantic import (
     NonNegativeFloat,
     PositiveInt,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -142,7 +143,20 @@ class CompositionConfig(_Strict):
 
 
 class SkillsConfig(_Strict):
-    planner: Literal["ik", "curobo"] = "ik"
+    """How skills move the arm. Only the builtin IK servo (`ik`) exists: cuRobo motion planning
+    was never wired into the skills, so asking for it is an error, not a silent fallback."""
+
+    planner: Literal["ik"] = "ik"
+
+    @field_validator("planner", mode="before")
+    @classmethod
+    def _no_curobo(cls, value: Any) -> Any:
+        if value == "curobo":
+            raise ValueError(
+                "cuRobo motion planning is not supported by this version of pytest-gap; "
+                "remove the key or set planner: ik (the builtin IK servo)"
+            )
+        return value
 
 
 class ModeOverride(_Strict):

@@ -10,6 +10,7 @@ and rebuilds every summary from the run dir at the end.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -241,12 +242,55 @@ class TrialFailed(Exception):
         super().__init__(prefix + result.message())
 
 
+class _TimeoutWatchdog:
+    """pytest-timeout's timer of one item, paused while its trial waits for a slot.
+
+    Uses pytest-timeout's public hooks (`pytest_timeout_set_timer` / `_cancel_timer`): pausing
+    cancels the timer, resuming sets a new one for the budget left, whatever the method
+    (signal or thread). The settings come from `pytest_timeout_set_timer` below.
+    """
+
+    def __init__(self, item: pytest.Item):
+        self.item = item
+        self.settings = None  # pytest-timeout's Settings of the first (full-budget) timer
+        self.armed_at: float | None = None
+        self.charged = 0.0
+
+    def armed(self, settings) -> None:
+        if self.settings is None:
+            self.settings = settings
+        self.armed_at = time.monotonic()
+
+    def pause(self) -> None:
+        if self.armed_at is None:
+            return
+        self.charged += time.monotonic() - self.armed_at
+        self.armed_at = None
+        self.item.ihook.pytest_timeout_cancel_timer(item=self.item)
+
+    def resume(self) -> None:
+        if self.settings is None or self.armed_at is not None:
+            return
+        left = max(self.settings.timeout - self.charged, 0.001)
+        self.item.ihook.pytest_timeout_set_timer(
+            item=self.item, settings=self.settings._replace(timeout=left)
+        )
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings) -> None:
+    """Note when a trial's watchdog starts; pytest-timeout's own implementation sets it."""
+    if isinstance(item, TrialItem):
+        item.watchdog.armed(settings)
+
+
 class TrialItem(pytest.Item):
     def __init__(self, *, trial, loaded: LoadedConfig, **kwargs):
         super().__init__(**kwargs)
         self.trial, self.loaded = trial, loaded
         self.result: TrialResult | None = None
         self.notes: list[str] = []
+        self.watchdog = _TimeoutWatchdog(self)
         cell = trial.cell
         self.extra_keyword_matches.update(cell.keywords)
         self.add_marker(pytest.mark.gap_mode(name=cell.mode))
@@ -288,6 +332,7 @@ class TrialItem(pytest.Item):
             policies=endpoints_for(self.loaded.config),
             llm=self.loaded.config.llm,
             max_validation_retries=self.loaded.config.composition.max_validation_retries,
+            watchdog=self.watchdog,
         )
         try:
             return run.execute()

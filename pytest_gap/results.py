@@ -43,7 +43,9 @@ class TrialResult(BaseModel):
     task_id: int
     seed: int
     init_state: int | None = None
-    prompt: str | None = None
+    prompt: str | None = None  # the instruction the workflow was produced for
+    env_prompt: str | None = None  # the env's own instruction, when different sources matter
+    workflow: str | None = None  # the workflow dir it ran, relative to the run dir
     success: bool = False
     completion: float = 0.0
     reward: float = 0.0
@@ -54,6 +56,7 @@ class TrialResult(BaseModel):
     error: str | None = None  # why the harness could not score it (errored trial)
     infra_failure: bool = False
     wall_s: float = 0.0
+    slot_wait_s: float = 0.0  # waiting for a num_workers slot; not charged to the watchdog
     produce_s: float = 0.0
     eval_s: float = 0.0
     video: str | None = None  # relative to the run dir
@@ -84,6 +87,8 @@ class TrialResult(BaseModel):
             parts.append(f"reason: {self.reason}")
         if self.prompt:
             parts.append(f"prompt: {self.prompt!r}")
+        if self.env_prompt and self.env_prompt != self.prompt:
+            parts.append(f"env prompt: {self.env_prompt!r}")
         return "; ".join(parts)
 
     def properties(self) -> list[tuple[str, Any]]:
@@ -99,6 +104,9 @@ class TrialResult(BaseModel):
             ("wall_s", round(self.wall_s, 2)),
             ("infra_failure", self.infra_failure),
             ("video", self.video or ""),
+            ("prompt", self.prompt or ""),
+            ("env_prompt", self.env_prompt or ""),
+            ("workflow", self.workflow or ""),
         ]
 
 

@@ -5,17 +5,24 @@ workflow that fails is a failed trial, and anything the harness could not do (a 
 workflow, a simulator fault) is an errored one. An interruption from outside (the pytest-timeout
 watchdog) is recorded afterwards with `abort()`, keeping the steps and partial completion
 reached so far.
+
+Time spent waiting for a `num_workers` slot is not the trial's: the watchdog is paused while
+it waits (`Watchdog`), and running.json's start moves forward by the wait, so a crash is judged
+on the time charged too. A trial that gets no slot within its budget is an errored
+(infrastructure) trial.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
 import time
 import traceback
 from pathlib import Path
+from typing import Protocol
 
 from pytest_gap.devices import egl_device_for_cell
 from pytest_gap.errors import GapError, InfraFailure
@@ -32,10 +39,28 @@ from pytest_gap.results import (
     write_json,
     write_result,
 )
-from pytest_gap.throttle import slot
+from pytest_gap.throttle import Slot, SlotTimeout, slot
 from pytest_gap.workflow.schema import WORKFLOW_FILE
 
 VIDEO_FILE = "video.mp4"
+
+
+class Watchdog(Protocol):
+    """The trial's time limit, as whoever enforces it (pytest-timeout, in the plugin) sees it."""
+
+    def pause(self) -> None:
+        """Stop charging time to the trial (it is about to wait for a slot)."""
+
+    def resume(self) -> None:
+        """Charge time again, with the budget that was left at `pause`."""
+
+
+class _NoWatchdog:
+    def pause(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        pass
 
 
 def _reason(run) -> str | None:
@@ -60,8 +85,10 @@ class TrialRun:
         policies: dict[str, dict[str, str]] | None = None,
         llm=None,
         max_validation_retries: int = 2,
+        watchdog: Watchdog | None = None,
     ):
         self.trial, self.run_dir, self.pool = trial, run_dir, pool
+        self.watchdog = watchdog or _NoWatchdog()
         self.policies = policies or {}
         self.llm, self.max_validation_retries = llm, max_validation_retries
         self.config_source = config
@@ -70,7 +97,11 @@ class TrialRun:
         self.result: TrialResult | None = None
         self._t0 = time.perf_counter()
         self._produce_s = 0.0
+        self._slot_wait_s = 0.0
+        self._started = time.time()
         self._eval_t0: float | None = None
+        # prompt (what the workflow was given), env_prompt (the env's instruction), workflow
+        self._prompts: dict[str, str] = {}
         cell = trial.cell
         self._base = {
             "nodeid": nodeid,
@@ -96,10 +127,8 @@ class TrialRun:
     def execute(self) -> TrialResult:
         shutil.rmtree(self.dir, ignore_errors=True)  # a re-run starts from a clean trial dir
         self.dir.mkdir(parents=True)
-        write_json(
-            self.dir / RUNNING_FILE,
-            {"pid": os.getpid(), "started": time.time(), "timeout_s": self.trial.cell.timeout_s},
-        )
+        self._started = time.time()
+        self._write_running()
         cell = self.trial.cell
         if cell.error:
             return self._finish(
@@ -128,27 +157,36 @@ class TrialRun:
 
         cell, trial = self.trial.cell, self.trial
         variation = resolve(cell.family, cell.variation)
-        device = egl_device_for_cell(self._base["worker"], cell.device_offset)
-        if device is not None:
-            os.environ["MUJOCO_EGL_DEVICE_ID"] = device
+        device = egl_device_for_cell(cell.device_offset)  # one of this worker's own devices
         cameras = ("agentview",) if cell.record_video else ()
-        self.env = env = self.pool.get(cell.suite, trial.task_id, EnvOptions(cameras=cameras))
-        workflow_dir = self._produce(variation)
-        self._eval_t0 = time.perf_counter()
+        options = EnvOptions(cameras=cameras)
+        self.env = env = self.pool.get(cell.suite, trial.task_id, options, egl_device=device)
+        if env.egl_device is not None:
+            self._base["devices"]["env_egl_device"] = str(env.egl_device)
         video = self.dir / VIDEO_FILE if cell.record_video else None
+        t_reset = time.perf_counter()
         obs = env.reset(trial.seed, variation=variation, video=video)
+        reset_s = time.perf_counter() - t_reset
+        try:  # the seed's instruction decides which workflow it runs (see _produce)
+            workflow_dir = self._produce(variation, obs.prompt)
+        except BaseException:
+            with contextlib.suppress(GapError):
+                env.finish_video()
+            raise
+        self._eval_t0 = time.perf_counter() - reset_s  # evaluation: reset + run, not production
+        prompts = self._prompts
         if not (workflow_dir / WORKFLOW_FILE).is_file():  # the producer wrote no valid graph
             env.finish_video()
             produced = json.loads((workflow_dir / PRODUCED_FILE).read_text())
             return {
                 "init_state": env.episode.init_state,
-                "prompt": obs.prompt,
+                **prompts,
                 "exit_status": "no_workflow",
                 "reason": "the LLM produced no valid workflow: "
                 + "; ".join(produced.get("problems", [])[:3]),
             }
         trace_dir = self.dir / "trace" if cell.enable_tracing else None
-        with slot(self.run_dir / ".slots" / cell.throttle_key, cell.num_workers):
+        with self._throttled():
             run = run_workflow(
                 load_workflow(workflow_dir), env, trace_dir=trace_dir, policies=self.policies
             )
@@ -160,11 +198,11 @@ class TrialRun:
                 "infra_failure": True,
                 "steps": run.steps,
                 "init_state": env.episode.init_state,
-                "prompt": obs.prompt,
+                **prompts,
             }
         return {
             "init_state": env.episode.init_state,
-            "prompt": obs.prompt,
+            **prompts,
             "success": run.success,
             "completion": run.completion,
             "reward": 1.0 if run.success else 0.0,
@@ -175,15 +213,73 @@ class TrialRun:
             "trace": f"{trial.key}/trace/dag_trace.json" if trace_dir else None,
         }
 
-    def _produce(self, variation) -> Path:
-        """The (cell, task) workflow, materialised once in the run dir and reused."""
+    def _write_running(self) -> None:
+        """running.json: who runs the trial, and since when its watchdog time counts (the
+        controller judges a dead worker's trial by it)."""
+        write_json(
+            self.dir / RUNNING_FILE,
+            {
+                "pid": os.getpid(),
+                "started": self._started + self._slot_wait_s,
+                "slot_wait_s": self._slot_wait_s,
+                "timeout_s": self.trial.cell.timeout_s,
+            },
+        )
+
+    @contextlib.contextmanager
+    def _throttled(self):
+        """Hold one of the cell's `num_workers` slots; the wait is not charged to the watchdog
+        and is bounded by the trial's budget (`timeout_s`; 0 waits as long as it takes)."""
+        cell = self.trial.cell
+        held = Slot(self.run_dir / ".slots" / cell.throttle_key, cell.num_workers)
+        budget = cell.timeout_s or None
+        t0 = time.perf_counter()
+        self.watchdog.pause()
+        try:
+            held.acquire(budget)
+        except SlotTimeout:
+            whose = f"suite {cell.suite_name}" if cell.suite_name else f"mode {cell.mode}"
+            if cell.policy_id:
+                whose = f"policy {cell.policy_id} ({cell.mode})"
+            raise InfraFailure(
+                f"no num_workers slot of {whose} came free within the trial's {budget:g} s "
+                f"budget (num_workers {cell.num_workers}, all held by other trials); raise "
+                "num_workers or the timeout, or run fewer workers"
+            ) from None
+        finally:
+            self._slot_wait_s += time.perf_counter() - t0
+            self._write_running()
+            self.watchdog.resume()
+        try:
+            yield
+        finally:
+            held.release()
+
+    def _produce(self, variation, instruction: str) -> Path:
+        """The workflow for this trial's instruction, materialised once in the run dir.
+
+        One workflow per distinct instruction of a (cell, task): `task_NN/workflow/` where the
+        instruction is fixed (LIBERO tasks, or a suite's `task_prompts` entry), and
+        `task_NN/workflow_<sha256 of the instruction, 8 hex>/` for generated families whose
+        instruction changes with the seed (grocery_packing lists the seed's items), so each seed
+        runs the workflow written for what it is asked to do.
+        """
         from pytest_gap.workflow.templates import task_placeholders
 
         cell, trial = self.trial.cell, self.trial
-        dest = self.run_dir / trial.task_dir / "workflow"
+        given = cell.task_prompts.get(trial.task_id)
+        prompt = given or instruction
+        name = "workflow"
+        if given is None and variation.generated:
+            name = f"workflow_{hashlib.sha256(prompt.encode()).hexdigest()[:8]}"
+        dest = self.run_dir / trial.task_dir / name
+        self._prompts = {
+            "prompt": prompt,
+            "env_prompt": instruction,
+            "workflow": f"{trial.task_dir}/{name}",
+        }
         if (dest / PRODUCED_FILE).is_file():
             return dest
-        prompt = cell.task_prompts.get(trial.task_id) or self._task_prompt(variation)
         values = {**task_placeholders(prompt), **cell.objects}
         if cell.policy_id:
             values["policy_id"] = cell.policy_id
@@ -193,14 +289,13 @@ class TrialRun:
         return dest
 
     def _generate(self, prompt: str, values: dict[str, str], dest: Path) -> Path:
-        """llm_generation: one generation per (cell, task), whatever the number of workers.
-
-        The first worker to arrive generates under a lock; the others wait, then reuse it.
-        """
+        """llm_generation: one generation per (cell, task, instruction), whatever the number of
+        workers. The first worker to arrive generates under a lock; the others wait, then reuse
+        it (and a repeated generation is answered from the LLM cache)."""
         from pytest_gap.producers.chat import ChatClient, resolve_settings
         from pytest_gap.producers.llm import generate_workflow
 
-        with slot(dest.parent / ".produce", 1):
+        with slot(dest.parent / f".produce_{dest.name}", 1):
             if (dest / PRODUCED_FILE).is_file():
                 return dest
             t0 = time.perf_counter()
@@ -235,24 +330,16 @@ class TrialRun:
             os.rename(tmp, dest)
         return dest
 
-    def _task_prompt(self, variation) -> str:
-        """The task's instruction: a generated family may write its own, per seed.
-
-        Such families (grocery_packing lists the seed's items) are produced from the cell's
-        first seed; their workflows read the task at run time (`read_task`), as pack_all does.
-        """
-        if not variation.generated:
-            return self.env.task.prompt
-        return self.env.reset(self.trial.cell.seeds[0], variation=variation).prompt
-
     # -- recording ---------------------------------------------------------------------------
     def _finish(self, **fields) -> TrialResult:
         wall = time.perf_counter() - self._t0
         eval_s = time.perf_counter() - self._eval_t0 if self._eval_t0 is not None else 0.0
+        eval_s = max(eval_s - self._slot_wait_s, 0.0)
         self.result = TrialResult(
             **self._base,
             **fields,
             wall_s=wall,
+            slot_wait_s=self._slot_wait_s,
             produce_s=self._produce_s,
             eval_s=eval_s,
             finished_at=now_iso(),
@@ -262,6 +349,8 @@ class TrialRun:
 
     def abort(self, exit_code: int, reason: str) -> TrialResult:
         """Record a trial stopped from outside, with the steps and completion reached so far."""
+        if self._slot_wait_s >= 1:
+            reason += f" (not counting {self._slot_wait_s:.0f} s waiting for a num_workers slot)"
         fields: dict = {"exit_code": exit_code, "reason": reason}
         env = self.env
         try:
@@ -272,6 +361,7 @@ class TrialRun:
             fields |= {
                 "init_state": episode.init_state,
                 "prompt": episode.prompt,
+                **self._prompts,
                 "steps": env.steps,
                 "completion": env.completion(),
             }

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+PICK_PLACE = Path(__file__).resolve().parent.parent / "examples/workflows/pick_place"
 GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
 
 
@@ -124,3 +125,21 @@ def test_every_shipped_benchmark_config_loads():
     ab = {(c.mode, c.policy_id): {t.id.split("::", 2)[-1] for t in c.trials()} for c in embedded}
     rows = [k for k in ab if k[0] == "policy_only"]
     assert len(rows) == 2 and ab[rows[0]] == ab[rows[1]]
+
+
+def test_gap_benchmark_refuses_curobo_planner_before_any_trial(tmp_path):
+    """cuRobo planning is not supported: asking for it is a config error, not a silent IK run."""
+    config = tmp_path / "bench.yaml"
+    config.write_text(
+        "skills: {planner: curobo}\n"
+        f"trials: {{output_dir: {tmp_path / 'runs'}}}\n"
+        "benchmark: {families: [libero], variations: [object], modes: [workflow], task_ids: [0],"
+        f" n_seeds: 1, mode_overrides: {{workflow: {{workflow_dir: {PICK_PLACE}}}}},"
+        f" output_dir: {tmp_path / 'runs'}}}\n"
+    )
+    out = _gap("benchmark", str(config))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip().count("\n") == 0
+    assert "skills.planner: cuRobo motion planning is not supported" in out.stderr
+    assert "remove the key or set planner: ik" in out.stderr
+    assert not (tmp_path / "runs").exists()  # no trial ran, no run dir was made

@@ -111,3 +111,44 @@ def test_robosuite_macro_advice_stays_out_of_trial_reports(pytester):
     assert result.ret == 1 and out.count("task not completed: task") == 2, out
     assert out.count("No private macro file") <= 1
     assert "Captured" not in out and "warnings summary" not in out
+
+
+_DEVICE_SCRIPT = """
+import json
+import numpy as np
+import mujoco.egl
+from pytest_gap.errors import RenderBackendError
+from pytest_gap.sim.libero import make_env
+out = {}
+with make_env("libero_object", 0, egl_device=0) as env:
+    env.reset(0)
+    on_device = env.scene.render("agentview", height=48, width=48).rgb
+    out["mujoco_display_untouched"] = mujoco.egl.EGL_DISPLAY is None
+    out["context"] = type(env.scene.renderer._renderer(48, 48)._gl_context).__name__
+with make_env("libero_object", 0) as env:
+    env.reset(0)
+    default = env.scene.render("agentview", height=48, width=48).rgb
+out["same_image"] = bool(np.array_equal(on_device, default))
+with make_env("libero_object", 0, egl_device=7) as env:
+    env.reset(0)
+    try:
+        env.scene.render("agentview", height=48, width=48)
+    except RenderBackendError as exc:
+        out["error"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_an_env_renders_on_the_egl_device_it_was_built_for():
+    """Under EGL an env's contexts live on its own device's display, not on the process-wide
+    one MuJoCo picks from MUJOCO_EGL_DEVICE_ID (this machine has one EGL device: Mesa's)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYOPENGL_PLATFORM",)}
+    env["MUJOCO_GL"] = "egl"
+    proc = subprocess.run(
+        [sys.executable, "-c", _DEVICE_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["context"] == "EGLDeviceContext" and out["mujoco_display_untouched"]
+    assert out["same_image"]
+    assert out["error"].startswith("EGL device 7 does not exist: this machine has 1 EGL device(s)")

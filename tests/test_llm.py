@@ -385,3 +385,73 @@ def test_an_llm_that_is_down_errors_only_the_cells_that_need_it(tmp_path):
     assert cell.error == why and cell.infra_error and not cell.needs_llm
     templated = cell.model_copy(update={"workflow_dir": tmp_path, "error": None})
     assert templated.unavailable({"llm": why}) == templated  # templates need no LLM
+
+
+def _give_up_echoing_the_task(request: dict) -> str:
+    """Stages for the coordinator; for the writer a give-up graph whose description is the task
+    it was asked for, so a test can tell which instruction a workflow was written for."""
+    messages = request["messages"]
+    if request.get("max_tokens") == 1:  # the session's preflight request
+        return "OK"
+    if "You plan robot" in messages[0]["content"]:
+        return json.dumps({"stages": [{"name": "stop", "goal": "give up", "skills": ["home"]}]})
+    task = messages[1]["content"].splitlines()[0].removeprefix("Task: ")
+    return json.dumps(
+        {
+            "version": 1,
+            "name": "give_up",
+            "description": task,
+            "start": "home",
+            "nodes": {
+                "home": {"type": "tool", "skill": "home", "next": "failed"},
+                "failed": {"type": "end", "status": "failure"},
+            },
+        }
+    )
+
+
+def test_llm_generation_writes_one_workflow_per_distinct_instruction(pytester, monkeypatch):
+    """grocery_packing's instruction lists the seed's items: seeds 0 and 4 of task 0 ask for the
+    same items, seed 1 for others. Two generations, and every seed runs the one for its items."""
+    import yaml
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with ChatDouble(answer=_give_up_echoing_the_task) as double:
+        config = {
+            "llm": {"model": "test-model", "endpoint": double.url, "cache_dir": "cache"},
+            "benchmark": {
+                "families": ["grocery_packing"],
+                "variations": ["object"],
+                "modes": ["llm_generation"],
+                "task_ids": [0],
+                "seeds": [0, 1, 4],
+                "gate_threshold": 0.0,
+                "output_dir": "runs",
+            },
+        }
+        (pytester.path / "grid.yaml").write_text(yaml.safe_dump(config))
+        result = pytester.runpytest_subprocess("grid.yaml", "-n", "2", timeout=300)
+        assert result.ret == 0, result.stdout.str()
+        writer_tasks = sorted(
+            r["body"]["messages"][1]["content"].splitlines()[0]
+            for r in double.requests
+            if r["body"].get("max_tokens") != 1
+            and "You plan robot" not in r["body"]["messages"][0]["content"]
+        )
+    assert writer_tasks == [
+        "Task: pack the cream cheese and the milk into the basket",
+        "Task: pack the cream cheese and the tomato sauce into the basket",
+    ]
+    (task_dir,) = (pytester.path / "runs").glob("*/llm_generation/grocery_packing/object/task_00")
+    run_dir = task_dir.parents[3]
+    results = {
+        s: json.loads((task_dir / f"seed_{s:03d}/result.json").read_text()) for s in (0, 1, 4)
+    }
+    assert results[0]["prompt"] == results[4]["prompt"] != results[1]["prompt"]
+    assert results[0]["workflow"] == results[4]["workflow"] != results[1]["workflow"]
+    for seed, res in results.items():
+        assert res["prompt"] == res["env_prompt"], seed  # no task_prompts: the env's own
+        workflow = json.loads((run_dir / res["workflow"] / "workflow.json").read_text())
+        assert workflow["description"] == res["prompt"], seed
+        assert res["exit_status"] == "end_failure" and res["error"] is None, seed
+    assert len(list(task_dir.glob("workflow_*"))) == 2

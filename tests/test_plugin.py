@@ -127,6 +127,11 @@ def test_collection_ids_keywords_and_markers(pytester):
             ["--gap-families=posvar"],
             "--families/--modes restrict a grid",
         ),
+        (
+            {"skills": {"planner": "curobo"}, "benchmark": {"families": ["libero"]}},
+            [],
+            "skills.planner: cuRobo motion planning is not supported by this version",
+        ),
     ],
 )
 def test_config_errors_exit_2_with_the_message(pytester, data, args, message):
@@ -152,7 +157,13 @@ def test_trials_results_junit_gate_lf_and_resume(pytester):
         "trials": {"output_dir": "runs"},
         "suites": [
             {"suite_name": "libero_object", "task_ids": [0], "workflow_dir": str(PICK_PLACE)},
-            {"suite_name": "libero_object", "task_ids": [0], "seeds": [1], "workflow_dir": give_up},
+            {
+                "suite_name": "libero_object",
+                "task_ids": [0],
+                "seeds": [1],
+                "workflow_dir": give_up,
+                "task_prompts": {0: "pick up the milk and place it in the basket"},
+            },
         ],
         "gate_threshold": 0.5,
     }
@@ -164,6 +175,11 @@ def test_trials_results_junit_gate_lf_and_resume(pytester):
     assert "gate PASS: success_rate=0.500 threshold=0.500" in out
     assert "task not completed: task 0 seed 1 (init state 1)" in out
     assert "reason: workflow ended with end_failure at failed" in out
+    # task_prompts: the message names the prompt the workflow was given, then LIBERO's.
+    assert (
+        "prompt: 'pick up the milk and place it in the basket'; "
+        "env prompt: 'pick up the alphabet soup and place it in the basket'"
+    ) in out
     run_dir = _run_dir(pytester.path / "runs")
     results = _results(run_dir)
     ok = results["suites/libero_object/task_00/seed_000"]
@@ -176,6 +192,10 @@ def test_trials_results_junit_gate_lf_and_resume(pytester):
     assert filled["nodes"]["pick"]["inputs"]["name"] == "alphabet soup"
     failed = results["suites/libero_object_02/task_00/seed_001"]
     assert not failed["success"] and failed["init_state"] == 1 and failed["steps"] > 0
+    assert failed["prompt"] == "pick up the milk and place it in the basket"
+    assert failed["env_prompt"] == "pick up the alphabet soup and place it in the basket"
+    produced = json.loads((run_dir / failed["workflow"] / "produced.json").read_text())
+    assert produced["prompt"] == failed["prompt"]
     tsv = (run_dir / "summary.tsv").read_text().splitlines()
     assert tsv[1].startswith(
         "workflow\t\tlibero\tobject\tlibero_object\t1.000\t1.000\t1.000\t1\t1\t0"
@@ -195,8 +215,14 @@ def test_trials_results_junit_gate_lf_and_resume(pytester):
         "wall_s",
         "infra_failure",
         "video",
+        "prompt",
+        "env_prompt",
+        "workflow",
     }
     assert props["success"] == "True" and props["exit_code"] == "0"
+    given = {p.get("name"): p.get("value") for p in cases["seed001"].iter("property")}
+    assert given["prompt"] == "pick up the milk and place it in the basket"
+    assert given["env_prompt"] == "pick up the alphabet soup and place it in the basket"
 
     # --lf re-runs only the failed trial, into the same run dir; the summary keeps both.
     second = _run(pytester, "bench.yaml", "--lf")
@@ -276,14 +302,21 @@ def test_xdist_workers_are_pinned_round_robin(pytester):
             }
         },
     )
-    result = _run(pytester, "grid.yaml", "-n", "2", GAP_MUJOCO_EGL_DEVICES="3,5")
+    # The ids are fake (this machine has one EGL device): videos render with OSMesa.
+    result = _run(
+        pytester, "grid.yaml", "-n", "2", GAP_MUJOCO_EGL_DEVICES="3,5", MUJOCO_GL="osmesa"
+    )
     assert result.ret == 0, result.stdout.str()
     results = _results(_run_dir(pytester.path / "runs"))
     assert len(results) == 4
     workers = set()
     for record in results.values():
         device = {"gw0": "3", "gw1": "5"}[record["worker"]]
-        assert record["devices"] == {"CUDA_VISIBLE_DEVICES": device, "MUJOCO_EGL_DEVICE_ID": device}
+        assert record["devices"] == {
+            "CUDA_VISIBLE_DEVICES": device,
+            "MUJOCO_EGL_DEVICE_ID": device,
+            "env_egl_device": device,
+        }
         workers.add(record["worker"])
     assert workers == {"gw0", "gw1"}
     run_dir = _run_dir(pytester.path / "runs")
@@ -294,6 +327,63 @@ def test_xdist_workers_are_pinned_round_robin(pytester):
     record = results["workflow/libero/object/task_01/seed_001"]
     linked = run_dir / "videos" / videos[-1]
     assert linked.stat().st_ino == (run_dir / record["video"]).stat().st_ino  # a hard link
+
+
+def _robosuite_accepts(cuda_visible_devices: str, egl_device: str) -> bool:
+    """robosuite's own import-time check of MUJOCO_EGL_DEVICE_ID against CUDA_VISIBLE_DEVICES."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, MUJOCO_GL="osmesa", PYOPENGL_PLATFORM="osmesa")
+    env |= {"CUDA_VISIBLE_DEVICES": cuda_visible_devices, "MUJOCO_EGL_DEVICE_ID": egl_device}
+    proc = subprocess.run(
+        [sys.executable, "-c", "import robosuite.utils.binding_utils"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 or "MUJOCO_EGL_DEVICE_ID needs to be set" in proc.stderr, (
+        proc.stderr
+    )
+    return proc.returncode == 0
+
+
+def test_suites_cells_stagger_over_each_workers_own_devices(pytester):
+    """Four suites cells (offsets 0..3) on two workers over four (fake) GPUs: each worker owns
+    two, exported before the simulator loads, and builds each cell's env for one of its own."""
+    give_up = _give_up(pytester)
+    _config(
+        pytester,
+        "bench.yaml",
+        {
+            "trials": {"output_dir": "runs"},
+            "suites": [
+                {"suite_name": "libero_object", "task_ids": [0], "workflow_dir": give_up}
+                for _ in range(4)
+            ],
+            "gate_threshold": 0.0,
+        },
+    )
+    result = _run(pytester, "bench.yaml", "-n", "2", GAP_MUJOCO_EGL_DEVICES="3,5,7,9")
+    assert result.ret == 0, result.stdout.str()
+    results = _results(_run_dir(pytester.path / "runs"))
+    own = {"gw0": ["3", "7"], "gw1": ["5", "9"]}
+    offsets = {"libero_object": 0, "libero_object_02": 1, "libero_object_03": 2}
+    offsets["libero_object_04"] = 3
+    built = set()
+    for key, record in results.items():
+        assert record["exit_code"] == 0 and record["error"] is None, record
+        mine = own[record["worker"]]
+        devices = record["devices"]
+        assert devices["CUDA_VISIBLE_DEVICES"] == ",".join(mine)
+        assert devices["MUJOCO_EGL_DEVICE_ID"] == mine[0]  # never changed after pinning
+        assert devices["env_egl_device"] == mine[offsets[key.split("/")[1]] % 2], key
+        built.add((devices["CUDA_VISIBLE_DEVICES"], devices["env_egl_device"]))
+    assert {egl for _, egl in built} == {"3", "5", "7", "9"}  # every GPU got a cell
+    for cuda, egl in built:  # each env's device would pass robosuite's own check
+        assert _robosuite_accepts(cuda, egl), (cuda, egl)
+    assert not _robosuite_accepts("5", "7")  # the old stagger: a device outside the worker's
 
 
 def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(pytester, doubles):
@@ -326,6 +416,95 @@ def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(pytester, doubl
     assert stalled["init_state"] == 0
     assert results["suites/libero_object_02/task_00/seed_000"]["exit_code"] == 0
     assert result.ret == 0  # timeouts are failed trials, not errored cells; 0.0 gate passes
+
+
+def _stall_then_end(pytester, seconds: float) -> str:
+    return _workflow(
+        pytester,
+        "stall_then_end",
+        {
+            "stall": {
+                "type": "tool",
+                "skill": "stall",
+                "inputs": {"seconds": seconds},
+                "next": "end",
+            },
+            "end": {"type": "end", "status": "success"},
+        },
+        "stall",
+    )
+
+
+@pytest.mark.parametrize("method", ["signal", "thread"])
+def test_waiting_for_a_num_workers_slot_is_not_charged_to_the_watchdog(pytester, doubles, method):
+    """Two workers, one slot, a 40 s watchdog, trials that hold the slot 22 s each: the second
+    trial's wait plus its own 22 s exceed 40 s, yet only its own time counts (env setup, up to
+    18 s on a loaded machine, plus its 22 s)."""
+    _config(
+        pytester,
+        "bench.yaml",
+        {
+            "trials": {"output_dir": "runs", "task_timeout_secs": 40},
+            "suites": [
+                {
+                    "suite_name": "libero_object",
+                    "task_ids": [0],
+                    "seeds": [0, 1],
+                    "num_workers": 1,
+                    "workflow_dir": _stall_then_end(pytester, 22),
+                }
+            ],
+            "gate_threshold": 0.0,
+        },
+    )
+    result = _run(pytester, "bench.yaml", "-n", "2", f"--timeout-method={method}")
+    results = _results(_run_dir(pytester.path / "runs"))
+    assert {r["worker"] for r in results.values()} == {"gw0", "gw1"}, results
+    for record in results.values():
+        assert record["exit_code"] == 0 and record["exit_status"] == "end_success", record
+    waited = max(results.values(), key=lambda r: r["slot_wait_s"])
+    assert waited["slot_wait_s"] > 5, results  # it really queued behind the other trial
+    assert waited["wall_s"] > 40, results  # longer than the watchdog, counting the wait
+    assert result.ret == 0, result.stdout.str()
+
+
+def test_a_trial_that_gets_no_slot_within_its_budget_is_an_errored_trial(pytester, doubles):
+    """Another process holds the suite's only slot for the whole session: the trial waits its
+    12 s budget, then is recorded as an infrastructure failure, not as a 124 timeout."""
+    import fcntl
+
+    _config(
+        pytester,
+        "bench.yaml",
+        {
+            "trials": {"output_dir": "runs", "task_timeout_secs": 12},
+            "suites": [
+                {
+                    "suite_name": "libero_object",
+                    "task_ids": [0],
+                    "num_workers": 1,
+                    "workflow_dir": _give_up(pytester),
+                }
+            ],
+            "gate_threshold": 0.0,
+        },
+    )
+    slots = pytester.path / "runs/20200101_000000/.slots/suites__libero_object"
+    slots.mkdir(parents=True)
+    with (slots / "slot_0.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = _run(pytester, "bench.yaml", "--gap-resume")
+    record = _results(pytester.path / "runs/20200101_000000")[
+        "suites/libero_object/task_00/seed_000"
+    ]
+    assert record["exit_code"] == 1 and record["infra_failure"], record
+    assert record["error"].startswith(
+        "no num_workers slot of suite libero_object came free within the trial's 12 s budget "
+        "(num_workers 1"
+    )
+    assert record["slot_wait_s"] >= 12
+    assert result.ret == 1  # an errored trial errors its cell: the gate fails
+    assert "infrastructure failure: task 0 seed 0" in result.stdout.str()
 
 
 def test_a_killed_worker_is_recorded_as_137_and_the_run_goes_on(pytester, doubles):

@@ -63,8 +63,6 @@ def test_move_to_reaches_the_pose_and_refuses_unreachable_ones(env):
     with pytest.raises(SkillFailure, match="out of the arm's reach"):
         skills.move_to(ctx, [0.9, 0.0, 0.1])
     assert env.steps == steps  # refused before moving
-    with pytest.raises(SkillFailure, match="needs NVIDIA cuRobo, which is not installed"):
-        skills.move_to(ctx, target, planner="curobo")
 
 
 def test_grip_yaw_turns_the_wrist_the_short_way_within_its_easy_range(env):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
-from pytest_gap.throttle import slot
+import pytest
+
+from pytest_gap.throttle import SlotTimeout, slot
 
 
 def _hold(directory, limit, seconds, starts):
@@ -38,3 +40,24 @@ def test_a_dead_holder_frees_its_slot(tmp_path):
     t0 = time.monotonic()
     with slot(tmp_path, 1):
         assert time.monotonic() - t0 < 1.0
+
+
+def test_a_waiter_gives_up_at_its_deadline(tmp_path):
+    ctx = mp.get_context("spawn")
+    started = ctx.Queue()
+    proc = ctx.Process(target=_hold, args=(tmp_path, 1, 60.0, started))
+    proc.start()
+    try:
+        started.get(timeout=30)  # it holds the only slot now
+        t0 = time.monotonic()
+        with (
+            pytest.raises(SlotTimeout, match=r"no slot of 1 came free within 0\.5 s"),
+            slot(tmp_path, 1, timeout=0.5),
+        ):
+            pass
+        assert 0.5 <= time.monotonic() - t0 < 1.5
+    finally:
+        proc.kill()
+        proc.join()
+    with slot(tmp_path, 1, timeout=2.0) as index:  # freed by the holder's death
+        assert index == 0

@@ -197,7 +197,8 @@ def test_catalogue_is_machine_readable_with_typed_inputs_and_outputs():
     assert locate["inputs"]["required"] == ["name"]
     assert locate["inputs"]["properties"]["name"]["type"] == "string"
     assert "box" in locate["outputs"]["properties"]
-    assert entries["move_to"]["inputs"]["properties"]["planner"]["enum"] == ["builtin", "curobo"]
+    # No motion-planner choice is advertised: the IK servo is the only one (cuRobo is not wired).
+    assert set(entries["move_to"]["inputs"]["properties"]) == {"position", "yaw", "gripper"}
     assert all(e["description"] for e in entries.values())
 
 

@@ -4,10 +4,18 @@ MuJoCo reads MUJOCO_GL once, at import. A user's setting is respected as is. Oth
 tried first (GPU machines, and Mesa's llvmpipe on CPU), then OSMesa, each in a throw-away
 subprocess so a broken driver cannot poison this process. The choice is exported, so xdist
 workers and other children inherit it instead of probing again.
+
+`make_renderer` can put a renderer's EGL context on a chosen EGL device. MuJoCo's own EGL
+backend binds every context of a process to one display, chosen from MUJOCO_EGL_DEVICE_ID when
+the first context is made; changing the variable later has no effect, so envs of one process
+that render on different GPUs need contexts on their own displays.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import ctypes
 import os
 import subprocess
 import sys
@@ -112,3 +120,100 @@ def import_robosuite_quietly() -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "The 'warn' method is deprecated", DeprecationWarning)
         import robosuite  # noqa: F401
+
+
+# -- EGL contexts on a chosen device --------------------------------------------------------------
+_displays: dict[int, object] = {}
+
+
+def _egl_display(device: int):
+    """An initialised EGL display on EGL device `device`, made once per process and device.
+
+    `device` is an index into eglQueryDevicesEXT's list, as MUJOCO_EGL_DEVICE_ID is."""
+    if device in _displays:
+        return _displays[device]
+    from mujoco.egl import egl_ext as EGL
+
+    devices = EGL.eglQueryDevicesEXT()
+    if not 0 <= device < len(devices):
+        raise RenderBackendError(
+            f"EGL device {device} does not exist: this machine has {len(devices)} EGL "
+            f"device(s), 0..{len(devices) - 1}; list existing ids in GAP_MUJOCO_EGL_DEVICES"
+        )
+    display = EGL.eglGetPlatformDisplayEXT(EGL.EGL_PLATFORM_DEVICE_EXT, devices[device], None)
+    if display == EGL.EGL_NO_DISPLAY or EGL.eglInitialize(display, None, None) != EGL.EGL_TRUE:
+        raise RenderBackendError(f"EGL device {device}: could not initialise an EGL display on it")
+    atexit.register(EGL.eglTerminate, display)
+    _displays[device] = display
+    return display
+
+
+class EGLDeviceContext:
+    """mujoco.egl.GLContext, but on the display of one chosen EGL device."""
+
+    def __init__(self, device: int, max_width: int, max_height: int):
+        from mujoco.egl import EGL_ATTRIBUTES
+        from mujoco.egl import egl_ext as EGL
+
+        self._context = None
+        self.device = device
+        self._display = _egl_display(device)
+        configs = (EGL.EGLConfig * 1)()
+        found = ctypes.c_long()
+        EGL.eglReleaseThread()
+        EGL.eglChooseConfig(self._display, EGL_ATTRIBUTES, configs, 1, found)
+        if found.value < 1:
+            raise RenderBackendError(f"EGL device {device}: no framebuffer configuration fits")
+        EGL.eglBindAPI(EGL.EGL_OPENGL_API)
+        self._context = EGL.eglCreateContext(self._display, configs[0], EGL.EGL_NO_CONTEXT, None)
+        if not self._context:
+            raise RenderBackendError(f"EGL device {device}: could not create an EGL context")
+
+    def make_current(self) -> None:
+        from mujoco.egl import egl_ext as EGL
+
+        if not EGL.eglMakeCurrent(
+            self._display, EGL.EGL_NO_SURFACE, EGL.EGL_NO_SURFACE, self._context
+        ):
+            raise RuntimeError(f"EGL device {self.device}: failed to make the context current")
+
+    def free(self) -> None:
+        if not self._context:
+            return
+        from mujoco.egl import egl_ext as EGL
+
+        current = EGL.eglGetCurrentContext()
+        if current and self._context.address == current.address:
+            EGL.eglMakeCurrent(
+                self._display, EGL.EGL_NO_SURFACE, EGL.EGL_NO_SURFACE, EGL.EGL_NO_CONTEXT
+            )
+        EGL.eglDestroyContext(self._display, self._context)
+        EGL.eglReleaseThread()
+        self._context = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.free()
+
+
+def uses_egl() -> bool:
+    return os.environ.get("MUJOCO_GL", "").strip().lower() == "egl"
+
+
+def make_renderer(model, height: int, width: int, egl_device: int | None = None):
+    """A mujoco.Renderer; under MUJOCO_GL=egl with `egl_device`, its context is on that device.
+
+    mujoco.Renderer makes its context from its module's `gl_context.GLContext`; that one name is
+    swapped for the duration of the constructor (one thread renders per process)."""
+    import mujoco
+
+    if egl_device is None or not uses_egl():
+        return mujoco.Renderer(model, height, width)
+    _egl_display(egl_device)  # a missing device is a one-line error, before MuJoCo's
+    module = sys.modules[mujoco.Renderer.__module__].gl_context
+    default = module.GLContext
+    module.GLContext = lambda w, h: EGLDeviceContext(egl_device, w, h)
+    try:
+        return mujoco.Renderer(model, height, width)
+    finally:
+        module.GLContext = default

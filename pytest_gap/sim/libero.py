@@ -144,8 +144,13 @@ def _quiet():
 class LiberoEnv:
     """A LIBERO task env. Create once, then `reset(seed)` for every episode."""
 
-    def __init__(self, task: TaskSpec, options: EnvOptions | None = None):
+    def __init__(
+        self, task: TaskSpec, options: EnvOptions | None = None, egl_device: int | None = None
+    ):
+        """`egl_device`: the EGL device its cameras render on under MUJOCO_GL=egl (None: the
+        process's default, MUJOCO_EGL_DEVICE_ID); unused by other GL backends."""
         self.task = task
+        self.egl_device = egl_device
         self.suite: SuiteSpec = get_suite(task.suite)
         self.options = options or EnvOptions()
         self.max_steps = self.options.max_steps or self.suite.max_steps
@@ -167,7 +172,7 @@ class LiberoEnv:
         self.raw = self._control.env
         model = self.raw.sim.model._model
         model.vis.quality.offsamples = 4 if self.options.multisample else 0
-        self.scene = SceneView(self.raw)
+        self.scene = SceneView(self.raw, egl_device)
         self._cameras = {c: resolve_camera(model, c) for c in self.options.cameras}
         self._steps = 0
         self._episode: EpisodeInfo | None = None
@@ -414,5 +419,7 @@ class LiberoEnv:
         self.close()
 
 
-def make_env(suite: str, task_id: int, options: EnvOptions | None = None) -> LiberoEnv:
-    return LiberoEnv(get_suite(suite).task(task_id), options)
+def make_env(
+    suite: str, task_id: int, options: EnvOptions | None = None, egl_device: int | None = None
+) -> LiberoEnv:
+    return LiberoEnv(get_suite(suite).task(task_id), options, egl_device)

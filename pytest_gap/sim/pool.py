@@ -1,4 +1,4 @@
-"""A per-process pool of LIBERO envs: created once per (suite, task, options), LRU-bounded.
+"""A per-process pool of LIBERO envs: one per (suite, task, options, EGL device), LRU-bounded.
 
 An env costs about 2 GB and seconds to build; a reset costs a fraction of a second. Trials of
 one task reuse its env; a new task reuses a pooled env if it has one and otherwise evicts the
@@ -44,9 +44,16 @@ class EnvPool:
         self._envs: OrderedDict[tuple, LiberoEnv] = OrderedDict()
         self.stats = PoolStats()
 
-    def get(self, suite: str, task_id: int, options: EnvOptions | None = None) -> LiberoEnv:
+    def get(
+        self,
+        suite: str,
+        task_id: int,
+        options: EnvOptions | None = None,
+        egl_device: int | None = None,
+    ) -> LiberoEnv:
+        """The pooled env; `egl_device` is where it renders (an env never changes device)."""
         options = options or EnvOptions()
-        key = (suite, task_id, options)
+        key = (suite, task_id, options, egl_device)
         env = self._envs.get(key)
         if env is not None:
             self._envs.move_to_end(key)
@@ -57,7 +64,7 @@ class EnvPool:
             _, old = self._envs.popitem(last=False)
             old.close()
             self.stats.evicted += 1
-        env = LiberoEnv(task, options)
+        env = LiberoEnv(task, options, egl_device)
         self._envs[key] = env
         self.stats.created += 1
         return env

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pytest_gap.errors import RenderBackendError, SimInputError
-from pytest_gap.sim.gl import render_backend_error, render_unavailable_reason
+from pytest_gap.sim.gl import make_renderer, render_backend_error, render_unavailable_reason
 
 # What robosuite's offscreen renderer uses (MJCF's default vis.quality.offsamples).
 MSAA_SAMPLES = 4
@@ -67,11 +67,20 @@ def resolve_camera(model, name: str) -> str:
 class SceneRenderer:
     """Renders cameras of one MuJoCo model/data pair; one GL renderer per image size.
 
-    `rgb` and `frame` take resolved MuJoCo camera names (see `resolve_camera`)."""
+    `rgb` and `frame` take resolved MuJoCo camera names (see `resolve_camera`). With
+    `egl_device` (under MUJOCO_GL=egl) the GL contexts are made on that EGL device."""
 
-    def __init__(self, model, data, geom_labels: np.ndarray, labels: dict[int, str]):
+    def __init__(
+        self,
+        model,
+        data,
+        geom_labels: np.ndarray,
+        labels: dict[int, str],
+        egl_device: int | None = None,
+    ):
         import mujoco
 
+        self.egl_device = egl_device
         self._model = model
         self._data = data
         self._geom_labels = geom_labels  # geom id -> label index
@@ -93,14 +102,14 @@ class SceneRenderer:
             reason = render_unavailable_reason()
             if reason:
                 raise RenderBackendError(reason)
-            import mujoco
-
             vis = self._model.vis.global_
             vis.offwidth, vis.offheight = max(vis.offwidth, width), max(vis.offheight, height)
             # The GL context reads the sample count once, when it is made: set it for this one.
             saved, quality.offsamples = quality.offsamples, MSAA_SAMPLES if multisample else 0
             try:
-                self._renderers[key] = mujoco.Renderer(self._model, height, width)
+                self._renderers[key] = make_renderer(self._model, height, width, self.egl_device)
+            except RenderBackendError:
+                raise
             except Exception as exc:  # context creation failures come as several types
                 raise render_backend_error(exc) from exc
             finally:

@@ -80,8 +80,9 @@ def _subtree_bodies(model, root: int) -> list[int]:
 class SceneView:
     """Read-only queries over one robosuite/LIBERO env (the object behind ControlEnv.env)."""
 
-    def __init__(self, raw_env):
+    def __init__(self, raw_env, egl_device: int | None = None):
         self._env = raw_env
+        self._egl_device = egl_device  # where its cameras render (see sim/gl.py)
         self._model = raw_env.sim.model._model
         self._data = raw_env.sim.data._data
         problem = raw_env.parsed_problem
@@ -207,7 +208,9 @@ class SceneView:
     @property
     def renderer(self) -> SceneRenderer:
         if self._renderer is None:
-            self._renderer = SceneRenderer(self._model, self._data, self._geom_labels, self._labels)
+            self._renderer = SceneRenderer(
+                self._model, self._data, self._geom_labels, self._labels, self._egl_device
+            )
         return self._renderer
 
     def render(

@@ -190,13 +190,10 @@ def move_to(
     position: list[float],
     yaw: float = 0.0,
     gripper: Literal["open", "closed"] = "open",
-    planner: Literal["builtin", "curobo"] = "builtin",
 ) -> Motion:
     """Move the grip site to a position, pointing down at a yaw (IK-checked, collision-aware)."""
     if len(position) != 3:
         raise SkillFailure(f"position must be [x, y, z], got {position}")
-    if planner == "curobo":
-        motion.curobo_planner()  # says clearly when cuRobo is absent
     motion.require_reachable(ctx, position, yaw)
     error = motion.travel(ctx, position, yaw, OPEN if gripper == "open" else CLOSE)
     return Motion(reached=error < 0.015, error=error, position=_position(ctx))

@@ -182,16 +182,3 @@ def grip_yaw(ctx: SkillContext, position, yaw: float) -> float | None:
         if solve_ik(ctx, position, option) <= IK_TOLERANCE:
             return float(option)
     return None
-
-
-def curobo_planner():
-    """NVIDIA cuRobo's motion generator, if installed (GPU machines, installed from source)."""
-    try:
-        from curobo.wrap.reacher.motion_gen import MotionGen  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise SkillFailure(
-            "planner 'curobo' needs NVIDIA cuRobo, which is not installed here (it needs a CUDA "
-            "GPU and is installed from NVIDIA's source, not PyPI 'curobo'); use planner "
-            "'builtin'"
-        ) from exc
-    return MotionGen
