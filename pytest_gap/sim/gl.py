@@ -52,6 +52,11 @@ def ensure_gl_backend() -> str:
     global _unavailable_reason
     chosen = os.environ.get("MUJOCO_GL", "").strip().lower()
     if chosen:
+        # MuJoCo refuses osmesa/egl when PYOPENGL_PLATFORM names the other one, as it does when
+        # an earlier choice (ours, exported to children) is still in the environment: the
+        # user's MUJOCO_GL wins.
+        if chosen in _CANDIDATES and os.environ.get("PYOPENGL_PLATFORM") in _CANDIDATES:
+            os.environ["PYOPENGL_PLATFORM"] = chosen
         return chosen
     if "mujoco" in sys.modules:
         # Too late to choose: mujoco already picked its default (glfw, which needs a display).
