@@ -188,7 +188,11 @@ class TrialRun:
         trace_dir = self.dir / "trace" if cell.enable_tracing else None
         with self._throttled():
             run = run_workflow(
-                load_workflow(workflow_dir), env, trace_dir=trace_dir, policies=self.policies
+                load_workflow(workflow_dir),
+                env,
+                trace_dir=trace_dir,
+                policies=self.policies,
+                task_prompt=prompts["prompt"],
             )
         env.finish_video()
         if run.infra_failure:

@@ -159,3 +159,52 @@ def test_pack_all_packs_a_carton_a_can_and_a_flat_box(env):
     result = run_workflow(graph, env)
     assert result.success and result.completion == 1.0, result.error
     assert env.success()
+
+
+class _PromptRecorder:
+    """Zero motion; remembers the prompt of every observation."""
+
+    def __init__(self):
+        self.prompts: list[str] = []
+
+    def infer(self, obs: dict) -> dict:
+        self.prompts.append(obs["prompt"])
+        return {"actions": np.tile([0, 0, 0, 0, 0, 0, -1.0], (5, 1))}
+
+
+def test_skills_read_the_instruction_the_workflow_was_given(object_env):
+    """A suite's task_prompts entry replaces LIBERO's instruction for the whole workflow: the
+    policy is prompted with it and read_task parses it."""
+    from pytest_gap.policies.server import PolicyServer
+    from pytest_gap.workflow.executor import run_workflow
+    from pytest_gap.workflow.schema import validate_workflow
+
+    workflow = validate_workflow(
+        {
+            "version": 1,
+            "name": "read_then_policy",
+            "start": "task",
+            "nodes": {
+                "task": {"type": "tool", "skill": "read_task", "next": "policy"},
+                "policy": {
+                    "type": "tool",
+                    "skill": "run_policy",
+                    "inputs": {"policy": "rec", "max_windows": 2},
+                    "next": "end",
+                },
+                "end": {"type": "end", "status": "failure"},
+            },
+        }
+    )
+    given = "pick up the tomato sauce and place it in the basket"
+    recorder = _PromptRecorder()
+    with PolicyServer(recorder).start() as served:
+        endpoints = {"rec": {"url": served.url, "protocol": "openpi", "obs_format": "gap"}}
+        object_env.reset(0)
+        run = run_workflow(workflow, object_env, policies=endpoints, task_prompt=given)
+        assert run.outputs["task"]["items"] == ["tomato sauce"]
+        assert recorder.prompts == [given, given]
+        object_env.reset(0)  # without one, the env's own instruction
+        run = run_workflow(workflow, object_env, policies=endpoints)
+        assert run.outputs["task"]["items"] == ["alphabet soup"]
+        assert recorder.prompts[-1] == object_env.episode.prompt

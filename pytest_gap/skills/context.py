@@ -30,6 +30,9 @@ class SkillContext:
     # policy id -> {"url": ws url, "protocol": "openpi" | "vla-eval", "obs_format": a name in
     # policies/formats.py (default: the protocol's), "privileged": bool}
     policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The instruction the workflow was produced for (a suite's task_prompts entry, say); None:
+    # the env's own. Skills that read the task or prompt a policy use `instruction`.
+    task_prompt: str | None = None
     _clients: dict[str, Any] = field(default_factory=dict)
     _frames: dict[tuple[str, int, int, int], CameraFrame] = field(default_factory=dict)
 
@@ -53,6 +56,10 @@ class SkillContext:
         for client in self._clients.values():
             client.close()
         self._clients.clear()
+
+    @property
+    def instruction(self) -> str:
+        return self.task_prompt or self.env.episode.prompt
 
     @property
     def steps(self) -> int:

@@ -384,7 +384,7 @@ def check_success(ctx: SkillContext) -> Success:
 @skill
 def read_task(ctx: SkillContext) -> TaskInfo:
     """Read the instruction: the items to move and the container they go to."""
-    prompt = ctx.env.episode.prompt
+    prompt = ctx.instruction
     parsed = parse_instruction(prompt)
     if parsed is None:
         raise SkillFailure(f"cannot read items and container from the instruction {prompt!r}")

@@ -70,7 +70,10 @@ def run_policy(
     replan_every: int = 5,
     settle_steps: int = 10,
 ) -> PolicyRun:
-    """Let a learned policy act: observations in, action chunks out, until a gripper cycle."""
+    """Let a learned policy act: observations in, action chunks out, until a gripper cycle.
+
+    `prompt` defaults to the task's instruction (the one the workflow was produced for)."""
+    prompt = prompt or ctx.instruction
     client = ctx.policy(policy)
     endpoint = ctx.policies.get(policy, {})
     fmt = obs_format(endpoint)

@@ -131,13 +131,18 @@ def run_workflow(
     trace_dir=None,
     keep_images: bool = False,
     policies: dict[str, dict[str, str]] | None = None,
+    task_prompt: str | None = None,
 ) -> RunResult:
-    """Run from `workflow.start` on an env that was just reset; return what happened."""
+    """Run from `workflow.start` on an env that was just reset; return what happened.
+
+    `task_prompt` is the instruction the workflow was produced for, when it is not the env's
+    own (skills that read the task or prompt a policy use it)."""
     ctx = SkillContext(
         env,
         max_sim_steps=workflow.limits.max_sim_steps,
         keep_images=keep_images,
         policies=dict(policies or {}),
+        task_prompt=task_prompt,
     )
     try:
         return _run(workflow, env, ctx, trace_dir)
