@@ -562,6 +562,7 @@ def test_a_worker_killed_by_the_thread_watchdog_is_recorded_as_124(pytester, dou
                     "suite_name": "libero_object",
                     "task_ids": [1],
                     "workflow_dir": _give_up(pytester),
+                    "timeout_secs": 300,  # room for env creation on a loaded machine
                 },
             ],
             "gate_threshold": 0.0,
