@@ -22,6 +22,7 @@ from bench.graph_success import _ids  # noqa: E402  (after the path is set)
 def main() -> int:
     from pytest_gap.policies.builtin import ScriptedPolicy
     from pytest_gap.policies.server import PolicyServer
+    from pytest_gap.producers.templates import template_dir
     from pytest_gap.sim.libero import make_env
     from pytest_gap.sim.variations import resolve
     from pytest_gap.workflow.executor import run_workflow
@@ -33,7 +34,7 @@ def main() -> int:
     parser.add_argument("--seeds", default="0")
     args = parser.parse_args()
     variation = resolve(*args.family.split("/"))
-    template = load_workflow(ROOT / "examples/templates/policy_only", {"policy_id": "scripted"})
+    template = load_workflow(template_dir("policy_only"), {"policy_id": "scripted"})
     wins = trials = 0
     t0 = time.perf_counter()
     with PolicyServer(ScriptedPolicy()).start() as server:

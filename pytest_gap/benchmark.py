@@ -135,9 +135,9 @@ async def run_benchmark(
     with tempfile.TemporaryDirectory(prefix="gap-benchmark-") as tmp:
         path, loaded = _config_file(config, Path(tmp))
         cells = plan(loaded, families=families, modes=modes)  # config errors before any trial
-        if any(c.mode == "llm_generation" and c.workflow_dir is None for c in cells):
+        if any(c.uses_llm for c in cells):
             problem = llm_problem(loaded)
-            if problem:  # fail fast: every llm_generation cell would error on it
+            if problem:  # fail fast: every cell whose producer is the LLM would error on it
                 raise ConfigError(str(path), [problem])
         check_config(path.resolve(), loaded, cells)  # a refused key, a missing program
         report_json = Path(tmp) / "report.json"

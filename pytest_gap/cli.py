@@ -61,26 +61,45 @@ def _parse_sets(pairs: list[str]) -> dict[str, str]:
     return values
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _run_source(args: argparse.Namespace):
+    """The workflow `gap run` starts from: a directory, or a shipped template (--template)."""
     from pathlib import Path
 
+    from pytest_gap.producers.templates import template_dir
+
+    if (args.workflow is None) == (args.template is None):
+        raise GapError("gap run: give a workflow directory or --template NAME (one of them)")
+    return template_dir(args.template) if args.template else Path(args.workflow)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from pytest_gap.producers.prebuilt import materialize
     from pytest_gap.sim.libero import EnvOptions, make_env
     from pytest_gap.sim.variations import resolve
     from pytest_gap.workflow.executor import run_workflow
     from pytest_gap.workflow.schema import load_workflow
     from pytest_gap.workflow.templates import task_placeholders
 
+    source = _run_source(args)
     variation = resolve(args.family, args.variation)
     trace_dir = Path(
         args.trace_dir
-        or f"gap_runs/{Path(args.workflow).name}_{args.family}_{args.variation}"
+        or f"gap_runs/{source.name}_{args.family}_{args.variation}"
         f"_task{args.task:02d}_seed{args.seed:03d}/trace"
     )
     cameras = ("agentview",) if args.video else ()
-    with make_env(variation.suite, args.task, EnvOptions(cameras=cameras)) as env:
+    with (
+        make_env(variation.suite, args.task, EnvOptions(cameras=cameras)) as env,
+        tempfile.TemporaryDirectory(prefix="gap-run-") as tmp,
+    ):
         obs = env.reset(args.seed, variation=variation, video=args.video, video_wrist=args.wrist)
         values = {**task_placeholders(obs.prompt), **_parse_sets(args.set)}
-        workflow = load_workflow(args.workflow, values)
+        # The prebuilt producer fills and checks it, exactly as a benchmark's template modes do.
+        materialize(source, Path(tmp) / "workflow", values, obs.prompt)
+        workflow = load_workflow(Path(tmp) / "workflow")
         result = run_workflow(workflow, env, trace_dir=trace_dir, keep_images=args.images)
         frames = env.finish_video()
     verdict = "SUCCESS" if result.success else "FAILURE"
@@ -134,41 +153,44 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pytest_gap.config import LLMConfig, load_config
-    from pytest_gap.producers.chat import ChatClient, resolve_settings
-    from pytest_gap.producers.llm import generate_workflow
+    from pytest_gap.producers.base import ProduceRequest, producer_for
+    from pytest_gap.producers.chat import resolve_settings
     from pytest_gap.workflow.templates import task_placeholders
 
     config = load_config(args.config) if args.config else None
     llm = config.llm if config else LLMConfig()
     overrides = {k: v for k, v in (("model", args.model), ("endpoint", args.endpoint)) if v}
     llm = llm.model_copy(update=overrides)
-    settings = resolve_settings(llm, args.config or "gap generate")
+    source = args.config or "gap generate"
+    settings = resolve_settings(llm, source)  # a config problem exits 2 before any file changes
     out = Path(args.out)
     shutil.rmtree(out / "agent_traces", ignore_errors=True)
     (out / "workflow.json").unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     objects = _parse_sets(args.set)
-    values = {**task_placeholders(args.prompt), **objects}
     retries = config.composition.max_validation_retries if config else 2
-    generation = generate_workflow(
-        args.prompt,
-        chat=ChatClient(settings),
+    request = ProduceRequest(
+        instruction=args.prompt,
+        placeholders={**task_placeholders(args.prompt), **objects},
         objects=objects,
-        values=values,
+        llm=llm,
+        config_source=source,
         max_validation_retries=retries,
-        trace_dir=out / "agent_traces",
     )
+    # The llm_generation mode's producer, as a benchmark trial uses it.
+    produced = producer_for("llm").write(request, out)
     print(
-        f"model {settings.model} at {settings.base_url}: {generation.calls} responses "
-        f"({generation.cached} from the cache)"
+        f"model {settings.model} at {settings.base_url}: {produced['calls']} responses "
+        f"({produced['cached']} from the cache)"
     )
-    if not generation.valid:
+    if not produced["valid"]:
         print(f"no valid workflow after {retries} fixes:")
-        for problem in generation.problems:
+        for problem in produced["problems"]:
             print(f"  {problem}")
         print(f"agent traces: {out / 'agent_traces'}")
         return 1
-    (out / "workflow.json").write_text(json.dumps(generation.workflow, indent=1) + "\n")
-    print(f"valid workflow: {out / 'workflow.json'} ({len(generation.workflow['nodes'])} nodes)")
+    nodes = json.loads((out / "workflow.json").read_text())["nodes"]
+    print(f"valid workflow: {out / 'workflow.json'} ({len(nodes)} nodes)")
     print(f"run it: gap run {out} --family libero --variation object --task 0 --seed 0")
     return 0
 
@@ -246,7 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
     skills.add_argument("--json", action="store_true", help="the machine-readable catalogue")
     skills.set_defaults(func=_cmd_skills)
     run = sub.add_parser("run", help="run one trial of a workflow and print the outcome")
-    run.add_argument("workflow", help="workflow directory (holding workflow.json)")
+    run.add_argument(
+        "workflow", nargs="?", help="workflow directory (holding workflow.json); or --template"
+    )
+    run.add_argument(
+        "--template", help="run a template shipped with pytest-gap (policy_only, llm_plus_policy)"
+    )
     run.add_argument("--family", required=True)
     run.add_argument("--variation", required=True)
     run.add_argument("--task", type=int, required=True)

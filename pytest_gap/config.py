@@ -29,11 +29,14 @@ from pydantic import (
 )
 
 from pytest_gap.errors import GapError
+from pytest_gap.modes import default_modes, get_mode, mode_names
 
-KNOWN_MODES = ("llm_generation", "llm_plus_policy", "policy_only", "workflow")
+# Snapshots of the built-in rows of the mode table (pytest_gap/modes.py), for the Python API;
+# validation reads the table itself, so modes registered later are known too.
+KNOWN_MODES = mode_names()
 # The modes a grid runs when `modes:` is omitted: the benchmark's three ablation modes.
-DEFAULT_MODES = ("llm_generation", "llm_plus_policy", "policy_only")
-POLICY_MODES = ("llm_plus_policy", "policy_only")
+DEFAULT_MODES = default_modes()
+POLICY_MODES = tuple(m for m in KNOWN_MODES if get_mode(m).takes_policy_axis)
 DEFAULT_GATE_THRESHOLD = 0.90
 
 
@@ -162,6 +165,8 @@ class SkillsConfig(_Strict):
 class ModeOverride(_Strict):
     n_seeds: PositiveInt | None = None
     num_workers: PositiveInt | None = None
+    # What a prebuilt mode runs: a template shipped with pytest-gap (by name), or a directory.
+    template: str | None = None
     workflow_dir: Path | None = None
     policy_id: str | None = None
     extra: dict[str, Any] = {}
@@ -392,16 +397,18 @@ def _grid_problems(block: dict, policies: dict, families, base: Path) -> list[st
                         "benchmark.variations", "variation of the chosen families", variation, known
                     )
                 )
+    known_modes = mode_names()
     for mode in _strings(block.get("modes")):
-        if mode not in KNOWN_MODES:
-            problems.append(_unknown("benchmark.modes", "mode", mode, KNOWN_MODES))
+        if mode not in known_modes:
+            problems.append(_unknown("benchmark.modes", "mode", mode, known_modes))
     overrides = block.get("mode_overrides")
     for mode, override in overrides.items() if isinstance(overrides, dict) else []:
         key = f"benchmark.mode_overrides.{mode}"
-        if mode not in KNOWN_MODES:
-            problems.append(_unknown("benchmark.mode_overrides", "mode", str(mode), KNOWN_MODES))
+        if mode not in known_modes:
+            problems.append(_unknown("benchmark.mode_overrides", "mode", str(mode), known_modes))
         if not isinstance(override, dict):
             continue
+        problems += _workflow_source_problems(key, mode, override)
         problems += _workflow_dir_problems(
             f"{key}.workflow_dir", override.get("workflow_dir"), base
         )
@@ -448,6 +455,25 @@ def _id_problems(key: str, ids: Any) -> list[str]:
     if len(set(ids)) != len(ids):
         problems.append(f"{key}: an id is listed twice (got {ids})")
     return problems
+
+
+def _workflow_source_problems(key: str, mode: Any, override: dict) -> list[str]:
+    """A mode override names its workflow by `template` or `workflow_dir` (one of them), and
+    only for a mode whose producer starts from a given workflow."""
+    from pytest_gap.producers.templates import template_names, unknown_template
+
+    given = [k for k in ("template", "workflow_dir") if override.get(k) is not None]
+    if mode in mode_names() and given and not get_mode(mode).needs_workflow:
+        return [
+            f"{key}.{given[0]}: the {mode} mode produces its own workflow; remove {given[0]} "
+            "(mode workflow runs a directory as written)"
+        ]
+    if len(given) == 2:
+        return [f"{key}: set template or workflow_dir, not both"]
+    template = override.get("template")
+    if isinstance(template, str) and template not in template_names():
+        return [f"{key}.template: {unknown_template(template)}"]
+    return []
 
 
 def _workflow_dir_problems(key: str, raw: Any, base: Path) -> list[str]:

@@ -1,8 +1,10 @@
 """BenchmarkConfig -> cells -> trials. Deterministic: every xdist worker plans the same.
 
 A cell is one (mode, policy id, family, variation) of a grid, or one suites-mode entry; it scores
-its tasks x seeds. A cell that cannot run (a template mode without its workflow_dir, a policy
-mode without a policy, llm_generation without a model or key) is still planned, with `error`
+its tasks x seeds. What a mode runs and whether it takes the policy axis come from the mode
+table (modes.py). A cell that cannot run (a template mode without its template or workflow_dir,
+a policy mode without a policy, llm_generation without a model or key) is still planned, with
+`error`
 saying why: its trials are collected and fail as errored, so a gap in the grid is never
 silently skipped. (The LLM check reads the key's environment variable, the same in every
 worker.)
@@ -14,12 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from pytest_gap.config import POLICY_MODES, BenchmarkConfig, ConfigError, suite_variation
-
-TEMPLATES = {
-    "llm_plus_policy": "examples/templates/llm_plus_policy",
-    "policy_only": "examples/templates/policy_only",
-}
+from pytest_gap.config import BenchmarkConfig, ConfigError, suite_variation
+from pytest_gap.modes import get_mode
 
 
 class Cell(BaseModel):
@@ -46,9 +44,14 @@ class Cell(BaseModel):
     privileged: bool = False  # its policy reads ground truth (privileged_state: true)
 
     @property
+    def uses_llm(self) -> bool:
+        """Its mode's producer has the LLM write the workflow."""
+        return get_mode(self.mode).needs_llm
+
+    @property
     def needs_llm(self) -> bool:
-        """Its trials have the LLM write their workflow (no workflow_dir, nothing wrong)."""
-        return self.workflow_dir is None and self.error is None
+        """Its trials will call the LLM: its mode's producer does, and nothing else is wrong."""
+        return self.uses_llm and self.error is None
 
     def unavailable(self, services: dict[str, str]) -> Cell:
         """This cell, errored as an infrastructure failure if a service it needs is down.
@@ -215,7 +218,7 @@ def _grid_cells(config, source, families, modes) -> list[Cell]:
                             suite=resolved.suite,
                             task_ids=tuple(task_ids),
                             seeds=tuple(_grid_seeds(block, override)),
-                            workflow_dir=override.workflow_dir if override else None,
+                            workflow_dir=_workflow_source(override),
                             timeout_s=config.trials.task_timeout_secs,
                             num_workers=(override and override.num_workers) or block.num_workers,
                             record_video=record_video,
@@ -233,8 +236,19 @@ def _grid_cells(config, source, families, modes) -> list[Cell]:
     return cells
 
 
+def _workflow_source(override) -> Path | None:
+    """The directory a prebuilt mode fills: its workflow_dir, or its shipped template's."""
+    from pytest_gap.producers.templates import template_dir
+
+    if override is None:
+        return None
+    if override.template is not None:
+        return template_dir(override.template)  # validated by config
+    return override.workflow_dir
+
+
 def _policy_axis(mode, policies, override) -> list[str | None]:
-    if mode not in POLICY_MODES:
+    if not get_mode(mode).takes_policy_axis:
         return [None]  # llm_generation and workflow ignore the policy axis
     if policies:
         return list(policies)
@@ -260,15 +274,23 @@ def llm_problem(config: BenchmarkConfig) -> str | None:
 
 
 def _grid_cell_error(config, mode: str, override, policy_id: str | None) -> str | None:
-    if mode == "llm_generation":
-        return llm_problem(config)
-    if override is None or override.workflow_dir is None:
-        example = TEMPLATES.get(mode, "examples/workflows/pick_place")
+    row = get_mode(mode)
+    if row.needs_llm:
+        problem = llm_problem(config)
+        if problem:
+            return problem
+    if row.needs_workflow and _workflow_source(override) is None:
+        key = f"benchmark.mode_overrides.{mode}"
+        if row.template:
+            return (
+                f"{key}.template is not set: the {mode} mode runs a workflow template; set "
+                f"template: {row.template} (shipped with pytest-gap) or a workflow_dir"
+            )
         return (
-            f"benchmark.mode_overrides.{mode}.workflow_dir is not set: the {mode} mode runs "
-            f"that workflow directory; set it (e.g. {example})"
+            f"{key}.workflow_dir is not set: the {mode} mode runs that workflow directory; "
+            "set it (e.g. examples/workflows/pick_place)"
         )
-    if mode in POLICY_MODES and policy_id is None:
+    if row.takes_policy_axis and policy_id is None:
         return (
             f"mode {mode} needs a policy: list policy ids in benchmark.policies or set "
             f"benchmark.mode_overrides.{mode}.policy_id"

@@ -15,7 +15,6 @@ on the time charged too. A trial that gets no slot within its budget is an error
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from typing import Protocol
 from pytest_gap.devices import egl_device_for_cell
 from pytest_gap.errors import GapError, InfraFailure
 from pytest_gap.plan import Trial
-from pytest_gap.producers.prebuilt import PRODUCED_FILE, materialize
+from pytest_gap.producers.base import PRODUCED_FILE, produce_for_trial, trial_workflow
 from pytest_gap.results import (
     EXIT_CRASH,
     EXIT_ERROR,
@@ -39,7 +38,7 @@ from pytest_gap.results import (
     write_json,
     write_result,
 )
-from pytest_gap.throttle import Slot, SlotTimeout, slot
+from pytest_gap.throttle import Slot, SlotTimeout
 from pytest_gap.workflow.schema import WORKFLOW_FILE
 
 VIDEO_FILE = "video.mp4"
@@ -260,79 +259,24 @@ class TrialRun:
             held.release()
 
     def _produce(self, variation, instruction: str) -> Path:
-        """The workflow for this trial's instruction, materialised once in the run dir.
-
-        One workflow per distinct instruction of a (cell, task): `task_NN/workflow/` where the
-        instruction is fixed (LIBERO tasks, or a suite's `task_prompts` entry), and
-        `task_NN/workflow_<sha256 of the instruction, 8 hex>/` for generated families whose
-        instruction changes with the seed (grocery_packing lists the seed's items), so each seed
-        runs the workflow written for what it is asked to do.
-        """
-        from pytest_gap.workflow.templates import task_placeholders
-
-        cell, trial = self.trial.cell, self.trial
-        given = cell.task_prompts.get(trial.task_id)
-        prompt = given or instruction
-        name = "workflow"
-        if given is None and variation.generated:
-            name = f"workflow_{hashlib.sha256(prompt.encode()).hexdigest()[:8]}"
-        dest = self.run_dir / trial.task_dir / name
+        """The workflow for this trial's instruction, from the mode's producer, once per
+        distinct instruction of a cell x task (producers/base.py `trial_workflow`)."""
+        workflow = trial_workflow(
+            self.trial, instruction, self.run_dir, generated=variation.generated
+        )
         self._prompts = {
-            "prompt": prompt,
+            "prompt": workflow.prompt,
             "env_prompt": instruction,
-            "workflow": f"{trial.task_dir}/{name}",
+            "workflow": workflow.name,
         }
-        if (dest / PRODUCED_FILE).is_file():
-            return dest
-        values = {**task_placeholders(prompt), **cell.objects}
-        if cell.policy_id:
-            values["policy_id"] = cell.policy_id
-        if cell.workflow_dir is None:
-            return self._generate(prompt, values, dest)
-        self._produce_s = materialize(cell.workflow_dir, dest, values, prompt)
-        return dest
-
-    def _generate(self, prompt: str, values: dict[str, str], dest: Path) -> Path:
-        """llm_generation: one generation per (cell, task, instruction), whatever the number of
-        workers. The first worker to arrive generates under a lock; the others wait, then reuse
-        it (and a repeated generation is answered from the LLM cache)."""
-        from pytest_gap.producers.chat import ChatClient, resolve_settings
-        from pytest_gap.producers.llm import generate_workflow
-
-        with slot(dest.parent / f".produce_{dest.name}", 1):
-            if (dest / PRODUCED_FILE).is_file():
-                return dest
-            t0 = time.perf_counter()
-            settings = resolve_settings(self.llm, self.config_source)
-            tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            generation = generate_workflow(
-                prompt,
-                chat=ChatClient(settings),
-                objects=self.trial.cell.objects,
-                values=values,
-                max_validation_retries=self.max_validation_retries,
-                trace_dir=tmp / "agent_traces",
-            )
-            if generation.valid:
-                (tmp / WORKFLOW_FILE).write_text(json.dumps(generation.workflow, indent=1) + "\n")
-            self._produce_s = time.perf_counter() - t0
-            meta = {
-                "source": "llm",
-                "provider": settings.provider,
-                "model": settings.model,
-                "prompt": prompt,
-                "placeholders": values,
-                "valid": generation.valid,
-                "problems": generation.problems,
-                "calls": generation.calls,
-                "cached": generation.cached,
-                "produce_s": self._produce_s,
-            }
-            (tmp / PRODUCED_FILE).write_text(json.dumps(meta, indent=1) + "\n")
-            os.rename(tmp, dest)
-        return dest
+        self._produce_s = produce_for_trial(
+            self.trial,
+            workflow,
+            llm=self.llm,
+            config_source=self.config_source,
+            max_validation_retries=self.max_validation_retries,
+        )
+        return workflow.dir
 
     # -- recording ---------------------------------------------------------------------------
     def _finish(self, **fields) -> TrialResult:

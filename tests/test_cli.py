@@ -98,6 +98,28 @@ def test_gap_run_reports_bad_inputs_in_one_line(tmp_path):
     assert out.stderr.strip().count("\n") == 0
 
 
+def test_gap_run_names_a_shipped_template(tmp_path):
+    """--template runs a template from the installed package through the prebuilt producer: its
+    placeholders are filled and checked as in a benchmark (policy_only needs {{policy_id}})."""
+    common = ["--family", "libero", "--variation", "object", "--task", "0", "--seed", "0"]
+    unknown = _gap("run", "--template", "policy_onyl", *common)
+    assert unknown.returncode == 2
+    assert unknown.stderr == (
+        "gap: error: unknown template 'policy_onyl'; did you mean 'policy_only'?\n"
+    )
+    both = _gap("run", "examples/workflows/pick_place", "--template", "policy_only", *common)
+    assert both.returncode == 2
+    assert both.stderr == (
+        "gap: error: gap run: give a workflow directory or --template NAME (one of them)\n"
+    )
+    unfilled = _gap("run", "--template", "policy_only", "--trace-dir", str(tmp_path), *common)
+    assert unfilled.returncode == 2, unfilled.stdout + unfilled.stderr
+    assert "pytest_gap/templates/policy_only/workflow.json" in unfilled.stderr
+    assert "placeholder {{policy_id}} is not filled; provide a value for 'policy_id'" in (
+        unfilled.stderr
+    )
+
+
 def test_gap_schema_prints_the_benchmark_json_schema(tmp_path):
     import json
 

@@ -326,9 +326,7 @@ def _grid(pytester, entry: dict) -> None:
             "n_seeds": 1,
             "gate_threshold": 0.0,
             "output_dir": "runs",
-            "mode_overrides": {
-                "policy_only": {"workflow_dir": str(ROOT / "examples/templates/policy_only")}
-            },
+            "mode_overrides": {"policy_only": {"template": "policy_only"}},
         },
     }
     (pytester.path / "grid.yaml").write_text(yaml.safe_dump(data))

@@ -383,7 +383,9 @@ def test_an_llm_that_is_down_errors_only_the_cells_that_need_it(tmp_path):
     assert why.startswith("the LLM did not answer the preflight request: ")
     (cell,) = [c.unavailable(down[str(tmp_path / "grid.yaml")]) for c in cells]
     assert cell.error == why and cell.infra_error and not cell.needs_llm
-    templated = cell.model_copy(update={"workflow_dir": tmp_path, "error": None})
+    templated = cell.model_copy(
+        update={"mode": "workflow", "workflow_dir": tmp_path, "error": None}
+    )
     assert templated.unavailable({"llm": why}) == templated  # templates need no LLM
 
 

@@ -139,7 +139,6 @@ def test_suites_cells_dedupe_names_and_stagger_devices():
 
 
 def test_policy_modes_need_a_template_and_a_policy():
-    template = str(ROOT / "examples/templates/policy_only")
     no_policy = plan(
         _grid(
             families=["libero"],
@@ -147,7 +146,7 @@ def test_policy_modes_need_a_template_and_a_policy():
             modes=["policy_only"],
             n_tasks=1,
             n_seeds=1,
-            mode_overrides={"policy_only": {"workflow_dir": template}},
+            mode_overrides={"policy_only": {"template": "policy_only"}},
         )
     )[0]
     assert "mode policy_only needs a policy: list policy ids in benchmark.policies" in (
@@ -163,7 +162,11 @@ def test_policy_modes_need_a_template_and_a_policy():
             n_seeds=1,
         )
     )[0]
-    assert "e.g. examples/templates/llm_plus_policy" in no_template.error
+    assert no_template.error == (
+        "benchmark.mode_overrides.llm_plus_policy.template is not set: the llm_plus_policy mode "
+        "runs a workflow template; set template: llm_plus_policy (shipped with pytest-gap) or a "
+        "workflow_dir"
+    )
     ready = plan(
         _grid(
             families=["libero"],
@@ -171,7 +174,7 @@ def test_policy_modes_need_a_template_and_a_policy():
             modes=["policy_only"],
             n_tasks=1,
             n_seeds=1,
-            mode_overrides={"policy_only": {"workflow_dir": template, "policy_id": "molmo"}},
+            mode_overrides={"policy_only": {"template": "policy_only", "policy_id": "molmo"}},
         )
     )[0]
     assert ready.error is None and ready.row == "policy_only@molmo"

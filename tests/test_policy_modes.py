@@ -14,7 +14,6 @@ pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parent.parent
 GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
-TEMPLATES = ROOT / "examples/templates"
 TIMEOUT = 300
 
 DYING_POLICY = '''
@@ -47,7 +46,7 @@ def _grid(pytester, policies: dict, mode: str, policy_ids: list[str]) -> None:
             "n_seeds": 1,
             "gate_threshold": 0.0,
             "output_dir": "runs",
-            "mode_overrides": {mode: {"workflow_dir": str(TEMPLATES / mode)}},
+            "mode_overrides": {mode: {"template": mode}},
         },
     }
     (pytester.path / "grid.yaml").write_text(yaml.safe_dump(data))

@@ -16,14 +16,20 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from pytest_gap.producers.chat import ChatClient, redact
+from pytest_gap.producers.base import ProduceRequest
+from pytest_gap.producers.chat import ChatClient, redact, resolve_settings
 from pytest_gap.skills.registry import catalogue
 from pytest_gap.workflow import schema
-from pytest_gap.workflow.schema import WorkflowError, fill_placeholders, validate_workflow
+from pytest_gap.workflow.schema import (
+    WORKFLOW_FILE,
+    WorkflowError,
+    fill_placeholders,
+    validate_workflow,
+)
 
 COORDINATOR = """You plan robot manipulation programs for a Franka Panda arm on a tabletop \
 (LIBERO, simulated). A program is a graph of calls to the skills listed below. Given a task, \
@@ -176,3 +182,41 @@ def _problems(answer: str, values: dict[str, str]) -> list[str]:
     except WorkflowError as exc:
         return exc.problems
     return []
+
+
+class LLMProducer:
+    """The llm_generation producer: `generate_workflow` with the request's llm: settings.
+
+    Writes workflow.json when the model wrote a valid workflow (no workflow.json otherwise: the
+    trial records `no_workflow`) and the agents' prompts and answers under agent_traces/.
+    """
+
+    needs_source: ClassVar[bool] = False
+    needs_llm: ClassVar[bool] = True
+
+    def write(self, request: ProduceRequest, directory: Path) -> dict[str, Any]:
+        from pytest_gap.config import LLMConfig
+
+        settings = resolve_settings(request.llm or LLMConfig(), request.config_source)
+        generation = generate_workflow(
+            request.instruction,
+            chat=ChatClient(settings),
+            objects=request.objects,
+            values=request.placeholders,
+            max_validation_retries=request.max_validation_retries,
+            trace_dir=directory / "agent_traces",
+        )
+        if generation.valid:
+            text = json.dumps(generation.workflow, indent=1) + "\n"
+            (directory / WORKFLOW_FILE).write_text(text)
+        return {
+            "source": "llm",
+            "provider": settings.provider,
+            "model": settings.model,
+            "prompt": request.instruction,
+            "placeholders": request.placeholders,
+            "valid": generation.valid,
+            "problems": generation.problems,
+            "calls": generation.calls,
+            "cached": generation.cached,
+        }

@@ -1,41 +1,46 @@
 """A fixed workflow directory, materialised per (cell, task) with its placeholders filled.
 
-The materialised copy is what the trials run and what a reader inspects afterwards. It is
-written to a temporary directory and renamed into place, so concurrent workers of one cell
-never see half a workflow: the first rename wins and the others reuse its result.
+The materialised copy is what the trials run and what a reader inspects afterwards: the source
+directory (a shipped template or the user's `workflow_dir`) with its workflow.json filled for
+the task. `producers.base.produce` writes it atomically, once per destination.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import time
 from pathlib import Path
+from typing import Any, ClassVar
 
+from pytest_gap.errors import GapError
+from pytest_gap.producers.base import PRODUCED_FILE, ProduceRequest, produce
 from pytest_gap.workflow.schema import WORKFLOW_FILE, fill_placeholders, load_workflow
 
-PRODUCED_FILE = "produced.json"
+__all__ = ["PRODUCED_FILE", "Prebuilt", "materialize"]
+
+
+class Prebuilt:
+    """Copies `request.workflow_dir` (or a single workflow .json file) and fills its
+    placeholders; every problem of the filled workflow is raised before anything is written."""
+
+    needs_source: ClassVar[bool] = True
+    needs_llm: ClassVar[bool] = False
+
+    def write(self, request: ProduceRequest, directory: Path) -> dict[str, Any]:
+        source = request.workflow_dir
+        if source is None:
+            raise GapError("a prebuilt workflow needs a template or workflow_dir; none was given")
+        values = request.placeholders
+        load_workflow(source, values)  # every problem of the filled workflow, before writing
+        file = source / WORKFLOW_FILE if source.is_dir() else source
+        filled, _ = fill_placeholders(json.loads(file.read_text(encoding="utf-8")), values)
+        if source.is_dir():
+            shutil.copytree(source, directory, dirs_exist_ok=True)
+        (directory / WORKFLOW_FILE).write_text(json.dumps(filled, indent=1) + "\n")
+        return {"source": str(source), "prompt": request.instruction, "placeholders": values}
 
 
 def materialize(source: Path, dest: Path, values: dict[str, str], prompt: str) -> float:
     """Fill `source`'s placeholders into `dest` unless it exists; return seconds spent."""
-    if (dest / PRODUCED_FILE).is_file():
-        return 0.0
-    t0 = time.perf_counter()
-    load_workflow(source, values)  # every problem of the filled workflow, before writing
-    data = json.loads((source / WORKFLOW_FILE).read_text(encoding="utf-8"))
-    filled, _ = fill_placeholders(data, values)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(source, tmp)
-    (tmp / WORKFLOW_FILE).write_text(json.dumps(filled, indent=1) + "\n")
-    elapsed = time.perf_counter() - t0
-    meta = {"source": str(source), "prompt": prompt, "placeholders": values, "produce_s": elapsed}
-    (tmp / PRODUCED_FILE).write_text(json.dumps(meta, indent=1) + "\n")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.rename(tmp, dest)
-    except OSError:  # another worker got there first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return elapsed
+    request = ProduceRequest(instruction=prompt, placeholders=values, workflow_dir=source)
+    return produce(Prebuilt(), request, dest)

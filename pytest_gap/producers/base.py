@@ -1,0 +1,180 @@
+"""The Producer protocol and the one way a trial's workflow gets produced.
+
+A producer writes a workflow directory for a request (the instruction, its placeholder values,
+and what the producer starts from). `produce` makes that safe for many workers: one production
+per destination under a cross-process lock, written to a temporary directory and renamed into
+place with its `produced.json`, so no worker ever sees half a workflow and a destination that
+has its `produced.json` is reused, never produced twice. `produce_for_trial` is what the runner
+calls (after `trial_workflow` named the destination): it fills the placeholders of a (cell,
+task, instruction) and picks the producer from the mode table.
+
+Producers are registered by name (`register_producer`) as import strings, so the package does
+not import the LLM client to run a template.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from pytest_gap.config import LLMConfig
+from pytest_gap.errors import GapError
+from pytest_gap.throttle import slot
+
+if TYPE_CHECKING:
+    from pytest_gap.plan import Trial
+
+PRODUCED_FILE = "produced.json"
+
+
+class ProduceRequest(BaseModel):
+    """What a producer is asked for. Producers read only the fields they need."""
+
+    model_config = ConfigDict(frozen=True)
+
+    instruction: str  # the task the workflow is produced for
+    placeholders: dict[str, str] = {}  # {{target}}, {{container}}, {{policy_id}}, objects
+    objects: dict[str, str] = {}  # a suite entry's object hints (LLM context)
+    workflow_dir: Path | None = None  # the directory a prebuilt producer fills
+    llm: LLMConfig | None = None
+    config_source: str = "config"  # for errors that name the file
+    max_validation_retries: int = 2
+
+
+class Producer(Protocol):
+    """Writes the workflow for a request into an empty directory."""
+
+    # Starts from a given workflow directory (a mode's `template` or `workflow_dir`).
+    needs_source: ClassVar[bool]
+    # Calls the config's LLM (the session's preflight checks its key and model first).
+    needs_llm: ClassVar[bool]
+
+    def write(self, request: ProduceRequest, directory: Path) -> dict[str, Any]:
+        """Write workflow.json (left out when no valid workflow came of it) and anything worth
+        keeping beside it into `directory`; return produced.json's fields (no secrets).
+        Raise a GapError for a problem the user can fix, InfraFailure for a service that
+        failed."""
+
+
+# name -> "module:attribute", imported on first use
+_PRODUCERS: dict[str, str | Producer] = {
+    "prebuilt": "pytest_gap.producers.prebuilt:Prebuilt",
+    "llm": "pytest_gap.producers.llm:LLMProducer",
+}
+
+
+def register_producer(name: str, producer: str | Producer) -> None:
+    """Make `producer` (an instance or a "module:Class" string) available to mode rows."""
+    _PRODUCERS[name] = producer
+
+
+def producer_for(name: str) -> Producer:
+    try:
+        found = _PRODUCERS[name]
+    except KeyError:
+        known = ", ".join(_PRODUCERS)
+        raise GapError(f"unknown producer {name!r}; registered producers: {known}") from None
+    if isinstance(found, str):
+        module, _, attr = found.partition(":")
+        found = getattr(importlib.import_module(module), attr)()
+        _PRODUCERS[name] = found
+    return found
+
+
+def produce(producer: Producer, request: ProduceRequest, dest: Path) -> float:
+    """Produce `dest` once, whatever the number of workers; return the seconds spent (0 when
+    `dest` was produced already, by this process or another).
+
+    The first worker to arrive produces under a lock; the others wait, then reuse its result
+    (and a repeated LLM generation is answered from the LLM cache).
+    """
+    if (dest / PRODUCED_FILE).is_file():
+        return 0.0
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with slot(dest.parent / f".produce_{dest.name}", 1):
+        if (dest / PRODUCED_FILE).is_file():
+            return 0.0
+        t0 = time.perf_counter()
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            meta = producer.write(request, tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        elapsed = time.perf_counter() - t0
+        meta = {**meta, "produce_s": elapsed}
+        (tmp / PRODUCED_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+        os.rename(tmp, dest)
+    return elapsed
+
+
+class TrialWorkflow(BaseModel):
+    """Which workflow a trial runs: where it goes, and the instruction it is produced for."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dir: Path
+    name: str  # the workflow dir relative to the run dir (result.json's `workflow`)
+    prompt: str  # what the workflow is given (a suite's task_prompts entry, or the env's)
+
+
+def trial_workflow(
+    trial: Trial, instruction: str, run_dir: Path, *, generated: bool = False
+) -> TrialWorkflow:
+    """The workflow of this trial's instruction: one per distinct instruction of a (cell, task).
+
+    `task_NN/workflow/` where the instruction is fixed (LIBERO tasks, or a suite's
+    `task_prompts` entry), and `task_NN/workflow_<sha256 of the instruction, 8 hex>/` for
+    `generated` variations whose instruction changes with the seed (grocery_packing lists the
+    seed's items), so each seed runs the workflow written for what it is asked to do.
+    """
+    given = trial.cell.task_prompts.get(trial.task_id)
+    prompt = given or instruction
+    name = "workflow"
+    if given is None and generated:
+        name = f"workflow_{hashlib.sha256(prompt.encode()).hexdigest()[:8]}"
+    return TrialWorkflow(
+        dir=run_dir / trial.task_dir / name, name=f"{trial.task_dir}/{name}", prompt=prompt
+    )
+
+
+def produce_for_trial(
+    trial: Trial,
+    workflow: TrialWorkflow,
+    *,
+    llm: LLMConfig | None = None,
+    config_source: str = "config",
+    max_validation_retries: int = 2,
+) -> float:
+    """Produce `workflow` (unless it was) with the producer of the cell's mode; return the
+    seconds spent producing (0 when it existed). Placeholders: the instruction's {{target}},
+    {{container}}, {{items}}, the cell's object hints and its {{policy_id}}."""
+    from pytest_gap.modes import get_mode
+    from pytest_gap.workflow.templates import task_placeholders
+
+    if (workflow.dir / PRODUCED_FILE).is_file():
+        return 0.0
+    cell = trial.cell
+    values = {**task_placeholders(workflow.prompt), **cell.objects}
+    if cell.policy_id:
+        values["policy_id"] = cell.policy_id
+    request = ProduceRequest(
+        instruction=workflow.prompt,
+        placeholders=values,
+        objects=cell.objects,
+        workflow_dir=cell.workflow_dir,
+        llm=llm,
+        config_source=config_source,
+        max_validation_retries=max_validation_retries,
+    )
+    return produce(producer_for(get_mode(cell.mode).producer), request, workflow.dir)
