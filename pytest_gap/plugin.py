@@ -114,6 +114,12 @@ def _csv(values: list[str] | None) -> list[str] | None:
 
 
 # -- options and configuration ---------------------------------------------------------------------
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from pytest_gap import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gap", "pytest-gap benchmarks")
     group.addoption(
@@ -145,6 +151,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gap_family(name): the benchmark family of a trial")
     session = GapSession(config)
     config.stash[SESSION] = session
+    if not session.is_worker:
+        from pytest_gap import outputs
+
+        outputs.register(config)
     controller = not session.is_worker and config.getoption("numprocesses", None)
     if not controller:
         from pytest_gap.devices import pin
@@ -289,6 +299,7 @@ class TrialItem(pytest.Item):
         super().__init__(**kwargs)
         self.trial, self.loaded = trial, loaded
         self.result: TrialResult | None = None
+        self.replayed = False  # its result is an earlier session's record (--gap-resume)
         self.notes: list[str] = []
         self.watchdog = _TimeoutWatchdog(self)
         cell = trial.cell
@@ -303,7 +314,7 @@ class TrialItem(pytest.Item):
         run_dir = self.loaded.run_dir
         replayed = self._recorded(run_dir) if session.resume else None
         result = replayed or self._run(session, run_dir)
-        self.result = result
+        self.result, self.replayed = result, replayed is not None
         self.user_properties.extend(result.properties())
         if not result.success:
             raise TrialFailed(result, replayed is not None)
@@ -359,6 +370,7 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         if item.result is not None:
             report.gap_result = item.result.model_dump(mode="json")
         report.gap_run_dir = str(item.loaded.run_dir)
+        report.gap_replayed = item.replayed
         report.gap_notes = list(item.notes)
     return report
 
@@ -376,6 +388,12 @@ class _Controller:
             path = Path(getattr(report, "gap_result", {}).get("config") or "")
             if path.name:
                 self.session.touched[path] = self.session.load(path)
+                self.session.config.hook.pytest_gap_trial_result(
+                    config=self.session.config,
+                    result=TrialResult.model_validate(report.gap_result),
+                    run_dir=Path(run_dir),
+                    replayed=getattr(report, "gap_replayed", False),
+                )
             self.session.notes += getattr(report, "gap_notes", [])
         elif report.failed and not _is_trial_nodeid(report.nodeid):
             self.session.other_failures += 1
@@ -464,25 +482,27 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     gap = session.config.stash[SESSION]
     if gap.is_worker or session.config.option.collectonly or not gap.touched:
         return
-    from pytest_gap.report import write_manifest, write_run_outputs
+    from pytest_gap.report import fold_run
 
     all_passed = True
     for path, loaded in gap.touched.items():
-        summaries, gate = write_run_outputs(
-            loaded.run_dir,
-            loaded.all_cells,
-            scan_results(loaded.run_dir),
-            threshold=loaded.config.threshold,
-            grid=loaded.config.echo(),
+        results = scan_results(loaded.run_dir)
+        summary = fold_run(loaded.all_cells, results, loaded.config.threshold)
+        session.config.hook.pytest_gap_write_outputs(
+            config=session.config,
+            run_dir=loaded.run_dir,
+            summary=summary,
+            results=results,
+            benchmark=loaded.config,
         )
-        write_manifest(
-            loaded.run_dir,
-            loaded.path,
-            {"resume": gap.resume, "families": gap.families, "modes": gap.modes},
-        )
-        all_passed &= gate.passed
+        all_passed &= summary.gate.passed
         gap.outcomes.append(
-            {"config": str(path), "run_dir": str(loaded.run_dir), "gate": gate, "cells": summaries}
+            {
+                "config": str(path),
+                "run_dir": str(loaded.run_dir),
+                "gate": summary.gate,
+                "cells": summary.cells,
+            }
         )
     report_path = session.config.getoption("gap_report_json")
     if report_path:
