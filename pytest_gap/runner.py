@@ -33,6 +33,7 @@ from pytest_gap.results import (
     EXIT_ERROR,
     EXIT_TIMEOUT,
     RUNNING_FILE,
+    TrialIdentity,
     TrialResult,
     now_iso,
     read_result,
@@ -102,18 +103,8 @@ class TrialRun:
         self._eval_t0: float | None = None
         # prompt (what the workflow was given), env_prompt (the env's instruction), workflow
         self._prompts: dict[str, str] = {}
-        cell = trial.cell
         self._base = {
-            "nodeid": nodeid,
-            "config": config,
-            "mode": cell.mode,
-            "policy_id": cell.policy_id,
-            "family": cell.family,
-            "variation": cell.variation,
-            "suite": cell.suite,
-            "suite_name": cell.suite_name,
-            "task_id": trial.task_id,
-            "seed": trial.seed,
+            **TrialIdentity.of(trial, nodeid=nodeid, config=config).model_dump(),
             "worker": worker,
             "devices": {
                 k: os.environ[k]
@@ -391,16 +382,7 @@ def record_crash(trial: Trial, run_dir: Path, *, nodeid: str, config: str, detai
     except (OSError, ValueError, KeyError):
         pass
     base = {
-        "nodeid": nodeid,
-        "config": config,
-        "mode": trial.cell.mode,
-        "policy_id": trial.cell.policy_id,
-        "family": trial.cell.family,
-        "variation": trial.cell.variation,
-        "suite": trial.cell.suite,
-        "suite_name": trial.cell.suite_name,
-        "task_id": trial.task_id,
-        "seed": trial.seed,
+        **TrialIdentity.of(trial, nodeid=nodeid, config=config).model_dump(),
         "wall_s": elapsed,
         "finished_at": now_iso(),
     }

@@ -253,3 +253,15 @@ def test_redaction_keeps_names_and_ordinary_arguments():
         "Api-Key ***",
     ]
     assert redact_text("https://h/v1?api_key=abc&model=m") == "https://h/v1?api_key=***&model=m"
+
+
+def test_a_records_identity_is_its_trials_and_names_its_video():
+    from pytest_gap.outputs.videos import video_name
+    from pytest_gap.results import TrialIdentity
+
+    trial = _cells()[2].trials()[3]  # policy_only@pi05 libero/object task 1 seed 1
+    identity = TrialIdentity.of(trial, nodeid=f"grid.yaml::{trial.id}", config="grid.yaml")
+    record = _result(trial, success=False)
+    assert record.identity == identity
+    assert identity.slug == "policy_only__pi05__libero__object__task01__seed001"
+    assert video_name(record) == "policy_only__pi05__libero__object__task01__seed001__fail.mp4"

@@ -12,11 +12,8 @@ from pytest_gap.results import TrialResult
 
 
 def video_name(r: TrialResult) -> str:
-    """<mode>[__<policy_id>] or suites__<suite_name>, family, variation, task, seed, verdict."""
-    head = [r.mode, r.policy_id] if r.suite_name is None else ["suites", r.suite_name]
-    parts = [*head, r.family, r.variation, f"task{r.task_id:02d}", f"seed{r.seed:03d}"]
-    verdict = "pass" if r.success else "fail"
-    return "__".join(p for p in parts if p) + f"__{verdict}.mp4"
+    """The trial's identity as a flat name (TrialIdentity.slug), then its verdict."""
+    return f"{r.identity.slug}__{'pass' if r.success else 'fail'}.mp4"
 
 
 def collate_videos(run_dir: Path, results: list[TrialResult]) -> int:
