@@ -22,7 +22,7 @@ import shutil
 import time
 import traceback
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pytest_gap.devices import egl_device_for_cell
 from pytest_gap.errors import GapError, InfraFailure
@@ -42,6 +42,9 @@ from pytest_gap.results import (
 )
 from pytest_gap.throttle import Slot, SlotTimeout, slot
 from pytest_gap.workflow.schema import WORKFLOW_FILE
+
+if TYPE_CHECKING:
+    from pytest_gap.policies.endpoint import PolicyEndpoint
 
 VIDEO_FILE = "video.mp4"
 
@@ -83,7 +86,7 @@ class TrialRun:
         config: str,
         pool,
         worker: str | None = None,
-        policies: dict[str, dict[str, str]] | None = None,
+        policies: dict[str, PolicyEndpoint] | None = None,
         llm=None,
         max_validation_retries: int = 2,
         watchdog: Watchdog | None = None,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pytest_gap.config import BenchmarkConfig, PolicyEntry
 from pytest_gap.plan import Cell
+from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.policies.manager import PolicyManager, preflight
 
 
@@ -24,21 +25,22 @@ def needed(config: BenchmarkConfig, cells: list[Cell]) -> dict[str, PolicyEntry]
 
 def endpoints_for(
     config: BenchmarkConfig, started: Mapping[str, str] | None = None
-) -> dict[str, dict]:
-    """Policy id -> {url, protocol, obs_format, privileged} for one config; `started` are the
-    urls of its managed servers ({policy id: url}, from SessionPolicies.urls). obs_format is
-    the entry's resolved format name (PolicyEntry.resolved_obs_format)."""
+) -> dict[str, PolicyEndpoint]:
+    """Policy id -> endpoint for one config's entries that have a url: their own, or for a
+    managed server the one it was started on (`started`: {policy id: url}, from
+    SessionPolicies.urls). obs_format is the entry's resolved format
+    (PolicyEntry.resolved_obs_format)."""
     published = started or {}
     endpoints = {}
     for pid, entry in config.policies.items():
         url = entry.url or published.get(pid)
         if url is not None:
-            endpoints[pid] = {
-                "url": url,
-                "protocol": entry.protocol,
-                "obs_format": entry.resolved_obs_format,
-                "privileged": entry.privileged_state,
-            }
+            endpoints[pid] = PolicyEndpoint(
+                url=url,
+                protocol=entry.protocol,
+                obs_format=entry.resolved_obs_format,
+                privileged=entry.privileged_state,
+            )
     return endpoints
 
 
