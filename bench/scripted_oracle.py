@@ -21,6 +21,7 @@ from bench.graph_success import _ids  # noqa: E402  (after the path is set)
 
 def main() -> int:
     from pytest_gap.policies.builtin import ScriptedPolicy
+    from pytest_gap.policies.endpoint import PolicyEndpoint
     from pytest_gap.policies.server import PolicyServer
     from pytest_gap.producers.templates import template_dir
     from pytest_gap.sim.libero import make_env
@@ -38,12 +39,7 @@ def main() -> int:
     wins = trials = 0
     t0 = time.perf_counter()
     with PolicyServer(ScriptedPolicy()).start() as server:
-        endpoint = {
-            "url": server.url,
-            "protocol": "openpi",
-            "obs_format": "gap",
-            "privileged": True,
-        }
+        endpoint = PolicyEndpoint(url=server.url, obs_format="gap", privileged=True)
         for task in _ids(args.tasks):
             with make_env(variation.suite, task) as env:
                 for seed in _ids(args.seeds):

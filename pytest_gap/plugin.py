@@ -1,10 +1,18 @@
 """pytest hooks: benchmark YAMLs become one item per trial; the session ends with the gate.
 
-Thin glue over plan (what to run), runner (run one trial) and report (fold the run dir).
+Thin glue over plan (what to run), runner (run one trial), report (fold the run dir) and the
+output writers (pytest_gap/outputs/, through the hooks of pytest_gap/hookspecs.py).
 Item ids: <yaml>::<mode>[@<policy_id>]::<family>/<variation>::taskNN::seedNNN, or
-<yaml>::suites::<suite_name>::taskNN::seedNNN. Under pytest-xdist the workers collect and run;
-the controller receives each trial's record with its report, records crashed workers' trials,
-and rebuilds every summary from the run dir at the end.
+<yaml>::suites::<suite_name>::taskNN::seedNNN.
+
+One plugin object per role, built in `pytest_configure`, registered and kept in the stash (as
+pytest's own LFPlugin and LogXML are):
+- `Worker` (an xdist worker) collects and runs trials; the controller's stamp, the services its
+  preflight found down and the policy servers it started come in xdist's `workerinput`;
+- `Controller` (the xdist controller) runs the preflight, hands workers what they need,
+  receives each trial's record with its report, records crashed workers' trials, and writes
+  every config's outputs at the end;
+- `SingleProcess` (no xdist) does both: what the controller does, and runs the trials.
 """
 
 from __future__ import annotations
@@ -49,9 +57,7 @@ class LoadedConfig:
         self.trials = {t.id: t for cell in self.all_cells for t in cell.trials()}
         output_dir = session.output_dir or self.config.output_dir
         self.run_dir = resolve_run_dir(output_dir, session.stamp, session.reuse_latest)
-        from pytest_gap.preflight import unavailable
-
-        self.mark_unavailable(unavailable(path))
+        self.mark_unavailable(session.unavailable.get(str(path), {}))
 
     def mark_unavailable(self, services: dict[str, str]) -> None:
         """Error the cells that need a service the controller's preflight found down."""
@@ -62,14 +68,12 @@ class LoadedConfig:
 
 
 class GapSession:
-    """Per-process state of one pytest session (stored in config.stash)."""
+    """What every role shares: the session's options, its stamp, the configs it loaded."""
 
-    def __init__(self, config: pytest.Config):
+    def __init__(self, config: pytest.Config, stamp: str):
         self.config = config
-        workerinput = getattr(config, "workerinput", None)
-        self.is_worker = workerinput is not None
         self.worker = os.environ.get("PYTEST_XDIST_WORKER")
-        self.stamp = (workerinput or {}).get("gap_stamp") or new_stamp()
+        self.stamp = stamp
         self.resume = config.getoption("gap_resume")
         self.reuse_latest = self.resume or bool(config.getoption("lf", False))
         raw_output = config.getoption("gap_output_dir")
@@ -77,12 +81,11 @@ class GapSession:
         self.families = _csv(config.getoption("gap_families"))
         self.modes = _csv(config.getoption("gap_modes"))
         self.gate_on = not config.getoption("gap_no_gate")
+        # What the preflight found, per config path: services down {"llm" | "policies": why},
+        # and the urls of the policy servers it started {policy id: url}.
+        self.unavailable: dict[str, dict[str, str]] = {}
+        self.policy_urls: dict[str, dict[str, str]] = {}
         self._loaded: dict[Path, LoadedConfig] = {}
-        self.touched: dict[Path, LoadedConfig] = {}
-        self.notes: list[str] = []
-        self.other_failures = 0
-        self.outcomes: list[dict[str, Any]] = []
-        self.policies = None  # SessionPolicies, on the controller when a config needs servers
 
     def load(self, path: Path) -> LoadedConfig:
         path = path.resolve()
@@ -103,8 +106,242 @@ class GapSession:
             self._loaded[path] = loaded
         return self._loaded[path]
 
+    def endpoints(self, loaded: LoadedConfig):
+        """The policy endpoints this process's trials of `loaded` talk to."""
+        from pytest_gap.policies.registry import endpoints_for
+
+        return endpoints_for(loaded.config, self.policy_urls.get(str(loaded.path), {}))
+
+
+def _pin(worker: str | None) -> None:
+    """Give this process its devices, before anything imports the simulator."""
+    from pytest_gap.devices import pin
+
+    try:
+        pin(os.environ, worker)
+    except GapError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+class Worker(GapSession):
+    """An xdist worker: collects and runs trials with what the controller handed it."""
+
+    def __init__(self, config: pytest.Config):
+        handed = config.workerinput
+        super().__init__(config, handed.get("gap_stamp") or new_stamp())
+        self.unavailable = handed.get("gap_unavailable", {})
+        self.policy_urls = handed.get("gap_policy_urls", {})
+        _pin(self.worker)
+
+
+class _Lead(GapSession):
+    """The process that owns the session: preflight, every trial's record, outputs, the gate."""
+
+    def __init__(self, config: pytest.Config):
+        super().__init__(config, new_stamp())
+        self.touched: dict[Path, LoadedConfig] = {}
+        self.notes: list[str] = []
+        self.other_failures = 0
+        self.outcomes: list[dict[str, Any]] = []
+        self.policies = None  # SessionPolicies, when a config needs servers
+        from pytest_gap import outputs
+
+        outputs.register(config)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Before xdist starts workers (its own sessionstart is trylast): preflight the LLM,
+        start policy servers. A config problem stops the session (usage error); a service that
+        is down errors the cells that need it (pytest_gap/preflight.py)."""
+        if not session.config.option.collectonly:
+            self._preflight()
+
+    def _preflight(self) -> None:
+        loaded = {}
+        for path in _session_config_paths(self.config):
+            try:
+                loaded[str(path)] = self.load(path)
+            except GapError:
+                continue  # collection reports it, with every other problem of the file
+        from pytest_gap.preflight import check_llms, start_policies
+
+        configs = [(c.path, c.config, c.cells, c.run_dir / "policy_logs") for c in loaded.values()]
+        try:
+            down = check_llms(configs)
+            self.policies, policies_down = start_policies(configs)
+        except GapError as exc:
+            report_path = self.config.getoption("gap_report_json")
+            if report_path:  # `gap benchmark` reads the one line from here
+                write_json(Path(report_path), {"passed": False, "error": str(exc), "configs": []})
+            pytest.exit(f"gap: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+        if self.policies is not None:
+            self.policy_urls = self.policies.urls
+        for path, services in policies_down.items():
+            down[path] = {**down.get(path, {}), **services}
+        for path, services in down.items():
+            loaded[path].mark_unavailable(services)
+        self.unavailable = down
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        run_dir = getattr(report, "gap_run_dir", None)
+        if run_dir is not None:
+            path = Path(getattr(report, "gap_result", {}).get("config") or "")
+            if path.name:
+                self.touched[path] = self.load(path)
+                self.config.hook.pytest_gap_trial_result(
+                    config=self.config,
+                    result=TrialResult.model_validate(report.gap_result),
+                    run_dir=Path(run_dir),
+                    replayed=getattr(report, "gap_replayed", False),
+                )
+            self.notes += getattr(report, "gap_notes", [])
+        elif report.failed and not _is_trial_nodeid(report.nodeid):
+            self.other_failures += 1
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if session.config.option.collectonly or not self.touched:
+            return
+        self._write_outputs()
+        report_path = self.config.getoption("gap_report_json")
+        if report_path:
+            write_json(
+                Path(report_path),
+                {
+                    "passed": self.passed,
+                    "configs": [
+                        {
+                            "config": o["config"],
+                            "run_dir": o["run_dir"],
+                            "gate": o["gate"].model_dump(),
+                        }
+                        for o in self.outcomes
+                    ],
+                },
+            )
+        if self.gate_on and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            failed = not self.passed or self.other_failures
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED if failed else pytest.ExitCode.OK
+
+    def _write_outputs(self) -> None:
+        """Fold each touched config's run dir and hand it to every writer."""
+        from pytest_gap.report import fold_run
+
+        for path, loaded in self.touched.items():
+            results = scan_results(loaded.run_dir)
+            summary = fold_run(loaded.all_cells, results, loaded.config.threshold)
+            self.config.hook.pytest_gap_write_outputs(
+                config=self.config,
+                run_dir=loaded.run_dir,
+                summary=summary,
+                results=results,
+                benchmark=loaded.config,
+            )
+            self.outcomes.append(
+                {
+                    "config": str(path),
+                    "run_dir": str(loaded.run_dir),
+                    "gate": summary.gate,
+                    "cells": summary.cells,
+                }
+            )
+
+    @property
+    def passed(self) -> bool:
+        return all(o["gate"].passed for o in self.outcomes)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.outcomes:
+            return
+        from pytest_gap.report import console_table
+
+        terminalreporter.write_sep("=", "pytest-gap")
+        for outcome in self.outcomes:
+            terminalreporter.write_line(f"{outcome['config']}")
+            terminalreporter.write_line(f"run dir: {outcome['run_dir']}")
+            if outcome["cells"]:
+                terminalreporter.write_line(console_table(outcome["cells"]))
+            gate = outcome["gate"]
+            suffix = "" if self.gate_on else "  [--gap-no-gate: not deciding the exit status]"
+            terminalreporter.write_line(
+                gate.line() + suffix, bold=True, green=gate.passed, red=not gate.passed
+            )
+        for note in self.notes:
+            terminalreporter.write_line(f"gap: {note}", yellow=True)
+
+    def pytest_unconfigure(self) -> None:
+        if self.policies is not None:
+            self.policies.stop()
+
+
+class SingleProcess(_Lead):
+    """No xdist: leads the session and runs its trials in this process."""
+
+    def __init__(self, config: pytest.Config):
+        super().__init__(config)
+        _pin(None)
+
+
+class Controller(_Lead):
+    """The xdist controller: leads the session; its workers run the trials."""
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        """Every worker writes into this session's run dir stamp and plans the same errored
+        cells; its trials find the policy servers started here (the preflight ran before)."""
+        node.workerinput["gap_stamp"] = self.stamp
+        node.workerinput["gap_unavailable"] = self.unavailable
+        node.workerinput["gap_policy_urls"] = self.policy_urls
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log):
+        """Benchmark sessions hand each worker a contiguous run of trials (work stealing).
+
+        Collection order keeps a (cell, task)'s seeds together, so a worker mostly runs whole
+        tasks and reuses their env and workflow; only idle workers steal from the end of
+        another's run. xdist's loadscope/loadgroup would keep tasks whole, but they stall after
+        a worker crash, and a crash must never stop a benchmark.
+        """
+        if config.getoption("dist") != "load":
+            return None
+        if not any(_is_benchmark_arg(config, a) for a in config.args):
+            return None
+        from xdist.scheduler import WorkStealingScheduling
+
+        return WorkStealingScheduling(config, log)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report, sched) -> None:
+        """Record the trial of a worker that died; the report then reaches logreport."""
+        if not _is_trial_nodeid(crashitem):
+            return
+        from pytest_gap.runner import record_crash
+
+        yaml_part, _, trial_id = crashitem.partition("::")
+        loaded = self.load(self.config.rootpath / yaml_part)
+        trial = loaded.trials.get(trial_id)
+        if trial is None:
+            return
+        result = record_crash(
+            trial,
+            loaded.run_dir,
+            nodeid=crashitem,
+            config=str(loaded.path),
+            detail=str(report.longrepr),
+        )
+        report.gap_result = result.model_dump(mode="json")
+        report.gap_run_dir = str(loaded.run_dir)
+        report.longrepr = f"{report.longrepr}\n{result.message()}"
+
 
 SESSION = pytest.StashKey[GapSession]()
+
+
+def _role(config: pytest.Config) -> GapSession:
+    if hasattr(config, "workerinput"):
+        return Worker(config)
+    if config.getoption("numprocesses", None):
+        return Controller(config)
+    return SingleProcess(config)
 
 
 def _csv(values: list[str] | None) -> list[str] | None:
@@ -113,7 +350,34 @@ def _csv(values: list[str] | None) -> list[str] | None:
     return [v for value in values for v in value.split(",") if v]
 
 
+def _is_trial_nodeid(nodeid: str) -> bool:
+    return any(f"{suffix}::" in nodeid for suffix in BENCHMARK_SUFFIXES)
+
+
+def _session_config_paths(config: pytest.Config) -> list[Path]:
+    paths = []
+    for arg in config.args:
+        path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
+        candidates = [path] if path.is_file() else sorted(path.rglob("*.y*ml"))
+        paths += [p for p in candidates if _is_benchmark_file(config, p)]
+    return list(dict.fromkeys(paths))
+
+
+def _is_benchmark_arg(config: pytest.Config, arg: str) -> bool:
+    path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
+    if path.suffix in BENCHMARK_SUFFIXES:
+        return True
+    roots = [(config.rootpath / d).resolve() for d in config.getini("gap_benchmark_dirs")]
+    return any(path == root or root in path.parents for root in roots)
+
+
 # -- options and configuration ---------------------------------------------------------------------
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from pytest_gap import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gap", "pytest-gap benchmarks")
     group.addoption(
@@ -143,48 +407,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gap_mode(name): the benchmark mode of a trial")
     config.addinivalue_line("markers", "gap_family(name): the benchmark family of a trial")
-    session = GapSession(config)
-    config.stash[SESSION] = session
-    controller = not session.is_worker and config.getoption("numprocesses", None)
-    if not controller:
-        from pytest_gap.devices import pin
-
-        try:
-            pin(os.environ, session.worker)  # before anything imports the simulator
-        except GapError as exc:
-            raise pytest.UsageError(str(exc)) from None
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node) -> None:
-    """xdist controller: every worker writes into the controller's run dir stamp."""
-    node.workerinput["gap_stamp"] = node.config.stash[SESSION].stamp
-
-
-def _is_benchmark_arg(config: pytest.Config, arg: str) -> bool:
-    path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
-    if path.suffix in BENCHMARK_SUFFIXES:
-        return True
-    roots = [(config.rootpath / d).resolve() for d in config.getini("gap_benchmark_dirs")]
-    return any(path == root or root in path.parents for root in roots)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Benchmark sessions hand each worker a contiguous run of trials (work stealing).
-
-    Collection order keeps a (cell, task)'s seeds together, so a worker mostly runs whole tasks
-    and reuses their env and workflow; only idle workers steal from the end of another's run.
-    xdist's loadscope/loadgroup would keep tasks whole, but they stall after a worker crash,
-    and a crash must never stop a benchmark.
-    """
-    if config.getoption("dist") != "load":
-        return None
-    if not any(_is_benchmark_arg(config, a) for a in config.args):
-        return None
-    from xdist.scheduler import WorkStealingScheduling
-
-    return WorkStealingScheduling(config, log)
+    role = _role(config)
+    config.stash[SESSION] = role
+    config.pluginmanager.register(role, f"gap-{type(role).__name__.lower()}")
 
 
 # -- collection ------------------------------------------------------------------------------------
@@ -289,6 +514,7 @@ class TrialItem(pytest.Item):
         super().__init__(**kwargs)
         self.trial, self.loaded = trial, loaded
         self.result: TrialResult | None = None
+        self.replayed = False  # its result is an earlier session's record (--gap-resume)
         self.notes: list[str] = []
         self.watchdog = _TimeoutWatchdog(self)
         cell = trial.cell
@@ -303,7 +529,7 @@ class TrialItem(pytest.Item):
         run_dir = self.loaded.run_dir
         replayed = self._recorded(run_dir) if session.resume else None
         result = replayed or self._run(session, run_dir)
-        self.result = result
+        self.result, self.replayed = result, replayed is not None
         self.user_properties.extend(result.properties())
         if not result.success:
             raise TrialFailed(result, replayed is not None)
@@ -318,7 +544,6 @@ class TrialItem(pytest.Item):
         return found
 
     def _run(self, session: GapSession, run_dir: Path) -> TrialResult:
-        from pytest_gap.policies.registry import endpoints_for
         from pytest_gap.runner import TrialRun
         from pytest_gap.sim.pool import env_pool
 
@@ -329,7 +554,7 @@ class TrialItem(pytest.Item):
             config=str(self.loaded.path),
             pool=env_pool(),
             worker=session.worker,
-            policies=endpoints_for(self.loaded.config),
+            policies=session.endpoints(self.loaded),
             llm=self.loaded.config.llm,
             max_validation_retries=self.loaded.config.composition.max_validation_retries,
             watchdog=self.watchdog,
@@ -359,164 +584,6 @@ def pytest_runtest_makereport(item: pytest.Item, call):
         if item.result is not None:
             report.gap_result = item.result.model_dump(mode="json")
         report.gap_run_dir = str(item.loaded.run_dir)
+        report.gap_replayed = item.replayed
         report.gap_notes = list(item.notes)
     return report
-
-
-# -- the controller's side -------------------------------------------------------------------------
-class _Controller:
-    """Collects what the controller learns from reports; registered on the controller only."""
-
-    def __init__(self, session: GapSession):
-        self.session = session
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        run_dir = getattr(report, "gap_run_dir", None)
-        if run_dir is not None:
-            path = Path(getattr(report, "gap_result", {}).get("config") or "")
-            if path.name:
-                self.session.touched[path] = self.session.load(path)
-            self.session.notes += getattr(report, "gap_notes", [])
-        elif report.failed and not _is_trial_nodeid(report.nodeid):
-            self.session.other_failures += 1
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_handlecrashitem(self, crashitem: str, report, sched) -> None:
-        if not _is_trial_nodeid(crashitem):
-            return
-        from pytest_gap.runner import record_crash
-
-        session = self.session
-        yaml_part, _, trial_id = crashitem.partition("::")
-        loaded = session.load(session.config.rootpath / yaml_part)
-        trial = loaded.trials.get(trial_id)
-        if trial is None:
-            return
-        result = record_crash(
-            trial,
-            loaded.run_dir,
-            nodeid=crashitem,
-            config=str(loaded.path),
-            detail=str(report.longrepr),
-        )
-        report.gap_result = result.model_dump(mode="json")
-        report.gap_run_dir = str(loaded.run_dir)
-        report.longrepr = f"{report.longrepr}\n{result.message()}"
-
-
-def _is_trial_nodeid(nodeid: str) -> bool:
-    return any(f"{suffix}::" in nodeid for suffix in BENCHMARK_SUFFIXES)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """On the controller, before xdist starts workers: preflight the LLM, start policy servers.
-
-    A config problem stops the session (usage error); a service that is down errors the cells
-    that need it (pytest_gap/preflight.py).
-    """
-    gap = session.config.stash[SESSION]
-    if gap.is_worker:
-        return
-    session.config.pluginmanager.register(_Controller(gap), "gap-controller")
-    if session.config.option.collectonly:
-        return
-    loaded = {}
-    for path in _session_config_paths(session.config):
-        try:
-            loaded[str(path)] = gap.load(path)
-        except GapError:
-            continue  # collection reports it, with every other problem of the file
-    from pytest_gap.preflight import check_llms, publish, start_policies
-
-    configs = [(c.path, c.config, c.cells, c.run_dir / "policy_logs") for c in loaded.values()]
-    try:
-        down = check_llms(configs)
-        gap.policies, policies_down = start_policies(configs)
-    except GapError as exc:
-        report_path = session.config.getoption("gap_report_json")
-        if report_path:  # `gap benchmark` reads the one line from here
-            write_json(Path(report_path), {"passed": False, "error": str(exc), "configs": []})
-        pytest.exit(f"gap: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
-    for path, services in policies_down.items():
-        down[path] = {**down.get(path, {}), **services}
-    for path, services in down.items():
-        loaded[path].mark_unavailable(services)
-    publish(down)
-
-
-def _session_config_paths(config: pytest.Config) -> list[Path]:
-    paths = []
-    for arg in config.args:
-        path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
-        candidates = [path] if path.is_file() else sorted(path.rglob("*.y*ml"))
-        paths += [p for p in candidates if _is_benchmark_file(config, p)]
-    return list(dict.fromkeys(paths))
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    gap = config.stash.get(SESSION, None)
-    if gap is not None and gap.policies is not None:
-        gap.policies.stop()
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    gap = session.config.stash[SESSION]
-    if gap.is_worker or session.config.option.collectonly or not gap.touched:
-        return
-    from pytest_gap.report import write_manifest, write_run_outputs
-
-    all_passed = True
-    for path, loaded in gap.touched.items():
-        summaries, gate = write_run_outputs(
-            loaded.run_dir,
-            loaded.all_cells,
-            scan_results(loaded.run_dir),
-            threshold=loaded.config.threshold,
-            grid=loaded.config.echo(),
-        )
-        write_manifest(
-            loaded.run_dir,
-            loaded.path,
-            {"resume": gap.resume, "families": gap.families, "modes": gap.modes},
-        )
-        all_passed &= gate.passed
-        gap.outcomes.append(
-            {"config": str(path), "run_dir": str(loaded.run_dir), "gate": gate, "cells": summaries}
-        )
-    report_path = session.config.getoption("gap_report_json")
-    if report_path:
-        write_json(
-            Path(report_path),
-            {
-                "passed": all_passed,
-                "configs": [
-                    {"config": o["config"], "run_dir": o["run_dir"], "gate": o["gate"].model_dump()}
-                    for o in gap.outcomes
-                ],
-            },
-        )
-    if gap.gate_on and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-        failed = not all_passed or gap.other_failures
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED if failed else pytest.ExitCode.OK
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    gap = config.stash[SESSION]
-    if gap.is_worker or not gap.outcomes:
-        return
-    from pytest_gap.report import console_table
-
-    terminalreporter.write_sep("=", "pytest-gap")
-    for outcome in gap.outcomes:
-        terminalreporter.write_line(f"{outcome['config']}")
-        terminalreporter.write_line(f"run dir: {outcome['run_dir']}")
-        if outcome["cells"]:
-            terminalreporter.write_line(console_table(outcome["cells"]))
-        gate = outcome["gate"]
-        suffix = "" if gap.gate_on else "  [--gap-no-gate: not deciding the exit status]"
-        terminalreporter.write_line(
-            gate.line() + suffix, bold=True, green=gate.passed, red=not gate.passed
-        )
-    for note in gap.notes:
-        terminalreporter.write_line(f"gap: {note}", yellow=True)

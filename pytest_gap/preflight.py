@@ -9,15 +9,15 @@ Two kinds of trouble, two outcomes (the spec's exit codes):
   that does not start or does not answer its handshake) is an infrastructure failure: every cell
   that needs it is errored (its trials are recorded as infrastructure failures without running),
   the rest of the grid runs, the gate fails (exit 1).
-What is down is published in GAP_UNAVAILABLE ({config path: {"llm" | "policies": why}}), which
-xdist workers inherit (as GAP_POLICY_URLS), so that every process plans the same errored cells.
+What is down ({config path: {"llm" | "policies": why}}) is handed to every xdist worker by the
+plugin (xdist's workerinput, with the urls of the started servers), so that every process plans
+the same errored cells.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from pytest_gap.config import BenchmarkConfig
@@ -25,7 +25,6 @@ from pytest_gap.errors import GapError, InfraFailure
 from pytest_gap.plan import Cell
 from pytest_gap.redaction import redact_text
 
-UNAVAILABLE_VAR = "GAP_UNAVAILABLE"
 # (config file, config, cells that will run, policy server log dir)
 Planned = tuple[Path, BenchmarkConfig, list[Cell], Path]
 
@@ -92,18 +91,3 @@ def check_config(path: Path, config: BenchmarkConfig, cells: list[Cell]) -> None
         if entry.url is None:
             check_command(policy_id, entry)
     check_llms([(path, config, cells, path.parent)], max_retries=0, timeout_s=30.0)
-
-
-def publish(down: dict[str, dict[str, str]]) -> None:
-    """Tell the workers (started after this) which services are down, per config."""
-    if not down:
-        return
-    known = json.loads(os.environ.get(UNAVAILABLE_VAR) or "{}")
-    for path, services in down.items():
-        known[path] = {**known.get(path, {}), **services}
-    os.environ[UNAVAILABLE_VAR] = json.dumps(known)
-
-
-def unavailable(path: Path) -> dict[str, str]:
-    """The services the controller found down for one config: {"llm" | "policies": why}."""
-    return json.loads(os.environ.get(UNAVAILABLE_VAR) or "{}").get(str(path), {})

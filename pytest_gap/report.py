@@ -1,27 +1,17 @@
-"""Fold trial results into cell rows, pivots, the gate, and the run dir's summary files.
+"""Fold trial results into cell rows, pivots and the gate: pure functions over TrialResults.
 
-Pure functions over TrialResults, plus `write_run_outputs`, which rebuilds every summary file of
-a run dir from every result.json in it: a resumed or `--lf` session never loses what an earlier
-session scored.
+`fold_run` folds every result.json of a run dir (a resumed or `--lf` session never loses what an
+earlier session scored); the files are written from its RunSummary by the writers in
+`pytest_gap/outputs/` (the `pytest_gap_write_outputs` hook).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections import defaultdict
-from pathlib import Path
-
 from pydantic import BaseModel
 
 from pytest_gap.plan import Cell
-from pytest_gap.redaction import redact_argv, redact_tree
-from pytest_gap.results import TrialResult, now_iso, write_json
+from pytest_gap.results import TrialResult
 
-DONE_FLAG = "aaa_done_flag.txt"
-SUMMARY_TSV = "summary.tsv"
-SUMMARY_JSON = "summary.json"
-CELL_RESULT = "cell_result.json"
 TSV_COLUMNS = (
     "mode",
     "policy_id",
@@ -209,111 +199,43 @@ def console_table(cells: list[CellSummary]) -> str:
     )
 
 
-def collate_videos(run_dir: Path, results: list[TrialResult]) -> int:
-    """Hard-link every trial video into run_dir/videos/ under a flat descriptive name."""
-    videos = run_dir / "videos"
-    count = 0
-    for r in results:
-        if not r.video or not (run_dir / r.video).is_file():
-            continue
-        head = [r.mode, r.policy_id] if r.suite_name is None else ["suites", r.suite_name]
-        parts = [*head, r.family, r.variation, f"task{r.task_id:02d}", f"seed{r.seed:03d}"]
-        verdict = "pass" if r.success else "fail"
-        name = "__".join(p for p in parts if p) + f"__{verdict}.mp4"
-        dest = videos / name
-        videos.mkdir(exist_ok=True)
-        for stale in videos.glob(name.rsplit("__", 1)[0] + "__*.mp4"):
-            stale.unlink()
-        try:
-            os.link(run_dir / r.video, dest)
-        except OSError:  # another filesystem, or links unsupported
-            shutil.copy2(run_dir / r.video, dest)
-        count += 1
-    return count
+class Recorded(BaseModel):
+    """How many trials of a scope (the run, or one mode / `suites`) are planned and recorded."""
+
+    planned: int = 0
+    recorded: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.planned) and self.recorded == self.planned
 
 
-def write_run_outputs(
-    run_dir: Path,
-    cells: list[Cell],
-    results: dict[str, TrialResult],
-    *,
-    threshold: float,
-    grid: dict,
-) -> tuple[list[CellSummary], Gate]:
-    """Rebuild summary.tsv/json, cell_result.json files, flags and videos/ from `results`."""
-    summaries, by_mode = [], defaultdict(lambda: [0, 0])
+class RunSummary(BaseModel):
+    """A run dir folded: what every output writer is given."""
+
+    cells: list[CellSummary]  # the cells with at least one record, in plan order
+    gate: Gate
+    run: Recorded
+    by_mode: dict[str, Recorded]  # the run dir's top level: a mode, or "suites"
+
+
+def fold_run(cells: list[Cell], results: dict[str, TrialResult], threshold: float) -> RunSummary:
+    """Fold `results` (keyed by trial dir, as `scan_results` returns them) over the planned
+    `cells`; records of trials no longer planned are ignored."""
+    summaries: list[CellSummary] = []
+    by_mode: dict[str, Recorded] = {}
     for cell in cells:
         trials = cell.trials()
         found = [results[t.key] for t in trials if t.key in results]
-        top = cell.key.split("/", 1)[0]  # the mode, or "suites"
-        by_mode[top][0] += len(trials)
-        by_mode[top][1] += len(found)
-        if not found:
-            continue
-        summary = summarize_cell(cell, found)
-        summaries.append(summary)
-        write_json(run_dir / cell.key / CELL_RESULT, summary.model_dump(mode="json"))
-    gate = evaluate_gate(summaries, threshold)
-    matrix = {m: pivot(summaries, m)[2] for m in ("success_rate", "completion_rate")}
-    write_json(
-        run_dir / SUMMARY_JSON,
-        {
-            "grid": redact_tree(grid),  # a policy url's password, a token in a command
-            "cells": [s.model_dump(mode="json") for s in summaries],
-            "matrix": matrix,
-            "gate": gate.model_dump(mode="json"),
-            "n_trials": gate.n_trials,
-            "n_success": gate.n_success,
-            "success_rate": gate.success_rate,
-            "completion_rate": gate.completion_rate,
-            "updated_at": now_iso(),
-        },
+        counts = by_mode.setdefault(cell.key.split("/", 1)[0], Recorded())
+        counts.planned += len(trials)
+        counts.recorded += len(found)
+        if found:
+            summaries.append(summarize_cell(cell, found))
+    run = Recorded(
+        planned=sum(c.planned for c in by_mode.values()),
+        recorded=sum(c.recorded for c in by_mode.values()),
     )
-    (run_dir / SUMMARY_TSV).write_text(format_tsv(summaries))
-    collate_videos(run_dir, list(results.values()))
-    planned = sum(p for p, _ in by_mode.values())
-    recorded = sum(r for _, r in by_mode.values())
-    _flag(run_dir / DONE_FLAG, planned, recorded)
-    for top, (p, r) in by_mode.items():
-        _flag(run_dir / top / DONE_FLAG, p, r)
-    return summaries, gate
-
-
-def _flag(path: Path, planned: int, recorded: int) -> None:
-    """A sentinel that exists only while every planned trial has a record."""
-    if recorded == planned and planned:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"done {now_iso()}: {recorded} of {planned} trials recorded\n")
-    else:
-        path.unlink(missing_ok=True)
-
-
-def write_manifest(run_dir: Path, config_path: Path, session: dict) -> None:
-    """Append this session to run_manifest.json: who ran what, where, with which options.
-
-    The command line is recorded with secret values masked (`--api-key ***`, `TOKEN=***`,
-    `Authorization: Bearer ***`, `ws://user:***@host`): a run dir is shared, keys are not.
-    """
-    import json
-    import socket
-    import sys
-
-    from pytest_gap import __version__
-
-    path = run_dir / "run_manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError):
-        manifest = {"config": str(config_path), "created_at": now_iso(), "sessions": []}
-    manifest["pytest_gap_version"] = __version__
-    manifest["sessions"].append(
-        redact_tree(
-            {
-                "finished_at": now_iso(),
-                "host": socket.gethostname(),
-                "argv": redact_argv(sys.argv[1:]),
-                **session,
-            }
-        )
+    return RunSummary(
+        cells=summaries, gate=evaluate_gate(summaries, threshold), run=run, by_mode=by_mode
     )
-    write_json(path, manifest)

@@ -15,9 +15,12 @@ import re
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+if TYPE_CHECKING:
+    from pytest_gap.plan import Trial
 
 RESULT_FILE = "result.json"
 RUNNING_FILE = "running.json"
@@ -28,6 +31,56 @@ STAMP_RE = re.compile(r"^\d{8}_\d{6}$")
 # exit_code of a trial: 0 it ran (success or not); 1 the harness could not run it;
 # 124 the watchdog stopped it; 137 its worker died.
 EXIT_RAN, EXIT_ERROR, EXIT_TIMEOUT, EXIT_CRASH = 0, 1, 124, 137
+
+
+class TrialIdentity(BaseModel):
+    """Which trial a record belongs to: its pytest node id, its config file and its place in
+    the plan. Built only by `of`, wherever a record is made (a trial run, a crash record)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    nodeid: str
+    config: str
+    mode: str
+    policy_id: str | None = None
+    family: str
+    variation: str
+    suite: str
+    suite_name: str | None = None
+    task_id: int
+    seed: int
+
+    @classmethod
+    def of(cls, trial: Trial, *, nodeid: str, config: str) -> TrialIdentity:
+        cell = trial.cell
+        return cls(
+            nodeid=nodeid,
+            config=config,
+            mode=cell.mode,
+            policy_id=cell.policy_id,
+            family=cell.family,
+            variation=cell.variation,
+            suite=cell.suite,
+            suite_name=cell.suite_name,
+            task_id=trial.task_id,
+            seed=trial.seed,
+        )
+
+    @property
+    def slug(self) -> str:
+        """A flat file name stem: <mode>[__<policy_id>] or suites__<suite_name>, then family,
+        variation, taskNN, seedNNN, joined by `__`."""
+        head = (
+            [self.mode, self.policy_id] if self.suite_name is None else ["suites", self.suite_name]
+        )
+        parts = [
+            *head,
+            self.family,
+            self.variation,
+            f"task{self.task_id:02d}",
+            f"seed{self.seed:03d}",
+        ]
+        return "__".join(p for p in parts if p)
 
 
 class TrialResult(BaseModel):
@@ -65,6 +118,12 @@ class TrialResult(BaseModel):
     devices: dict[str, str] = {}
     started_at: str | None = None
     finished_at: str | None = None
+
+    @property
+    def identity(self) -> TrialIdentity:
+        return TrialIdentity.model_validate(
+            self.model_dump(include=set(TrialIdentity.model_fields))
+        )
 
     @property
     def errored(self) -> bool:

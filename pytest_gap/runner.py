@@ -21,7 +21,7 @@ import shutil
 import time
 import traceback
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pytest_gap.devices import egl_device_for_cell
 from pytest_gap.errors import GapError, InfraFailure
@@ -32,6 +32,7 @@ from pytest_gap.results import (
     EXIT_ERROR,
     EXIT_TIMEOUT,
     RUNNING_FILE,
+    TrialIdentity,
     TrialResult,
     now_iso,
     read_result,
@@ -40,6 +41,9 @@ from pytest_gap.results import (
 )
 from pytest_gap.throttle import Slot, SlotTimeout
 from pytest_gap.workflow.schema import WORKFLOW_FILE
+
+if TYPE_CHECKING:
+    from pytest_gap.policies.endpoint import PolicyEndpoint
 
 VIDEO_FILE = "video.mp4"
 
@@ -81,7 +85,7 @@ class TrialRun:
         config: str,
         pool,
         worker: str | None = None,
-        policies: dict[str, dict[str, str]] | None = None,
+        policies: dict[str, PolicyEndpoint] | None = None,
         llm=None,
         max_validation_retries: int = 2,
         watchdog: Watchdog | None = None,
@@ -101,18 +105,8 @@ class TrialRun:
         self._eval_t0: float | None = None
         # prompt (what the workflow was given), env_prompt (the env's instruction), workflow
         self._prompts: dict[str, str] = {}
-        cell = trial.cell
         self._base = {
-            "nodeid": nodeid,
-            "config": config,
-            "mode": cell.mode,
-            "policy_id": cell.policy_id,
-            "family": cell.family,
-            "variation": cell.variation,
-            "suite": cell.suite,
-            "suite_name": cell.suite_name,
-            "task_id": trial.task_id,
-            "seed": trial.seed,
+            **TrialIdentity.of(trial, nodeid=nodeid, config=config).model_dump(),
             "worker": worker,
             "devices": {
                 k: os.environ[k]
@@ -335,16 +329,7 @@ def record_crash(trial: Trial, run_dir: Path, *, nodeid: str, config: str, detai
     except (OSError, ValueError, KeyError):
         pass
     base = {
-        "nodeid": nodeid,
-        "config": config,
-        "mode": trial.cell.mode,
-        "policy_id": trial.cell.policy_id,
-        "family": trial.cell.family,
-        "variation": trial.cell.variation,
-        "suite": trial.cell.suite,
-        "suite_name": trial.cell.suite_name,
-        "task_id": trial.task_id,
-        "seed": trial.seed,
+        **TrialIdentity.of(trial, nodeid=nodeid, config=config).model_dump(),
         "wall_s": elapsed,
         "finished_at": now_iso(),
     }

@@ -395,7 +395,8 @@ def test_an_entrys_obs_format_defaults_by_who_wrote_the_server(entry, expected):
     assert PolicyEntry(**entry).resolved_obs_format == expected
 
 
-def test_endpoints_carry_the_format(monkeypatch):
+def test_endpoints_carry_the_format_and_the_started_servers_url():
+    from pytest_gap.policies.endpoint import PolicyEndpoint
     from pytest_gap.policies.registry import endpoints_for
 
     config = parse_config(
@@ -404,12 +405,25 @@ def test_endpoints_carry_the_format(monkeypatch):
                 "pi": {"url": "ws://h:1"},
                 "vla": {"url": "ws://h:2", "protocol": "vla-eval"},
                 "mine": {"url": "ws://h:3", "obs_format": "gap"},
+                "served": {"command": "gap policy serve x --port {port}", "privileged_state": True},
             },
-            "benchmark": {"modes": ["policy_only"], "policies": ["pi", "vla", "mine"]},
+            "benchmark": {"modes": ["policy_only"], "policies": ["pi", "vla", "mine", "served"]},
         }
     )
-    formats = {pid: e["obs_format"] for pid, e in endpoints_for(config).items()}
-    assert formats == {"pi": "openpi-libero", "vla": "vla-eval-libero", "mine": "gap"}
+    assert set(endpoints_for(config)) == {"pi", "vla", "mine"}  # "served" is not started
+    endpoints = endpoints_for(config, {"served": "ws://127.0.0.1:5"})
+    formats = {pid: e.obs_format for pid, e in endpoints.items()}
+    assert formats == {
+        "pi": "openpi-libero",
+        "vla": "vla-eval-libero",
+        "mine": "gap",
+        "served": "gap",
+    }
+    assert endpoints["served"] == PolicyEndpoint(
+        url="ws://127.0.0.1:5", protocol="openpi", obs_format="gap", privileged=True
+    )
+    # built by hand (a script, a test), an endpoint gets its protocol's format
+    assert PolicyEndpoint(url="ws://h:2", protocol="vla-eval").obs_format == "vla-eval-libero"
 
 
 def test_an_unknown_obs_format_is_a_one_line_config_error():

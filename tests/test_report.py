@@ -6,8 +6,11 @@ import json
 from pathlib import Path
 
 from pytest_gap.config import parse_config
+from pytest_gap.outputs.done import write_flags
+from pytest_gap.outputs.json import write_summary_json
+from pytest_gap.outputs.videos import collate_videos
 from pytest_gap.plan import plan
-from pytest_gap.report import evaluate_gate, format_tsv, summarize_cell, write_run_outputs
+from pytest_gap.report import evaluate_gate, fold_run, format_tsv, summarize_cell
 from pytest_gap.results import TrialResult, read_result, scan_results, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,7 +143,11 @@ def test_run_outputs_are_rebuilt_from_every_result_in_the_run_dir(tmp_path):
     assert read_result(tmp_path / "junk").problem
     results = scan_results(tmp_path)
     assert len(results) == 8
-    summaries, gate = write_run_outputs(tmp_path, cells, results, threshold=0.8, grid={"x": 1})
+    summary = fold_run(cells, results, threshold=0.8)
+    write_summary_json(tmp_path, summary, {"x": 1})
+    collate_videos(tmp_path, list(results.values()))
+    write_flags(tmp_path, summary)
+    summaries, gate = summary.cells, summary.gate
     assert [s.key for s in summaries] == ["workflow/libero/object", "workflow/posvar/pos_var"]
     assert gate.passed and gate.n_trials == 8 and gate.n_success == 7
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -246,3 +253,15 @@ def test_redaction_keeps_names_and_ordinary_arguments():
         "Api-Key ***",
     ]
     assert redact_text("https://h/v1?api_key=abc&model=m") == "https://h/v1?api_key=***&model=m"
+
+
+def test_a_records_identity_is_its_trials_and_names_its_video():
+    from pytest_gap.outputs.videos import video_name
+    from pytest_gap.results import TrialIdentity
+
+    trial = _cells()[2].trials()[3]  # policy_only@pi05 libero/object task 1 seed 1
+    identity = TrialIdentity.of(trial, nodeid=f"grid.yaml::{trial.id}", config="grid.yaml")
+    record = _result(trial, success=False)
+    assert record.identity == identity
+    assert identity.slug == "policy_only__pi05__libero__object__task01__seed001"
+    assert video_name(record) == "policy_only__pi05__libero__object__task01__seed001__fail.mp4"

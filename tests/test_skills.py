@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.sim.variations import resolve
 from pytest_gap.skills import library as skills
@@ -199,7 +200,7 @@ def test_skills_read_the_instruction_the_workflow_was_given(object_env):
     given = "pick up the tomato sauce and place it in the basket"
     recorder = _PromptRecorder()
     with PolicyServer(recorder).start() as served:
-        endpoints = {"rec": {"url": served.url, "protocol": "openpi", "obs_format": "gap"}}
+        endpoints = {"rec": PolicyEndpoint(url=served.url, obs_format="gap")}
         object_env.reset(0)
         run = run_workflow(workflow, object_env, policies=endpoints, task_prompt=given)
         assert run.outputs["task"]["items"] == ["tomato sauce"]

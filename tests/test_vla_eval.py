@@ -12,6 +12,7 @@ from vla_eval.model_servers.predict import PredictModelServer
 from vla_eval.model_servers.serve import serve_async
 
 from pytest_gap.policies.client import PolicyTransportError, VlaEvalClient, connect_policy
+from pytest_gap.policies.endpoint import PolicyEndpoint
 
 
 class RecordingServer(PredictModelServer):
@@ -135,7 +136,7 @@ def test_run_policy_drives_libero_through_a_vla_eval_server(object_env):
     with Served(model) as served:
         object_env.reset(0)
         # No obs_format: the vla-eval protocol's default, vla-eval-libero.
-        endpoint = {"url": f"ws://127.0.0.1:{served.port}", "protocol": "vla-eval"}
+        endpoint = PolicyEndpoint(url=f"ws://127.0.0.1:{served.port}", protocol="vla-eval")
         result = run_workflow(workflow, object_env, policies={"vla": endpoint})
     assert result.exit_status == "end_failure" and not result.infra_failure
     # 3 windows of 4 actions: 12 observations sent, 3 chunks predicted.

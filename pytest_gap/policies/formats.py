@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from PIL import Image
 
-from pytest_gap.config import PROTOCOL_OBS_FORMATS, ObsFormatName
+from pytest_gap.config import ObsFormatName
 from pytest_gap.errors import GapError
 
 if TYPE_CHECKING:
+    from pytest_gap.policies.endpoint import PolicyEndpoint
     from pytest_gap.sim.libero import LiberoEnv
 
 OPENPI_IMAGE_SIZE = 224  # openpi's LIBERO client: --resize-size 224
@@ -249,8 +250,6 @@ FORMATS: dict[str, ObsFormat] = {
 }
 
 
-def obs_format(endpoint: Mapping[str, Any]) -> ObsFormat:
-    """The format of a policy endpoint ({url, protocol, obs_format?, ...}); an endpoint built
-    without `obs_format` gets its protocol's default."""
-    name = endpoint.get("obs_format") or PROTOCOL_OBS_FORMATS[endpoint.get("protocol", "openpi")]
-    return FORMATS[name]
+def obs_format(endpoint: PolicyEndpoint) -> ObsFormat:
+    """The format a policy endpoint's server speaks."""
+    return FORMATS[endpoint.obs_format]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pytest_gap.sim.libero import LiberoEnv, StepResult
 from pytest_gap.sim.render import CameraFrame
+
+if TYPE_CHECKING:
+    from pytest_gap.policies.endpoint import PolicyEndpoint
 
 
 class TaskSucceeded(Exception):
@@ -27,9 +30,7 @@ class SkillContext:
     keep_images: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)  # scratch state of one run
-    # policy id -> {"url": ws url, "protocol": "openpi" | "vla-eval", "obs_format": a name in
-    # policies/formats.py (default: the protocol's), "privileged": bool}
-    policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    policies: dict[str, PolicyEndpoint] = field(default_factory=dict)  # by policy id
     # The instruction the workflow was produced for (a suite's task_prompts entry, say); None:
     # the env's own. Skills that read the task or prompt a policy use `instruction`.
     task_prompt: str | None = None
@@ -49,7 +50,7 @@ class SkillContext:
                     f"policy {policy_id!r} has no server in this run (servers: {known}); add it "
                     "to the policies: registry and to benchmark.policies"
                 )
-            self._clients[policy_id] = connect_policy(endpoint["url"], endpoint["protocol"])
+            self._clients[policy_id] = connect_policy(endpoint.url, endpoint.protocol)
         return self._clients[policy_id]
 
     def close(self) -> None:

@@ -74,10 +74,10 @@ def run_policy(
 
     `prompt` defaults to the task's instruction (the one the workflow was produced for)."""
     prompt = prompt or ctx.instruction
-    client = ctx.policy(policy)
-    endpoint = ctx.policies.get(policy, {})
+    client = ctx.policy(policy)  # raises for a policy without an endpoint
+    endpoint = ctx.policies[policy]
     fmt = obs_format(endpoint)
-    privileged = endpoint.get("privileged", False)
+    privileged = endpoint.privileged
     server = getattr(client, "metadata", None) or {}
     closed = False
     steps0 = ctx.steps

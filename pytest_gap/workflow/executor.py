@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -31,6 +32,9 @@ from pytest_gap.workflow.schema import (
     Workflow,
 )
 from pytest_gap.workflow.trace import TraceRecorder
+
+if TYPE_CHECKING:
+    from pytest_gap.policies.endpoint import PolicyEndpoint
 
 # Exit statuses: how the run ended (success is the simulator's verdict, reported separately).
 END_SUCCESS = "end_success"
@@ -130,7 +134,7 @@ def run_workflow(
     *,
     trace_dir=None,
     keep_images: bool = False,
-    policies: dict[str, dict[str, str]] | None = None,
+    policies: Mapping[str, PolicyEndpoint] | None = None,
     task_prompt: str | None = None,
 ) -> RunResult:
     """Run from `workflow.start` on an env that was just reset; return what happened.

@@ -1,0 +1,21 @@
+"""summary.tsv: one row per cell, then the success and completion pivots (report.format_tsv)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_gap.report import RunSummary, format_tsv
+
+SUMMARY_TSV = "summary.tsv"
+
+
+def write_tsv(run_dir: Path, summary: RunSummary) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / SUMMARY_TSV).write_text(format_tsv(summary.cells))
+
+
+@pytest.hookimpl
+def pytest_gap_write_outputs(run_dir: Path, summary: RunSummary) -> None:
+    write_tsv(run_dir, summary)

@@ -1,0 +1,34 @@
+"""PolicyEndpoint: one policy server as a trial talks to it (registry -> runner -> skills)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from pytest_gap.config import PROTOCOL_OBS_FORMATS, ObsFormatName
+
+
+class PolicyEndpoint(BaseModel):
+    """Where a registry entry's server listens and how run_policy talks to it.
+
+    Built by `policies.registry.endpoints_for` from the entry and, for a managed server, the url
+    the controller started it on. `obs_format` names a format of policies/formats.py; left out,
+    it is the protocol's own (openpi -> openpi-libero, vla-eval -> vla-eval-libero).
+    `privileged`: the server is an oracle that also receives ground truth.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    protocol: Literal["openpi", "vla-eval"] = "openpi"
+    obs_format: ObsFormatName
+    privileged: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _protocol_default_format(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("obs_format") is None:
+            default = PROTOCOL_OBS_FORMATS.get(data.get("protocol", "openpi"))
+            data = {**data, "obs_format": default}
+        return data

@@ -1,0 +1,157 @@
+"""The plugin's own hooks, from outside: a third-party writer plugin and the repo's conftest.py
+join a real pytest session without any change to pytest_gap's modules."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A writer as a third party would ship it: a plain module passed with `-p`.
+WRITER = """
+import json
+import os
+
+import pytest
+
+SEEN = []
+
+
+@pytest.hookimpl
+def pytest_gap_trial_result(config, result, run_dir, replayed):
+    SEEN.append(
+        {
+            "nodeid": result.nodeid,
+            "success": result.success,
+            "replayed": replayed,
+            "on_worker": hasattr(config, "workerinput"),
+        }
+    )
+
+
+@pytest.hookimpl
+def pytest_gap_write_outputs(config, run_dir, summary, results, benchmark):
+    (run_dir / "third_party.json").write_text(
+        json.dumps(
+            {
+                "seen": SEEN,
+                "config": str(benchmark.source),
+                "gate": summary.gate.line(),
+                "cells": [c.key for c in summary.cells],
+                "results": sorted(results),
+                "summary_tsv_exists": (run_dir / "summary.tsv").is_file(),
+                "done_flag_exists": (run_dir / "aaa_done_flag.txt").is_file(),
+                "on_worker": hasattr(config, "workerinput"),
+            }
+        )
+    )
+"""
+
+
+def _give_up_config(tmp: Path, output_dir: str) -> dict:
+    workflow = tmp / "give_up"
+    workflow.mkdir(exist_ok=True)
+    (workflow / "workflow.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "name": "give_up",
+                "start": "failed",
+                "nodes": {"failed": {"type": "end", "status": "failure"}},
+            }
+        )
+    )
+    return {
+        "benchmark": {
+            "families": ["libero"],
+            "variations": ["object"],
+            "modes": ["workflow"],
+            "task_ids": [0],
+            "n_seeds": 1,
+            "output_dir": output_dir,
+            "mode_overrides": {"workflow": {"workflow_dir": str(workflow)}},
+        }
+    }
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def test_a_third_party_writer_and_the_repo_conftest_get_every_trial_and_the_summary(pytester):
+    shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
+    (pytester.path / "gap_writer.py").write_text(WRITER)
+    (pytester.path / "benchmarks").mkdir()
+    main_job = _give_up_config(pytester.path, "../benchmark_runs/grid")
+    (pytester.path / "benchmarks/grid.yaml").write_text(yaml.safe_dump(main_job))
+    (pytester.path / "elsewhere.yaml").write_text(
+        yaml.safe_dump(_give_up_config(pytester.path, "other_runs"))
+    )
+    _git(pytester.path, "init", "-q")
+    _git(pytester.path, "add", "conftest.py")
+    _git(pytester.path, "commit", "-q", "-m", "x")
+    commit = _git(pytester.path, "rev-parse", "--short=12", "HEAD")
+
+    result = pytester.runpytest_subprocess(
+        "benchmarks", "elsewhere.yaml", "-p", "gap_writer", "-n", "2", timeout=300
+    )
+    assert result.ret == 1, result.stdout.str()  # give_up fails: gate FAIL
+    (run_dir,) = (pytester.path / "benchmark_runs/grid").iterdir()
+    written = json.loads((run_dir / "third_party.json").read_text())
+    nodeid = "benchmarks/grid.yaml::workflow::libero/object::task00::seed000"
+    # on the xdist controller, once per trial of the session (both configs')
+    other = "elsewhere.yaml::workflow::libero/object::task00::seed000"
+    assert sorted(written["seen"], key=lambda s: s["nodeid"]) == [
+        {"nodeid": nodeid, "success": False, "replayed": False, "on_worker": False},
+        {"nodeid": other, "success": False, "replayed": False, "on_worker": False},
+    ]
+    assert not written["on_worker"]
+    assert written["config"] == str(pytester.path / "benchmarks/grid.yaml")
+    assert written["gate"].startswith("gate FAIL: success_rate=0.000")
+    assert written["cells"] == ["workflow/libero/object"]
+    assert written["results"] == ["workflow/libero/object/task_00/seed_000"]
+    # the harness's writers ran before it; the done flag is written after every writer
+    assert written["summary_tsv_exists"] and not written["done_flag_exists"]
+    assert (run_dir / "aaa_done_flag.txt").is_file()
+
+    # A resumed session replays the record: the writer hears of it, flagged as replayed.
+    result = pytester.runpytest_subprocess(
+        "benchmarks", "--gap-resume", "-p", "gap_writer", timeout=300
+    )
+    assert result.ret == 1, result.stdout.str()
+    written = json.loads((run_dir / "third_party.json").read_text())
+    assert [(s["nodeid"], s["replayed"]) for s in written["seen"]] == [(nodeid, True)]
+
+    # The repo conftest: one line per session of the main job's config, none for the other.
+    lines = (pytester.path / "benchmark_runs/history.tsv").read_text().splitlines()
+    assert lines[0].split("\t") == [
+        "utc_time",
+        "commit",
+        "config",
+        "n_trials",
+        "n_success",
+        "success_rate",
+        "gate",
+    ]
+    rows = [line.split("\t") for line in lines[1:]]
+    assert [row[1:] for row in rows] == [
+        [commit, "benchmarks/grid.yaml", "1", "0", "0.000", "FAIL"]
+    ] * 2
+    assert all(row[0].endswith("+00:00") for row in rows)
+    (other_run,) = (pytester.path / "other_runs").iterdir()
+    assert json.loads((other_run / "third_party.json").read_text())["cells"] == [
+        "workflow/libero/object"
+    ]
