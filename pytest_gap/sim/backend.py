@@ -243,8 +243,8 @@ def get_backend(name: str) -> Backend:
         close = difflib.get_close_matches(name, registered, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise SimInputError(
-            f"unknown backend {name!r}; {hint}(known: {', '.join(sorted(registered))}; "
-            "or an import string module:Class)"
+            f"unknown backend {name!r}; {hint}known backends: {', '.join(sorted(registered))}, "
+            "or an import string module:Class"
         )
     target = target or name
     try:
