@@ -16,6 +16,7 @@ import yaml
 from pytest_gap.config import ConfigError, parse_config
 from pytest_gap.plan import plan
 from pytest_gap.sim import backend as sim
+from pytest_gap.sim.pool import EnvPool
 from pytest_gap.workflow.executor import run_workflow
 from pytest_gap.workflow.schema import Workflow
 
@@ -179,8 +180,13 @@ def test_gap_lists_a_backends_suites_and_families():
 
 
 def test_a_skill_that_needs_a_scene_fails_clearly_on_a_sceneless_env():
-    env = sim.get_backend(FAKE).make_env("fake_easy", 0)
+    pool = EnvPool(max_envs=2)
+    env = pool.get("fake_easy", 0, backend=FAKE)
+    assert pool.get("fake_easy", 0, backend=sim.get_backend(FAKE)) is env
+    with pytest.raises(sim.SimInputError, match="unknown LIBERO suite 'fake_easy'"):
+        pool.get("fake_easy", 0)  # the key names the backend: LIBERO has no such suite
     env.reset(4)
+    assert isinstance(env, sim.Env) and env.scene is None
     homing = Workflow.model_validate(
         _workflow(
             {
