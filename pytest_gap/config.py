@@ -226,10 +226,6 @@ class BenchmarkConfig(_Strict):
         return "grid" if self.benchmark is not None else "suites"
 
     @property
-    def backend_name(self) -> str:
-        return self.benchmark.backend if self.benchmark else self.backend
-
-    @property
     def threshold(self) -> float:
         return self.benchmark.gate_threshold if self.benchmark else self.gate_threshold
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -261,7 +262,7 @@ class EpisodePlan(BaseModel):
     max_steps: int | None = None
 
 
-class GeneratedFamily:
+class GeneratedFamily(ABC):
     """A family whose variations perturb each episode of the libero_object scenes per seed."""
 
     name: ClassVar[str]
@@ -273,10 +274,11 @@ class GeneratedFamily:
     def resolve(self, variation: str) -> Variation:
         return Variation(family=self.name, variation=variation, suite=GENERATED_BASE_SUITE)
 
+    @abstractmethod
     def plan(
         self, variation: str, task_id: int, rng, layout: SceneLayout, goal: list[tuple[str, ...]]
     ) -> EpisodePlan:
-        raise NotImplementedError
+        """Targets, layout change and task changes for one episode; draws from `rng` only."""
 
 
 class PosVar(GeneratedFamily):
