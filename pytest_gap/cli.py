@@ -10,29 +10,30 @@ from pytest_gap.errors import GapError
 
 
 def _cmd_suites(args: argparse.Namespace) -> int:
-    from pytest_gap.sim.suites import get_suite, list_suites, unusable_suites
+    from pytest_gap.sim.backend import get_backend
 
+    backend = get_backend(args.backend)
     if args.suite:
-        suite = get_suite(args.suite)
-        print(f"{suite.name}: {suite.n_tasks} tasks, max_steps {suite.max_steps}")
-        for task_id in range(suite.n_tasks):
-            task = suite.task(task_id)
-            print(f"  {task_id:3d}  {task.n_init_states:3d} init states  {task.prompt}")
+        name = args.suite
+        n_tasks = backend.n_tasks(name)
+        print(f"{name}: {n_tasks} tasks, max_steps {backend.max_steps(name)}")
+        for task_id in range(n_tasks):
+            n_init = backend.n_init_states(name, task_id)
+            print(f"  {task_id:3d}  {n_init:3d} init states  {backend.task_prompt(name, task_id)}")
         return 0
-    for name in list_suites():
-        suite = get_suite(name)
-        print(f"{name:45s} {suite.n_tasks:3d} tasks  max_steps {suite.max_steps}")
-    for name, why in unusable_suites().items():
+    for name in backend.suites():
+        print(f"{name:45s} {backend.n_tasks(name):3d} tasks  max_steps {backend.max_steps(name)}")
+    for name, why in backend.unavailable().items():
         print(f"{name:45s} not usable: {why}")
     return 0
 
 
 def _cmd_families(args: argparse.Namespace) -> int:
-    from pytest_gap.sim.variations import list_families, resolve
+    from pytest_gap.sim.backend import get_backend
 
-    for family, variations in list_families().items():
-        for variation in variations:
-            print(f"{family + '/' + variation:45s} -> {resolve(family, variation).suite}")
+    for name, family in get_backend(args.backend).families().items():
+        for variation in family.variations():
+            print(f"{name + '/' + variation:45s} -> {family.resolve(variation).suite}")
     return 0
 
 
@@ -261,9 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     suites = sub.add_parser("suites", help="list LIBERO / LIBERO-PRO suites, or one suite's tasks")
     suites.add_argument("suite", nargs="?")
-    suites.set_defaults(func=_cmd_suites)
     families = sub.add_parser("families", help="list benchmark families and their variations")
-    families.set_defaults(func=_cmd_families)
+    for listing, func in ((suites, _cmd_suites), (families, _cmd_families)):
+        listing.add_argument(
+            "--backend", default="libero", help="simulator backend: a name or module:Class"
+        )
+        listing.set_defaults(func=func)
     skills = sub.add_parser("skills", help="list the skills a workflow can call")
     skills.add_argument("--json", action="store_true", help="the machine-readable catalogue")
     skills.set_defaults(func=_cmd_skills)

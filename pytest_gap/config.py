@@ -173,6 +173,8 @@ class ModeOverride(_Strict):
 
 
 class BenchmarkBlock(_Strict):
+    # The simulator: a registered backend name or an import string module:Class (sim/backend.py)
+    backend: str = "libero"
     families: list[str] = ["posvar"]
     # None: every variation of each family.
     variations: list[str] | None = None
@@ -209,6 +211,8 @@ class BenchmarkConfig(_Strict):
     """A whole benchmark YAML. `source` is the file it came from (set by `load_config`)."""
 
     task: str = "auto"
+    # Suites mode's simulator backend (grid mode's lives in benchmark.backend).
+    backend: str = "libero"
     llm: LLMConfig = LLMConfig()
     skills: SkillsConfig = SkillsConfig()
     policies: dict[str, PolicyEntry] = {}
@@ -351,13 +355,14 @@ def load_config(path: str | Path) -> BenchmarkConfig:
 # These read the raw YAML data (defensively), so they are reported together with the structural
 # errors above instead of only after those are fixed.
 def semantic_problems(data: dict, base: Path) -> list[str]:
-    from pytest_gap.sim.variations import list_families
-
-    families = list_families()
     problems: list[str] = []
+    backend = _backend(data, problems)
     policies = data.get("policies") if isinstance(data.get("policies"), dict) else {}
     block = data.get("benchmark")
     if isinstance(block, dict):
+        families = (
+            {name: f.variations() for name, f in backend.families().items()} if backend else None
+        )
         problems += _grid_problems(block, policies, families, base)
         if data.get("suites"):
             problems.append(
@@ -367,8 +372,31 @@ def semantic_problems(data: dict, base: Path) -> list[str]:
     suites = data.get("suites")
     for i, entry in enumerate(suites if isinstance(suites, list) else []):
         if isinstance(entry, dict):
-            problems += _suite_problems(f"suites.{i}", entry, base)
+            problems += _suite_problems(f"suites.{i}", entry, base, backend)
     return problems
+
+
+def _backend(data: dict, problems: list[str]):
+    """The config's simulator backend (families and suites are checked against its
+    catalogue), or None after adding why it cannot be had to `problems`."""
+    from pytest_gap.sim.backend import DEFAULT_BACKEND, get_backend
+
+    key = "backend"
+    if isinstance(data.get("benchmark"), dict):
+        if "backend" in data:
+            problems.append(
+                "backend: a grid config names its simulator in benchmark.backend; move it there"
+            )
+        key, name = "benchmark.backend", data["benchmark"].get("backend", DEFAULT_BACKEND)
+    else:
+        name = data.get("backend", DEFAULT_BACKEND)
+    if not isinstance(name, str):
+        return None  # pydantic reports the type
+    try:
+        return get_backend(name)
+    except GapError as exc:
+        problems.append(f"{key}: {exc}")
+        return None
 
 
 def _strings(value: Any) -> list[str]:
@@ -383,12 +411,14 @@ def _unknown(key: str, what: str, value: str, known) -> str:
 
 
 def _grid_problems(block: dict, policies: dict, families, base: Path) -> list[str]:
+    """`families` is the backend's catalogue (None: the backend is unknown, nothing to check
+    them against)."""
     problems = []
     chosen = _strings(block.get("families", ["posvar"]))
-    for family in chosen:
+    for family in chosen if families is not None else []:
         if family not in families:
             problems.append(_unknown("benchmark.families", "family", family, sorted(families)))
-    if block.get("variations") is not None:
+    if block.get("variations") is not None and families is not None:
         known = sorted({v for f in chosen for v in families.get(f, [])})
         for variation in _strings(block["variations"]):
             if variation not in known:
@@ -428,11 +458,11 @@ def _grid_problems(block: dict, policies: dict, families, base: Path) -> list[st
     return problems
 
 
-def _suite_problems(key: str, entry: dict, base: Path) -> list[str]:
+def _suite_problems(key: str, entry: dict, base: Path, backend) -> list[str]:
     problems = []
-    if isinstance(entry.get("suite_name"), str):
+    if isinstance(entry.get("suite_name"), str) and backend is not None:
         try:
-            suite_variation(entry["suite_name"])
+            suite_variation(entry["suite_name"], backend)
         except GapError as exc:
             problems.append(f"{key}.suite_name: {exc}")
     problems += _workflow_dir_problems(f"{key}.workflow_dir", entry.get("workflow_dir"), base)
@@ -485,26 +515,13 @@ def _workflow_dir_problems(key: str, raw: Any, base: Path) -> list[str]:
     return []
 
 
-def suite_variation(suite_name: str):
-    """The Variation a suites-mode `suite_name` names: `family/variation` or a LIBERO suite."""
-    from pytest_gap.errors import SimInputError
-    from pytest_gap.sim.suites import list_suites
-    from pytest_gap.sim.variations import resolve
+def suite_variation(suite_name: str, backend="libero"):
+    """The Variation a suites-mode `suite_name` names on `backend` (a Backend or its name):
+    `family/variation`, or one of the backend's suites."""
+    from pytest_gap.sim import backend as sim
 
-    if "/" in suite_name:
-        family, _, variation = suite_name.partition("/")
-        return resolve(family, variation)
-    suites = list_suites()
-    if suite_name not in suites:
-        close = difflib.get_close_matches(suite_name, suites, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else "see `gap suites` and `gap families`"
-        raise SimInputError(
-            f"unknown suite {suite_name!r}: name a LIBERO suite or a family/variation; {hint}"
-        )
-    from pytest_gap.sim.suites import CLASSIC_SUITES
-
-    family = "libero" if suite_name in CLASSIC_SUITES else "libero_pro"
-    return resolve(family, suite_name.removeprefix("libero_"))
+    chosen = sim.get_backend(backend) if isinstance(backend, str) else backend
+    return sim.suite_variation(chosen, suite_name)
 
 
 def json_schema() -> dict[str, Any]:

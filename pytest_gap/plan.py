@@ -25,9 +25,10 @@ class Cell(BaseModel):
 
     mode: str
     policy_id: str | None = None
+    backend: str = "libero"  # the simulator backend (a name or import string, sim/backend.py)
     family: str
     variation: str
-    suite: str  # the LIBERO suite the trials run on
+    suite: str  # the backend's suite the trials run on
     suite_name: str | None = None  # suites mode: the entry's (de-duplicated) name
     task_ids: tuple[int, ...]
     seeds: tuple[int, ...]
@@ -153,12 +154,6 @@ def all_trials(cells: list[Cell]) -> list[Trial]:
     return [trial for cell in cells for trial in cell.trials()]
 
 
-def _suite_size(suite: str) -> int:
-    from pytest_gap.sim.suites import get_suite
-
-    return get_suite(suite).n_tasks
-
-
 def _check_ids(source: str, key: str, ids: list[int], n_tasks: int, what: str) -> list[str]:
     bad = [i for i in ids if i >= n_tasks]
     if bad:
@@ -167,9 +162,10 @@ def _check_ids(source: str, key: str, ids: list[int], n_tasks: int, what: str) -
 
 
 def _grid_cells(config, source, families, modes) -> list[Cell]:
-    from pytest_gap.sim.variations import list_families, resolve
+    from pytest_gap.sim.backend import get_backend, resolve_variation
 
     block = config.benchmark
+    backend = get_backend(block.backend)
     problems = []
     for key, chosen, known in (
         ("--families", families, block.families),
@@ -183,7 +179,7 @@ def _grid_cells(config, source, families, modes) -> list[Cell]:
     record_video = (
         block.record_video if block.record_video is not None else config.trials.record_video
     )
-    known_variations = list_families()
+    known_variations = {name: f.variations() for name, f in backend.families().items()}
     cells = []
     for mode in block.modes:
         if modes and mode not in modes:
@@ -196,8 +192,8 @@ def _grid_cells(config, source, families, modes) -> list[Cell]:
                 for variation in known_variations[family]:
                     if block.variations is not None and variation not in block.variations:
                         continue
-                    resolved = resolve(family, variation)
-                    n_tasks = _suite_size(resolved.suite)
+                    resolved = resolve_variation(backend, family, variation)
+                    n_tasks = backend.n_tasks(resolved.suite)
                     if block.task_ids is not None:
                         task_ids = block.task_ids
                         problems += _check_ids(
@@ -213,6 +209,7 @@ def _grid_cells(config, source, families, modes) -> list[Cell]:
                         Cell(
                             mode=mode,
                             policy_id=policy_id,
+                            backend=block.backend,
                             family=family,
                             variation=variation,
                             suite=resolved.suite,
@@ -299,10 +296,13 @@ def _grid_cell_error(config, mode: str, override, policy_id: str | None) -> str 
 
 
 def _suite_cells(config: BenchmarkConfig, source: str) -> list[Cell]:
+    from pytest_gap.sim.backend import get_backend
+
+    backend = get_backend(config.backend)
     cells, problems, seen, offset = [], [], {}, 0
     for i, entry in enumerate(config.suites or []):
-        variation = suite_variation(entry.suite_name)
-        n_tasks = _suite_size(variation.suite)
+        variation = suite_variation(entry.suite_name, backend)
+        n_tasks = backend.n_tasks(variation.suite)
         task_ids = (
             entry.task_ids
             or sorted(entry.task_prompts)
@@ -320,6 +320,7 @@ def _suite_cells(config: BenchmarkConfig, source: str) -> list[Cell]:
         cells.append(
             Cell(
                 mode="workflow" if entry.workflow_dir else "llm_generation",
+                backend=config.backend,
                 family=variation.family,
                 variation=variation.variation,
                 suite=variation.suite,

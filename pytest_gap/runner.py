@@ -143,17 +143,19 @@ class TrialRun:
         return self._finish(**fields)
 
     def _run(self) -> dict:
-        from pytest_gap.sim.libero import EnvOptions
-        from pytest_gap.sim.variations import resolve
+        from pytest_gap.sim.backend import EnvOptions, get_backend, resolve_variation
         from pytest_gap.workflow.executor import run_workflow
         from pytest_gap.workflow.schema import load_workflow
 
         cell, trial = self.trial.cell, self.trial
-        variation = resolve(cell.family, cell.variation)
+        backend = get_backend(cell.backend)
+        variation = resolve_variation(backend, cell.family, cell.variation)
         device = egl_device_for_cell(cell.device_offset)  # one of this worker's own devices
         cameras = ("agentview",) if cell.record_video else ()
         options = EnvOptions(cameras=cameras)
-        self.env = env = self.pool.get(cell.suite, trial.task_id, options, egl_device=device)
+        self.env = env = self.pool.get(
+            cell.suite, trial.task_id, options, egl_device=device, backend=backend
+        )
         if env.egl_device is not None:
             self._base["devices"]["env_egl_device"] = str(env.egl_device)
         video = self.dir / VIDEO_FILE if cell.record_video else None

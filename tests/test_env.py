@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from pytest_gap.errors import EpisodeError, SimInputError, VariationError
+from pytest_gap.sim.backend import Env
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.sim.pool import EnvPool
 from pytest_gap.sim.variations import Variation, resolve
@@ -96,6 +97,9 @@ def test_pool_is_a_bounded_lru():
     with pytest.raises(SimInputError):
         pool.get("libero_object", 99)
     assert pool.get("libero_object", 1) is second  # a bad request evicted nothing
+    assert pool.get("libero_object", 1, backend="libero") is second  # the default backend
+    second.reset(0)  # (Python 3.11's protocol check reads `episode`, which needs one)
+    assert isinstance(second, Env)  # what the runner, executor and skills rely on
     pool.close()
 
 

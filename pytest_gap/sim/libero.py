@@ -23,14 +23,20 @@ from __future__ import annotations
 
 import contextlib
 import io
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_gap.errors import EpisodeError, SimInputError
+from pytest_gap.sim.backend import (  # re-exported: the data types used to live here
+    SETTLE_STEPS,
+    EnvOptions,
+    EpisodeInfo,
+    Observation,
+    Predicate,
+    StepResult,
+)
 from pytest_gap.sim.gl import ensure_gl_backend, import_robosuite_quietly
 from pytest_gap.sim.render import resolve_camera
 from pytest_gap.sim.scene import SceneView
@@ -40,7 +46,17 @@ from pytest_gap.sim.video import VideoWriter
 if TYPE_CHECKING:
     from pytest_gap.sim.variations import Perturbation, Variation
 
-SETTLE_STEPS = 10
+__all__ = [
+    "SETTLE_STEPS",
+    "EnvOptions",
+    "EpisodeInfo",
+    "LiberoEnv",
+    "Observation",
+    "Predicate",
+    "StepResult",
+    "make_env",
+]
+
 SAMPLED_SCENE = "gap_sampled_scene"  # our robosuite observable (see LiberoEnv.__init__)
 # The MjData frames that a camera render (mjv_updateScene) reads.
 RENDERED_FRAMES = (
@@ -58,58 +74,6 @@ RENDERED_FRAMES = (
 LIBERO_CAMERA_SIZE = 256  # what openpi's and vla-eval's LIBERO clients render at
 NOOP_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
 CONTROL_HZ = 20
-Predicate = tuple[str, ...]
-
-
-class EnvOptions(BaseModel):
-    """How an env renders and how long its episodes are. Part of the env pool's key."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    cameras: tuple[str, ...] = ()  # rendered into every observation; () = state only
-    height: int = Field(256, ge=8, le=2048)
-    width: int = Field(256, ge=8, le=2048)
-    multisample: bool = False  # 4x MSAA costs about a third more per frame on software GL
-    max_steps: int | None = Field(None, ge=1)  # None = the suite's protocol value
-    settle_steps: int = Field(SETTLE_STEPS, ge=0)
-
-
-@dataclass
-class Observation:
-    images: dict[str, np.ndarray]
-    state: np.ndarray
-    prompt: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"images": self.images, "state": self.state, "prompt": self.prompt}
-
-
-@dataclass
-class StepResult:
-    obs: Observation
-    success: bool
-    completion: float
-    steps: int
-    truncated: bool  # the step limit was reached without success
-
-    @property
-    def done(self) -> bool:
-        return self.success or self.truncated
-
-    @property
-    def reward(self) -> float:
-        return 1.0 if self.success else 0.0
-
-
-@dataclass
-class EpisodeInfo:
-    seed: int
-    init_state: int
-    prompt: str
-    goal: tuple[Predicate, ...]
-    perturbation: Perturbation | None = None
-    video: Path | None = None
-    video_frames: int = 0
 
 
 def quat_xyzw_to_axis_angle(quat: np.ndarray) -> np.ndarray:

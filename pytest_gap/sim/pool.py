@@ -1,4 +1,4 @@
-"""A per-process pool of LIBERO envs: one per (suite, task, options, EGL device), LRU-bounded.
+"""A per-process pool of envs: one per (backend, suite, task, options, EGL device), LRU-bounded.
 
 An env costs about 2 GB and seconds to build; a reset costs a fraction of a second. Trials of
 one task reuse its env; a new task reuses a pooled env if it has one and otherwise evicts the
@@ -12,8 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from pytest_gap.errors import SimInputError
-from pytest_gap.sim.libero import EnvOptions, LiberoEnv
-from pytest_gap.sim.suites import get_task
+from pytest_gap.sim.backend import DEFAULT_BACKEND, Backend, Env, EnvOptions, get_backend
 
 DEFAULT_POOL_SIZE = 2
 
@@ -41,7 +40,7 @@ class EnvPool:
         self.max_envs = max_envs if max_envs is not None else _capacity_from_env()
         if self.max_envs < 1:
             raise SimInputError(f"env pool size {self.max_envs}: must be >= 1")
-        self._envs: OrderedDict[tuple, LiberoEnv] = OrderedDict()
+        self._envs: OrderedDict[tuple, Env] = OrderedDict()
         self.stats = PoolStats()
 
     def get(
@@ -50,21 +49,26 @@ class EnvPool:
         task_id: int,
         options: EnvOptions | None = None,
         egl_device: int | None = None,
-    ) -> LiberoEnv:
-        """The pooled env; `egl_device` is where it renders (an env never changes device)."""
+        *,
+        backend: Backend | str = DEFAULT_BACKEND,
+    ) -> Env:
+        """The pooled env of `backend` (a Backend or its name); `egl_device` is where it
+        renders (an env never changes device)."""
+        if isinstance(backend, str):
+            backend = get_backend(backend)
         options = options or EnvOptions()
-        key = (suite, task_id, options, egl_device)
+        key = (backend.name, suite, task_id, options, egl_device)
         env = self._envs.get(key)
         if env is not None:
             self._envs.move_to_end(key)
             self.stats.reused += 1
             return env
-        task = get_task(suite, task_id)  # validate before evicting anything
+        backend.task_prompt(suite, task_id)  # validates suite and task before evicting anything
         while len(self._envs) >= self.max_envs:
             _, old = self._envs.popitem(last=False)
             old.close()
             self.stats.evicted += 1
-        env = LiberoEnv(task, options, egl_device)
+        env = backend.make_env(suite, task_id, options, egl_device)
         self._envs[key] = env
         self.stats.created += 1
         return env

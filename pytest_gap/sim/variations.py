@@ -35,15 +35,17 @@ Families (base scenes: the 10 libero_object tasks, task numbering as libero_obje
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import itertools
-from typing import Any
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from pytest_gap.errors import SimInputError, VariationError
+from pytest_gap.sim import backend
 from pytest_gap.sim.suites import CLASSIC_SUITES, MAX_STEPS_BY_BASE, TaskSpec, list_suites
 
 # Container-centre grid for pos_var, world frame: x from the row of LIBERO's object regions
@@ -57,10 +59,6 @@ REACH_HALF_WIDTH = 0.30
 CLEARANCE = 0.01
 MAX_DRAWS = 500
 
-GENERATED = {
-    "posvar": ("pos_var", "permutation", "basket_swap", "all"),
-    "grocery_packing": ("object", "permutation"),
-}
 GENERATED_BASE_SUITE = "libero_object"
 
 
@@ -253,19 +251,103 @@ def _grocery_prompt(layout: SceneLayout, items: list[str]) -> str:
     return f"pack {listed} into the {_spoken(layout.objects[layout.container].category)}"
 
 
+# -- families -----------------------------------------------------------------------------------
+class EpisodePlan(BaseModel):
+    """What a generated family asks of one episode, before its layout is drawn."""
+
+    targets: list[str]  # the objects that must stay visible and reachable
+    kind: str | None  # the posvar-like layout change to draw (None: the init layout)
+    goal: tuple[tuple[str, ...], ...] | None = None  # None = the task's own
+    prompt: str | None = None
+    max_steps: int | None = None
+
+
+class GeneratedFamily(ABC):
+    """A family whose variations perturb each episode of the libero_object scenes per seed."""
+
+    name: ClassVar[str]
+    kinds: ClassVar[tuple[str, ...]]
+
+    def variations(self) -> list[str]:
+        return list(self.kinds)
+
+    def resolve(self, variation: str) -> Variation:
+        return Variation(family=self.name, variation=variation, suite=GENERATED_BASE_SUITE)
+
+    @abstractmethod
+    def plan(
+        self, variation: str, task_id: int, rng, layout: SceneLayout, goal: list[tuple[str, ...]]
+    ) -> EpisodePlan:
+        """Targets, layout change and task changes for one episode; draws from `rng` only."""
+
+
+class PosVar(GeneratedFamily):
+    """The container moves, objects are permuted or swapped; the task stays the same."""
+
+    name = "posvar"
+    kinds = ("pos_var", "permutation", "basket_swap", "all")
+
+    def plan(self, variation, task_id, rng, layout, goal) -> EpisodePlan:
+        return EpisodePlan(targets=[p[1] for p in goal if p[0] == "in"], kind=variation)
+
+
+class GroceryPacking(GeneratedFamily):
+    """Pack N = 2 + task % 4 listed items (picked by the seed) into the container."""
+
+    name = "grocery_packing"
+    kinds = ("object", "permutation")
+
+    def plan(self, variation, task_id, rng, layout, goal) -> EpisodePlan:
+        n_items = 2 + task_id % 4
+        picked = rng.choice(len(layout.items), size=n_items, replace=False)
+        targets = [layout.items[int(i)] for i in sorted(picked)]
+        region = f"{layout.container}_contain_region"
+        return EpisodePlan(
+            targets=targets,
+            kind="permutation" if variation == "permutation" else None,
+            goal=tuple(("in", t, region) for t in targets),
+            prompt=_grocery_prompt(layout, targets),
+            max_steps=MAX_STEPS_BY_BASE[GENERATED_BASE_SUITE] * n_items,
+        )
+
+
+class SuiteFamily:
+    """A family whose variations are the package's own suites, unchanged (`libero_<variation>`)."""
+
+    def __init__(self, name: str, variations: Callable[[], list[str]]):
+        self.name = name
+        self._variations = variations
+
+    def variations(self) -> list[str]:
+        return self._variations()
+
+    def resolve(self, variation: str) -> Variation:
+        return Variation(family=self.name, variation=variation, suite=f"libero_{variation}")
+
+
+def libero_pro_variants() -> list[str]:
+    return [s.removeprefix("libero_") for s in list_suites() if s not in CLASSIC_SUITES]
+
+
+# The LIBERO backend's families, in `gap families` order. A new family is one entry here.
+FAMILIES: dict[str, backend.Family] = {
+    family.name: family
+    for family in (
+        PosVar(),
+        GroceryPacking(),
+        SuiteFamily("libero", lambda: [s.removeprefix("libero_") for s in CLASSIC_SUITES]),
+        SuiteFamily("libero_pro", libero_pro_variants),
+    )
+}
+
+
 # -- variations ---------------------------------------------------------------------------------
-class Variation(BaseModel):
-    """A resolved (family, variation): which suite, and how each episode is perturbed."""
-
-    model_config = ConfigDict(frozen=True)
-
-    family: str
-    variation: str
-    suite: str
+class Variation(backend.Variation):
+    """A resolved LIBERO (family, variation): which suite, and how each episode is perturbed."""
 
     @property
     def generated(self) -> bool:
-        return self.family in GENERATED
+        return isinstance(FAMILIES.get(self.family), GeneratedFamily)
 
     def perturbation(self, task: TaskSpec, seed: int, scene) -> Perturbation | None:
         if not self.generated:
@@ -284,22 +366,13 @@ class Variation(BaseModel):
         self, task_id: int, seed: int, layout: SceneLayout, goal: list[tuple[str, ...]]
     ) -> Perturbation:
         """The perturbation for (task, seed) on `layout`; pure and deterministic."""
+        family = FAMILIES[self.family]
+        assert isinstance(family, GeneratedFamily), self.family
         rng = _stable_rng(self.family, self.variation, task_id, seed)
         base = {n: fp.xy for n, fp in layout.objects.items()}
-        new_goal = prompt = max_steps = None
-        if self.family == "grocery_packing":
-            n_items = 2 + task_id % 4
-            picked = rng.choice(len(layout.items), size=n_items, replace=False)
-            targets = [layout.items[int(i)] for i in sorted(picked)]
-            region = f"{layout.container}_contain_region"
-            new_goal = tuple(("in", t, region) for t in targets)
-            prompt = _grocery_prompt(layout, targets)
-            max_steps = MAX_STEPS_BY_BASE[GENERATED_BASE_SUITE] * n_items
-            kind = "permutation" if self.variation == "permutation" else None
-        else:
-            targets = [p[1] for p in goal if p[0] == "in"]
-            kind = self.variation
-        drawn = _draw(layout, kind, rng, targets) if kind else (base, {})
+        planned = family.plan(self.variation, task_id, rng, layout, goal)
+        targets = planned.targets
+        drawn = _draw(layout, planned.kind, rng, targets) if planned.kind else (base, {})
         if drawn is None:
             raise VariationError(
                 f"{self.family}/{self.variation} task {task_id} seed {seed}: no valid layout "
@@ -314,33 +387,20 @@ class Variation(BaseModel):
             task_id=task_id,
             seed=seed,
             moves=moves,
-            goal=new_goal,
-            prompt=prompt,
-            max_steps=max_steps,
+            goal=planned.goal,
+            prompt=planned.prompt,
+            max_steps=planned.max_steps,
             details={**details, "targets": targets},
         )
 
 
-def libero_pro_variants() -> list[str]:
-    return [s.removeprefix("libero_") for s in list_suites() if s not in CLASSIC_SUITES]
-
-
 def list_families() -> dict[str, list[str]]:
-    return {
-        **{f: list(v) for f, v in GENERATED.items()},
-        "libero": [s.removeprefix("libero_") for s in CLASSIC_SUITES],
-        "libero_pro": libero_pro_variants(),
-    }
+    return {name: family.variations() for name, family in FAMILIES.items()}
 
 
 def resolve(family: str, variation: str) -> Variation:
-    families = list_families()
-    if family not in families:
-        raise SimInputError(f"unknown family {family!r}: use one of {sorted(families)}")
-    options = families[family]
-    if variation not in options:
-        close = difflib.get_close_matches(str(variation), options, n=3)
-        hint = f"did you mean {', '.join(close)}?" if close else f"use one of {options}"
-        raise SimInputError(f"unknown variation {variation!r} of family {family}: {hint}")
-    suite = GENERATED_BASE_SUITE if family in GENERATED else f"libero_{variation}"
-    return Variation(family=family, variation=variation, suite=suite)
+    from pytest_gap.sim.libero_backend import LiberoBackend
+
+    resolved = backend.resolve_variation(LiberoBackend(), family, variation)
+    assert isinstance(resolved, Variation)
+    return resolved

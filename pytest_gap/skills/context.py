@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_gap.sim.libero import LiberoEnv, StepResult
+from pytest_gap.sim.backend import Env, StepResult
 from pytest_gap.sim.render import CameraFrame
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ class StepLimitReached(Exception):
 
 @dataclass
 class SkillContext:
-    env: LiberoEnv
+    env: Env
     max_sim_steps: int | None = None
     images: list[tuple[str, np.ndarray]] = field(default_factory=list)  # (label, rgb) for traces
     keep_images: bool = False

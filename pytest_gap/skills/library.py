@@ -375,13 +375,13 @@ def _inside(obj: Box, container: Box, height: float | None) -> bool:
     return bool(within and z < container.top - 0.01)
 
 
-@skill
+@skill(scene=False)
 def check_success(ctx: SkillContext) -> Success:
     """Ask the simulator's goal check whether the task is done, and how much of it."""
     return Success(success=ctx.env.success(), completion=ctx.env.completion())
 
 
-@skill
+@skill(scene=False)
 def read_task(ctx: SkillContext) -> TaskInfo:
     """Read the instruction: the items to move and the container they go to."""
     prompt = ctx.instruction

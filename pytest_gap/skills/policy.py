@@ -61,7 +61,7 @@ def privileged_state(ctx: SkillContext) -> dict:
     }
 
 
-@skill
+@skill(scene=False)
 def run_policy(
     ctx: SkillContext,
     policy: str,

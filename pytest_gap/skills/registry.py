@@ -34,6 +34,9 @@ class SkillSpec:
     fn: Any
     inputs: type[BaseModel]
     outputs: type[BaseModel]
+    # It queries the env's scene (poses, boxes, gripper, cameras): it cannot run on a backend
+    # whose envs have none (`Env.scene is None`).
+    scene: bool = True
 
     @property
     def summary(self) -> str:
@@ -52,8 +55,11 @@ class SkillSpec:
 _SKILLS: dict[str, SkillSpec] = {}
 
 
-def skill(fn):
-    """Register `fn` as a skill under its function name."""
+def skill(fn=None, *, scene: bool = True):
+    """Register `fn` as a skill under its function name (`@skill`, or `@skill(scene=False)` for
+    one that needs no scene queries: it runs on every backend)."""
+    if fn is None:
+        return lambda f: skill(f, scene=scene)
     hints = typing.get_type_hints(fn)
     params = list(inspect.signature(fn).parameters.values())[1:]  # after ctx
     fields = {
@@ -66,7 +72,7 @@ def skill(fn):
         raise TypeError(f"skill {fn.__name__} must return a pydantic model")
     if fn.__name__ in _SKILLS:
         raise ValueError(f"skill {fn.__name__} registered twice")
-    _SKILLS[fn.__name__] = SkillSpec(fn.__name__, fn.__doc__ or "", fn, inputs, outputs)
+    _SKILLS[fn.__name__] = SkillSpec(fn.__name__, fn.__doc__ or "", fn, inputs, outputs, scene)
     return fn
 
 

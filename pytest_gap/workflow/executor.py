@@ -1,4 +1,4 @@
-"""Run a validated workflow against a LIBERO env. Never raises because a workflow failed.
+"""Run a validated workflow against a simulator `Env`. Never raises because a workflow failed.
 
 The run ends at an end node, when the simulator's goal check passes (whatever node is
 running: LIBERO's protocol stops at the first successful step), or at a safety limit: the
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from pytest_gap.errors import InfraFailure
-from pytest_gap.sim.libero import LiberoEnv
+from pytest_gap.sim.backend import Env
 from pytest_gap.skills.context import SkillContext, StepLimitReached, TaskSucceeded
-from pytest_gap.skills.registry import SkillFailure, get_skill
+from pytest_gap.skills.registry import SkillFailure, get_skill, skill_names
 from pytest_gap.workflow.schema import (
     AllOf,
     AnyOf,
@@ -116,6 +116,12 @@ def evaluate(cond: Condition, outputs: dict[str, Any]) -> bool:
 
 def _call(ctx: SkillContext, call: ToolNode | SkillCall, outputs: dict[str, Any]):
     spec = get_skill(call.skill)
+    if spec.scene and ctx.env.scene is None:
+        free = ", ".join(n for n in skill_names() if not get_skill(n).scene)
+        raise SkillFailure(
+            f"skill {call.skill} queries the scene (poses, gripper, cameras), which this "
+            f"backend's envs do not offer; only scene-free skills run here ({free})"
+        )
     resolved = resolve_inputs(call.inputs, outputs)
     try:
         args = spec.inputs.model_validate(resolved)
@@ -130,7 +136,7 @@ def _call(ctx: SkillContext, call: ToolNode | SkillCall, outputs: dict[str, Any]
 
 def run_workflow(
     workflow: Workflow,
-    env: LiberoEnv,
+    env: Env,
     *,
     trace_dir=None,
     keep_images: bool = False,
@@ -154,7 +160,7 @@ def run_workflow(
         ctx.close()
 
 
-def _run(workflow: Workflow, env: LiberoEnv, ctx: SkillContext, trace_dir) -> RunResult:
+def _run(workflow: Workflow, env: Env, ctx: SkillContext, trace_dir) -> RunResult:
     trace = TraceRecorder(workflow, trace_dir)
     t0 = time.perf_counter()
     outputs: dict[str, Any] = {}

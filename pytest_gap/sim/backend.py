@@ -1,0 +1,306 @@
+"""The simulator-backend seam: what the harness asks of a simulator, and how one is found.
+
+A `Backend` is a simulator the harness can evaluate on: a catalogue (suites, their tasks, the
+families and variations it registers) and a factory of `Env`s, one per (suite, task). An `Env`
+runs episodes: `reset(seed)` then `step(action)` until success or the step limit. The runner,
+the env pool, the workflow executor and the skills depend on these protocols only; `plan` and
+`config` validate against the chosen backend's catalogue, which must be cheap (no env, no
+physics engine import).
+
+A backend is named by `benchmark.backend` (grid) or the top-level `backend:` (suites), default
+`libero`. `get_backend(name)` finds it: a name registered in the `pytest_gap.backends` entry-point
+group (or the built-in `libero`), or an import string `module:Class`, so a new simulator lands
+without an edit of this package (vla-eval resolves its benchmarks the same way).
+
+Contract every backend keeps (the harness's scores depend on it):
+- seeds are integers >= 0; seed s starts from init state `s mod n_init_states(suite, task)`,
+  the same scene in every process, mode and cell;
+- settle steps (the env options' `settle_steps`, run inside `reset`) are not counted in `steps`;
+- `success()` is the backend's own goal check, `completion()` the fraction of the goal met
+  (1.0 on success); an episode ends at success or after `max_steps` counted steps;
+- errors a user can cause (unknown suite, task id out of range, bad action) are `SimInputError`s
+  with a one-line message naming the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import pkgutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from pytest_gap.errors import SimInputError
+
+if TYPE_CHECKING:
+    from pytest_gap.sim.scene import SceneView
+
+SETTLE_STEPS = 10
+ENTRY_POINT_GROUP = "pytest_gap.backends"
+DEFAULT_BACKEND = "libero"
+# Built-in backends, merged under the entry points: an editable install whose metadata predates
+# a built-in's entry point still finds it.
+BUILTIN_BACKENDS = {"libero": "pytest_gap.sim.libero_backend:LiberoBackend"}
+Predicate = tuple[str, ...]
+
+
+# -- data -------------------------------------------------------------------------------------
+class EnvOptions(BaseModel):
+    """How an env renders and how long its episodes are. Part of the env pool's key."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cameras: tuple[str, ...] = ()  # rendered into every observation; () = state only
+    height: int = Field(256, ge=8, le=2048)
+    width: int = Field(256, ge=8, le=2048)
+    multisample: bool = False  # 4x MSAA costs about a third more per frame on software GL
+    max_steps: int | None = Field(None, ge=1)  # None = the suite's protocol value
+    settle_steps: int = Field(SETTLE_STEPS, ge=0)
+
+
+@dataclass
+class Observation:
+    images: dict[str, np.ndarray]
+    state: np.ndarray
+    prompt: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"images": self.images, "state": self.state, "prompt": self.prompt}
+
+
+@dataclass
+class StepResult:
+    obs: Observation
+    success: bool
+    completion: float
+    steps: int
+    truncated: bool  # the step limit was reached without success
+
+    @property
+    def done(self) -> bool:
+        return self.success or self.truncated
+
+    @property
+    def reward(self) -> float:
+        return 1.0 if self.success else 0.0
+
+
+@dataclass
+class EpisodeInfo:
+    """The running episode: its seed, the init state that seed chose, its instruction."""
+
+    seed: int
+    init_state: int
+    prompt: str
+    goal: tuple[Predicate, ...]  # the goal's conjuncts, in the backend's own notation
+    perturbation: Any = None  # how a generated variation changed the scene (backend-specific)
+    video: Path | None = None
+    video_frames: int = 0
+
+
+class Variation(BaseModel):
+    """A resolved (family, variation): the suite its trials run on.
+
+    `generated`: the variation changes the episode per seed (its instruction may differ from
+    seed to seed, so a workflow is produced per instruction, not per task). Backends subclass
+    this to carry how (LIBERO's perturbations)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    family: str
+    variation: str
+    suite: str
+
+    @property
+    def generated(self) -> bool:
+        return False
+
+
+# -- protocols --------------------------------------------------------------------------------
+@runtime_checkable
+class Env(Protocol):
+    """One (suite, task) of a backend. Create once, then `reset(seed)` for every episode."""
+
+    egl_device: int | None  # where its cameras render (None: the process default / no GL)
+    max_steps: int  # counted steps the running episode may take
+    # Scene queries (object poses, boxes, the gripper, camera renders) for skills that plan;
+    # None where the backend offers none: only skills registered with scene=False run there.
+    scene: SceneView | None
+
+    @property
+    def episode(self) -> EpisodeInfo:
+        """The running episode; EpisodeError before the first reset."""
+
+    @property
+    def steps(self) -> int:
+        """Counted control steps since the reset (settle steps excluded)."""
+
+    def reset(
+        self, seed: int, *, variation: Variation | None = None, video: str | Path | None = None
+    ) -> Observation:
+        """Start an episode from init state `seed mod n_init_states`, with the variation applied,
+        after the settle steps; with `video`, record this episode to that mp4."""
+
+    def step(self, action: Any) -> StepResult:
+        """One counted control step; SimInputError for an action the env cannot take."""
+
+    def observe(self, cameras: tuple[str, ...] | None = None) -> Observation:
+        """The observation now, without stepping."""
+
+    def success(self) -> bool:
+        """The backend's goal check."""
+
+    def completion(self) -> float:
+        """The fraction of the goal met now; 1.0 on success."""
+
+    def goal_status(self) -> list[bool]:
+        """Whether each of the episode's goal conjuncts holds now."""
+
+    def finish_video(self) -> int:
+        """Finalise the episode's video, if one is recorded; its frame count (else 0)."""
+
+    def close(self) -> None:
+        """Release the env (idempotent)."""
+
+
+class Family(Protocol):
+    """A family of variations a backend registers (e.g. LIBERO's `posvar`)."""
+
+    name: str
+
+    def variations(self) -> list[str]:
+        """Its variations, in a fixed order (cheap: catalogue only)."""
+
+    def resolve(self, variation: str) -> Variation:
+        """The Variation for one of `variations()`."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A simulator: a cheap catalogue of suites and families, and a factory of envs.
+
+    The catalogue methods raise SimInputError (one line, with a hint) for an unknown or
+    unusable suite or a task id out of range."""
+
+    name: str
+
+    def suites(self) -> list[str]:
+        """The suites that can be evaluated here."""
+
+    def unavailable(self) -> dict[str, str]:
+        """Suites this backend knows but cannot evaluate here, and why (not installed, ...)."""
+
+    def n_tasks(self, suite: str) -> int: ...
+
+    def max_steps(self, suite: str) -> int:
+        """The suite's protocol step limit per episode."""
+
+    def task_prompt(self, suite: str, task_id: int) -> str:
+        """The task's own instruction (a variation may change it per seed)."""
+
+    def n_init_states(self, suite: str, task_id: int) -> int: ...
+
+    def families(self) -> Mapping[str, Family]:
+        """The families it registers, by name, in a fixed order."""
+
+    def make_env(
+        self,
+        suite: str,
+        task_id: int,
+        options: EnvOptions | None = None,
+        egl_device: int | None = None,
+    ) -> Env:
+        """A new env for (suite, task); `egl_device` is where it renders under MUJOCO_GL=egl."""
+
+
+# -- the registry -----------------------------------------------------------------------------
+def _registered() -> dict[str, str]:
+    """name -> import string, built-ins first, then the `pytest_gap.backends` entry points."""
+    found = dict(BUILTIN_BACKENDS)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found[ep.name] = ep.value
+    return found
+
+
+def known_backends() -> list[str]:
+    return sorted(_registered())
+
+
+@functools.cache
+def get_backend(name: str) -> Backend:
+    """The backend `name` names: a registered name or an import string `module:Class`.
+
+    One instance per name and process; SimInputError (one line) if it cannot be found."""
+    registered = _registered()
+    target = registered.get(name)
+    if target is None and ":" not in name:
+        close = difflib.get_close_matches(name, registered, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise SimInputError(
+            f"unknown backend {name!r}; {hint}known backends: {', '.join(sorted(registered))}, "
+            "or an import string module:Class"
+        )
+    target = target or name
+    try:
+        factory = pkgutil.resolve_name(target)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise SimInputError(
+            f"backend {name!r}: cannot import {target} ({type(exc).__name__}: {exc}); "
+            "check the module is on the path and the class name"
+        ) from None
+    try:
+        backend = factory() if isinstance(factory, type) else factory
+    except Exception as exc:  # a constructor that needs arguments, or fails
+        raise SimInputError(
+            f"backend {name!r}: {target}() failed ({type(exc).__name__}: {exc})"
+        ) from None
+    if not isinstance(backend, Backend):
+        raise SimInputError(
+            f"backend {name!r}: {target} is not a Backend (it needs name, suites, n_tasks, "
+            "families, make_env, ...; see pytest_gap/sim/backend.py)"
+        )
+    return backend
+
+
+def resolve_variation(backend: Backend, family: str, variation: str) -> Variation:
+    """The Variation of `family/variation` on `backend`; SimInputError with a hint otherwise."""
+    families = backend.families()
+    if family not in families:
+        raise SimInputError(
+            f"unknown family {family!r} of backend {backend.name}: use one of {sorted(families)}"
+        )
+    options = families[family].variations()
+    if variation not in options:
+        close = difflib.get_close_matches(str(variation), options, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else f"use one of {options}"
+        raise SimInputError(f"unknown variation {variation!r} of family {family}: {hint}")
+    return families[family].resolve(variation)
+
+
+def suite_variation(backend: Backend, suite_name: str) -> Variation:
+    """The Variation a suites-mode `suite_name` names: `family/variation`, or one of the
+    backend's suites as the first family that runs it unchanged (not generated)."""
+    if "/" in suite_name:
+        family, _, variation = suite_name.partition("/")
+        return resolve_variation(backend, family, variation)
+    suites = backend.suites()
+    if suite_name in suites:
+        for family in backend.families().values():
+            for variation in family.variations():
+                resolved = family.resolve(variation)
+                if resolved.suite == suite_name and not resolved.generated:
+                    return resolved
+    why = backend.unavailable().get(suite_name)
+    if why:
+        raise SimInputError(f"{backend.name} suite {suite_name!r} is not usable: {why}")
+    close = difflib.get_close_matches(suite_name, suites, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else "see `gap suites` and `gap families`"
+    raise SimInputError(
+        f"unknown suite {suite_name!r}: name a {backend.name} suite or a family/variation; {hint}"
+    )

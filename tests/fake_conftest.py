@@ -1,0 +1,40 @@
+"""The conftest of a pytester session on the fake backend (tests/fake_backend.py).
+
+The session runs with tests/ on PYTHONPATH, so a config's `backend: fake_backend:FakeBackend`
+resolves in the controller and in every xdist worker. This conftest registers `idle`, a
+scene-free skill that takes control steps, and, with GAP_FAKE_MODULES set, appends to that file
+which simulator modules each process of the session imported (none may be, on the fake backend).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from pydantic import BaseModel
+
+from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.registry import skill
+
+SIMULATOR_MODULES = ("libero", "mujoco", "robosuite")
+
+
+class Idled(BaseModel):
+    steps: int
+
+
+@skill(scene=False)
+def idle(ctx: SkillContext, steps: int = 5) -> Idled:
+    """Hold still for `steps` control steps (no scene needed: runs on every backend)."""
+    for _ in range(steps):
+        ctx.act([0.0] * 6 + [-1.0])
+    return Idled(steps=steps)
+
+
+def pytest_unconfigure(config):
+    path = os.environ.get("GAP_FAKE_MODULES")
+    if path:
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in SIMULATOR_MODULES)
+        with open(path, "a") as out:
+            out.write(json.dumps({"pid": os.getpid(), "simulator_modules": loaded}) + "\n")
