@@ -154,7 +154,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pytest_gap.config import LLMConfig, load_config
-    from pytest_gap.producers.base import ProduceRequest, producer_for
+    from pytest_gap.modes import BUILTIN
+    from pytest_gap.producers.base import ProduceRequest
     from pytest_gap.producers.chat import resolve_settings
     from pytest_gap.workflow.templates import task_placeholders
 
@@ -179,7 +180,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         max_validation_retries=retries,
     )
     # The llm_generation mode's producer, as a benchmark trial uses it.
-    produced = producer_for("llm").write(request, out)
+    produced = BUILTIN.producer("llm_generation").write(request, out)
     print(
         f"model {settings.model} at {settings.base_url}: {produced['calls']} responses "
         f"({produced['cached']} from the cache)"

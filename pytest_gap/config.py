@@ -29,14 +29,15 @@ from pydantic import (
 )
 
 from pytest_gap.errors import GapError
-from pytest_gap.modes import default_modes, get_mode, mode_names
+from pytest_gap.modes import BUILTIN, ModeTable
 
-# Snapshots of the built-in rows of the mode table (pytest_gap/modes.py), for the Python API;
-# validation reads the table itself, so modes registered later are known too.
-KNOWN_MODES = mode_names()
-# The modes a grid runs when `modes:` is omitted: the benchmark's three ablation modes.
-DEFAULT_MODES = default_modes()
-POLICY_MODES = tuple(m for m in KNOWN_MODES if get_mode(m).takes_policy_axis)
+# The built-in rows of the mode table (pytest_gap/modes.py), for the Python API; validation
+# reads the table it is given, so a session knows the modes its plugins add too.
+KNOWN_MODES = BUILTIN.names()
+# The modes a grid runs when `modes:` is omitted: the benchmark's three ablation modes (and,
+# in a session, any plugin row marked `default`).
+DEFAULT_MODES = BUILTIN.defaults()
+POLICY_MODES = tuple(m for m in KNOWN_MODES if BUILTIN.get(m).takes_policy_axis)
 DEFAULT_GATE_THRESHOLD = 0.90
 
 
@@ -305,8 +306,14 @@ def _resolve_paths(config: BenchmarkConfig, base: Path) -> None:
         entry.workflow_dir = fix(entry.workflow_dir)
 
 
-def parse_config(data: Any, source: str | Path = "<config>", base: Path | None = None):
-    """Validate already-parsed YAML data. Raises ConfigError listing every problem."""
+def parse_config(
+    data: Any,
+    source: str | Path = "<config>",
+    base: Path | None = None,
+    mode_table: ModeTable | None = None,
+):
+    """Validate already-parsed YAML data against `mode_table` (default: the built-in modes).
+    Raises ConfigError listing every problem."""
     source = str(source)
     if not isinstance(data, dict):
         raise ConfigError(source, ["the file must hold a mapping of keys (llm:, benchmark:, ...)"])
@@ -321,13 +328,17 @@ def parse_config(data: Any, source: str | Path = "<config>", base: Path | None =
             "add one of them"
         )
     body = {k: v for k, v in data.items() if k != "base"}
+    table = mode_table or BUILTIN
+    block = body.get("benchmark")
+    if isinstance(block, dict) and "modes" not in block:
+        body["benchmark"] = {**block, "modes": list(table.defaults())}
     base = base or Path.cwd()
     config = None
     try:
         config = BenchmarkConfig.model_validate(body)
     except ValidationError as exc:
         problems += [_describe(e) for e in exc.errors()]
-    problems += semantic_problems(body, base)
+    problems += semantic_problems(body, base, table)
     if problems:
         raise ConfigError(source, problems)
     _resolve_paths(config, base)
@@ -335,7 +346,7 @@ def parse_config(data: Any, source: str | Path = "<config>", base: Path | None =
     return config
 
 
-def load_config(path: str | Path) -> BenchmarkConfig:
+def load_config(path: str | Path, mode_table: ModeTable | None = None) -> BenchmarkConfig:
     path = Path(path)
     try:
         text = path.read_text()
@@ -348,13 +359,13 @@ def load_config(path: str | Path) -> BenchmarkConfig:
         where = f"line {mark.line + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(str(path), [f"{where}not valid YAML: {problem}"]) from None
-    return parse_config(data, path, base=path.parent.resolve())
+    return parse_config(data, path, base=path.parent.resolve(), mode_table=mode_table)
 
 
 # -- checks pydantic cannot express ---------------------------------------------------------------
 # These read the raw YAML data (defensively), so they are reported together with the structural
 # errors above instead of only after those are fixed.
-def semantic_problems(data: dict, base: Path) -> list[str]:
+def semantic_problems(data: dict, base: Path, mode_table: ModeTable = BUILTIN) -> list[str]:
     problems: list[str] = []
     backend = _backend(data, problems)
     policies = data.get("policies") if isinstance(data.get("policies"), dict) else {}
@@ -363,7 +374,7 @@ def semantic_problems(data: dict, base: Path) -> list[str]:
         families = (
             {name: f.variations() for name, f in backend.families().items()} if backend else None
         )
-        problems += _grid_problems(block, policies, families, base)
+        problems += _grid_problems(block, policies, families, base, mode_table)
         if data.get("suites"):
             problems.append(
                 "suites: a grid config (with a benchmark: block) does not use a suites: list; "
@@ -410,7 +421,9 @@ def _unknown(key: str, what: str, value: str, known) -> str:
     return f"{key}: unknown {what} {value!r}; {hint}"
 
 
-def _grid_problems(block: dict, policies: dict, families, base: Path) -> list[str]:
+def _grid_problems(
+    block: dict, policies: dict, families, base: Path, mode_table: ModeTable
+) -> list[str]:
     """`families` is the backend's catalogue (None: the backend is unknown, nothing to check
     them against)."""
     problems = []
@@ -427,7 +440,7 @@ def _grid_problems(block: dict, policies: dict, families, base: Path) -> list[st
                         "benchmark.variations", "variation of the chosen families", variation, known
                     )
                 )
-    known_modes = mode_names()
+    known_modes = mode_table.names()
     for mode in _strings(block.get("modes")):
         if mode not in known_modes:
             problems.append(_unknown("benchmark.modes", "mode", mode, known_modes))
@@ -438,7 +451,7 @@ def _grid_problems(block: dict, policies: dict, families, base: Path) -> list[st
             problems.append(_unknown("benchmark.mode_overrides", "mode", str(mode), known_modes))
         if not isinstance(override, dict):
             continue
-        problems += _workflow_source_problems(key, mode, override)
+        problems += _workflow_source_problems(key, mode, override, mode_table)
         problems += _workflow_dir_problems(
             f"{key}.workflow_dir", override.get("workflow_dir"), base
         )
@@ -487,13 +500,15 @@ def _id_problems(key: str, ids: Any) -> list[str]:
     return problems
 
 
-def _workflow_source_problems(key: str, mode: Any, override: dict) -> list[str]:
+def _workflow_source_problems(
+    key: str, mode: Any, override: dict, mode_table: ModeTable
+) -> list[str]:
     """A mode override names its workflow by `template` or `workflow_dir` (one of them), and
     only for a mode whose producer starts from a given workflow."""
     from pytest_gap.producers.templates import template_names, unknown_template
 
     given = [k for k in ("template", "workflow_dir") if override.get(k) is not None]
-    if mode in mode_names() and given and not get_mode(mode).needs_workflow:
+    if mode in mode_table.names() and given and not mode_table.needs_workflow(mode):
         return [
             f"{key}.{given[0]}: the {mode} mode produces its own workflow; remove {given[0]} "
             "(mode workflow runs a directory as written)"

@@ -1,6 +1,6 @@
 """The plugin's own hooks: where another plugin (or a conftest.py) joins a benchmark session.
 
-Registered by `pytest_gap.plugin` through `pytest_addhooks`. Both hooks are called on the one
+Registered by `pytest_gap.plugin` through `pytest_addhooks`. The output hooks are called on the one
 process of a session that writes outputs: the pytest-xdist controller, or the only process of a
 session without xdist; never on an xdist worker. Implement them in a plugin (`-p mymod`, a
 `pytest11` entry point) or a conftest.py, marked `@pytest.hookimpl(optionalhook=True)` so the
@@ -23,7 +23,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
     from pytest_gap.config import BenchmarkConfig
+    from pytest_gap.modes import Mode
+    from pytest_gap.producers.base import Producer
     from pytest_gap.report import RunSummary
     from pytest_gap.results import TrialResult
 
@@ -61,3 +65,27 @@ def pytest_gap_write_outputs(
     idempotent: the next session over the same run dir calls them again. The done flags are
     written last (`trylast`), so whoever waits for them finds every other output written.
     """
+
+
+@pytest.hookspec
+def pytest_gap_modes(config: pytest.Config) -> Iterable[Mode]:
+    """Rows of the mode table (pytest_gap/modes.py `Mode`) this plugin adds.
+
+    Called once per process of a session (the controller and every xdist worker, which must
+    answer the same), the first time a benchmark config is loaded; every implementation's rows
+    make the session's table, the harness's own first. The same row from two implementations is
+    one row; two different rows under one name stop the session with a one-line error. A row
+    names its producer by key (`pytest_gap_producers`):
+
+        @pytest.hookimpl(optionalhook=True)
+        def pytest_gap_modes(config):
+            return [Mode(name="rehearsal", producer="prebuilt", description="dry run")]
+    """
+
+
+@pytest.hookspec
+def pytest_gap_producers(config: pytest.Config) -> Mapping[str, str | Producer]:
+    """Producers (pytest_gap/producers/base.py `Producer`) this plugin adds, by the key a
+    mode's `producer` names: an instance, a class, or a "module:attribute" import string
+    (imported the first time a trial of a mode that names it is produced). Called with
+    `pytest_gap_modes`, under the same rules."""

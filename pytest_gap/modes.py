@@ -1,21 +1,33 @@
 """The mode table: what each benchmark mode runs, and how its workflow is produced.
 
-Modes differ only in how a cell's workflow is produced; scoring is shared. A row names the
-producer that writes the workflow for a (cell, task, instruction) (`producers/`), whether the
-mode runs once per entry of `benchmark.policies` (the policy A/B axis), the shipped template that
-suits it, and whether a grid runs it when `modes:` is left out. Config validation, the plan's
-policy axis, the preflight's LLM check and the runner's choice of producer all read this table,
-so adding a mode is adding a row (`register_mode`, e.g. from a conftest or a plugin), plus a
-producer in `producers/` when no existing one fits.
+Modes differ only in how a cell's workflow is produced; scoring is shared. A row (`Mode`) names
+the producer that writes the workflow for a (cell, task, instruction) (`producers/`), whether
+the mode runs once per entry of `benchmark.policies` (the policy A/B axis), the shipped template
+that suits it, and whether a grid runs it when `modes:` is left out. Config validation, the
+plan's policy axis, the preflight's LLM check and the runner's choice of producer all read one
+`ModeTable`, handed to them; nothing here is mutated at run time.
+
+Adding a mode is adding a row: a plugin or conftest.py implements the `pytest_gap_modes` hook
+(and `pytest_gap_producers` when no existing producer fits; pytest_gap/hookspecs.py). A pytest
+session builds its table once from every implementation (`ModeTable.of`); callers outside a
+session (the `gap benchmark` pre-check, the Python API, `gap run`) use `BUILTIN`, the harness's
+own rows and producers.
 
 This module imports nothing of the package at import time: config and plan import it.
 """
 
 from __future__ import annotations
 
+import pkgutil
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
 from pydantic import BaseModel, ConfigDict
 
 from pytest_gap.errors import GapError
+
+if TYPE_CHECKING:
+    from pytest_gap.producers.base import Producer
 
 
 class Mode(BaseModel):
@@ -24,8 +36,8 @@ class Mode(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     name: str
-    # The producers registry's key (producers/base.py PRODUCERS): "prebuilt" fills a given
-    # workflow directory, "llm" has the LLM write the workflow.
+    # The key of the table's producers: "prebuilt" fills a given workflow directory, "llm" has
+    # the LLM write the workflow; a plugin may bring more (`pytest_gap_producers`).
     producer: str
     # Runs once per benchmark.policies id (the cell dir gains /<policy_id>/); a cell without a
     # policy is an errored cell.
@@ -37,79 +49,133 @@ class Mode(BaseModel):
     default: bool = False
     description: str = ""
 
-    @property
-    def needs_workflow(self) -> bool:
-        """Whether a cell names the workflow its producer starts from (`template` or
-        `workflow_dir`); a mode whose producer writes the workflow itself accepts neither."""
-        from pytest_gap.producers.base import producer_for
 
-        return producer_for(self.producer).needs_source
+BUILTIN_MODES: tuple[Mode, ...] = (
+    Mode(
+        name="llm_generation",
+        producer="llm",
+        default=True,
+        description="an LLM writes the whole workflow per task, zero-shot",
+    ),
+    Mode(
+        name="llm_plus_policy",
+        producer="prebuilt",
+        takes_policy_axis=True,
+        template="llm_plus_policy",
+        default=True,
+        description="a fixed template: OBB approach, then a run_policy VLA node",
+    ),
+    Mode(
+        name="policy_only",
+        producer="prebuilt",
+        takes_policy_axis=True,
+        template="policy_only",
+        default=True,
+        description="bare-VLA baseline: home, open gripper, run_policy",
+    ),
+    Mode(
+        name="workflow",
+        producer="prebuilt",
+        description="a workflow directory of your own, run as written",
+    ),
+)
 
-    @property
-    def needs_llm(self) -> bool:
-        """Whether its producer calls the config's LLM (preflight checks the key first)."""
-        from pytest_gap.producers.base import producer_for
-
-        return producer_for(self.producer).needs_llm
-
-
-_MODES: dict[str, Mode] = {
-    mode.name: mode
-    for mode in (
-        Mode(
-            name="llm_generation",
-            producer="llm",
-            default=True,
-            description="an LLM writes the whole workflow per task, zero-shot",
-        ),
-        Mode(
-            name="llm_plus_policy",
-            producer="prebuilt",
-            takes_policy_axis=True,
-            template="llm_plus_policy",
-            default=True,
-            description="a fixed template: OBB approach, then a run_policy VLA node",
-        ),
-        Mode(
-            name="policy_only",
-            producer="prebuilt",
-            takes_policy_axis=True,
-            template="policy_only",
-            default=True,
-            description="bare-VLA baseline: home, open gripper, run_policy",
-        ),
-        Mode(
-            name="workflow",
-            producer="prebuilt",
-            description="a workflow directory of your own, run as written",
-        ),
-    )
+# name -> "module:attribute" (a Producer class or instance), imported on first use, so the
+# package does not import the LLM client to run a template.
+BUILTIN_PRODUCERS: dict[str, str] = {
+    "prebuilt": "pytest_gap.producers.prebuilt:Prebuilt",
+    "llm": "pytest_gap.producers.llm:LLMProducer",
 }
 
 
-def register_mode(mode: Mode) -> Mode:
-    """Add a row to the table (a mode a plugin or conftest brings). Registering the same row
-    again is a no-op (conftests are imported by every xdist worker); a different row under a
-    taken name is an error."""
-    known = _MODES.get(mode.name)
-    if known is not None and known != mode:
-        raise GapError(f"mode {mode.name!r} is already registered with another definition")
-    _MODES[mode.name] = mode
-    return mode
+class ModeTable:
+    """Modes by name, in order (built-in rows first), and the producers they name.
+
+    Immutable once built; the only state it keeps is the producers it imported, so each is
+    imported and instantiated once per table."""
+
+    def __init__(self, modes: Iterable[Mode], producers: Mapping[str, str | Producer]):
+        self._modes: dict[str, Mode] = {}
+        for mode in modes:
+            known = self._modes.get(mode.name)
+            if known is not None and known != mode:
+                raise GapError(
+                    f"mode {mode.name!r} is defined twice with different rows ({known!r} and "
+                    f"{mode!r}); rename one of them"
+                )
+            self._modes[mode.name] = mode
+        self._producers: dict[str, str | Producer] = dict(producers)
+        for mode in self._modes.values():
+            if mode.producer not in self._producers:
+                known = ", ".join(self._producers)
+                raise GapError(
+                    f"mode {mode.name!r} names producer {mode.producer!r}, which no plugin "
+                    f"provides (producers: {known}); return it from pytest_gap_producers"
+                )
+        self._loaded: dict[str, Producer] = {}
+
+    @classmethod
+    def of(
+        cls,
+        rows: Iterable[Iterable[Mode]],
+        producers: Iterable[Mapping[str, str | Producer]] = (),
+    ) -> ModeTable:
+        """A table from hook results: lists of rows and mappings of producers, in call order.
+        The same row (or producer) twice is one; a name with two definitions is a GapError."""
+        found: dict[str, str | Producer] = {}
+        for mapping in producers:
+            for name, producer in mapping.items():
+                if name in found and found[name] != producer:
+                    raise GapError(
+                        f"producer {name!r} is provided twice ({found[name]!r} and "
+                        f"{producer!r}); rename one of them"
+                    )
+                found[name] = producer
+        return cls([mode for group in rows for mode in group], found)
+
+    def get(self, name: str) -> Mode:
+        """The row for `name`; config validation reports unknown names before anything asks."""
+        try:
+            return self._modes[name]
+        except KeyError:
+            raise GapError(f"unknown mode {name!r}; use one of {', '.join(self._modes)}") from None
+
+    def names(self) -> tuple[str, ...]:
+        """Every mode, in table order (built-in first, then the plugins')."""
+        return tuple(self._modes)
+
+    def defaults(self) -> tuple[str, ...]:
+        """The modes a grid runs when its `modes:` is left out."""
+        return tuple(name for name, mode in self._modes.items() if mode.default)
+
+    def producer(self, name: str) -> Producer:
+        """The producer the mode `name` uses (imported on first use)."""
+        return self.producer_named(self.get(name).producer)
+
+    def producer_named(self, key: str) -> Producer:
+        if key not in self._loaded:
+            try:
+                found: Any = self._producers[key]
+            except KeyError:
+                known = ", ".join(self._producers)
+                raise GapError(f"unknown producer {key!r}; producers: {known}") from None
+            if isinstance(found, str):
+                found = pkgutil.resolve_name(found)
+            self._loaded[key] = found() if isinstance(found, type) else found
+        return self._loaded[key]
+
+    def needs_workflow(self, name: str) -> bool:
+        """Whether a cell of mode `name` names the workflow its producer starts from
+        (`template` or `workflow_dir`); a mode whose producer writes the workflow itself
+        accepts neither."""
+        return self.producer(name).needs_source
+
+    def needs_llm(self, name: str) -> bool:
+        """Whether the producer of mode `name` calls the config's LLM (preflight checks the key
+        first)."""
+        return self.producer(name).needs_llm
 
 
-def get_mode(name: str) -> Mode:
-    """The row for `name`; config validation reports unknown names before anything asks."""
-    try:
-        return _MODES[name]
-    except KeyError:
-        raise GapError(f"unknown mode {name!r}; use one of {', '.join(_MODES)}") from None
-
-
-def mode_names() -> tuple[str, ...]:
-    """Every mode, in table order (built-in first, then registered ones)."""
-    return tuple(_MODES)
-
-
-def default_modes() -> tuple[str, ...]:
-    return tuple(name for name, mode in _MODES.items() if mode.default)
+# The harness's own rows and producers: what a caller outside a pytest session gets, and what
+# the plugin returns from its own `pytest_gap_modes` / `pytest_gap_producers`.
+BUILTIN = ModeTable(BUILTIN_MODES, BUILTIN_PRODUCERS)

@@ -2,12 +2,11 @@
 
 A cell is one (mode, policy id, family, variation) of a grid, or one suites-mode entry; it scores
 its tasks x seeds. What a mode runs and whether it takes the policy axis come from the mode
-table (modes.py). A cell that cannot run (a template mode without its template or workflow_dir,
-a policy mode without a policy, llm_generation without a model or key) is still planned, with
-`error`
-saying why: its trials are collected and fail as errored, so a gap in the grid is never
-silently skipped. (The LLM check reads the key's environment variable, the same in every
-worker.)
+table `plan` is given (modes.py; the built-in one by default). A cell that cannot run (a
+template mode without its template or workflow_dir, a policy mode without a policy,
+llm_generation without a model or key) is still planned, with `error` saying why: its trials
+are collected and fail as errored, so a gap in the grid is never silently skipped. (The LLM
+check reads the key's environment variable, the same in every worker.)
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from pytest_gap.config import BenchmarkConfig, ConfigError, suite_variation
-from pytest_gap.modes import get_mode
+from pytest_gap.modes import BUILTIN, ModeTable
 
 
 class Cell(BaseModel):
@@ -43,11 +42,8 @@ class Cell(BaseModel):
     error: str | None = None
     infra_error: bool = False  # `error` is a service found down before any trial, not config
     privileged: bool = False  # its policy reads ground truth (privileged_state: true)
-
-    @property
-    def uses_llm(self) -> bool:
-        """Its mode's producer has the LLM write the workflow."""
-        return get_mode(self.mode).needs_llm
+    # Its mode's producer has the LLM write the workflow (read from the plan's mode table).
+    uses_llm: bool = False
 
     @property
     def needs_llm(self) -> bool:
@@ -134,8 +130,10 @@ def plan(
     *,
     families: list[str] | None = None,
     modes: list[str] | None = None,
+    mode_table: ModeTable | None = None,
 ) -> list[Cell]:
-    """The cells of a config, in a fixed order. `families`/`modes` restrict a grid."""
+    """The cells of a config, in a fixed order. `families`/`modes` restrict a grid;
+    `mode_table` says what each mode is (default: the built-in modes)."""
     source = str(config.source or "<config>")
     if config.benchmark is None:
         if families or modes:
@@ -146,8 +144,8 @@ def plan(
                     "config, run it without them"
                 ],
             )
-        return _suite_cells(config, source)
-    return _grid_cells(config, source, families, modes)
+        return _suite_cells(config, source, mode_table or BUILTIN)
+    return _grid_cells(config, source, families, modes, mode_table or BUILTIN)
 
 
 def all_trials(cells: list[Cell]) -> list[Trial]:
@@ -161,7 +159,7 @@ def _check_ids(source: str, key: str, ids: list[int], n_tasks: int, what: str) -
     return []
 
 
-def _grid_cells(config, source, families, modes) -> list[Cell]:
+def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]:
     from pytest_gap.sim.backend import get_backend, resolve_variation
 
     block = config.benchmark
@@ -185,7 +183,7 @@ def _grid_cells(config, source, families, modes) -> list[Cell]:
         if modes and mode not in modes:
             continue
         override = block.mode_overrides.get(mode)
-        for policy_id in _policy_axis(mode, block.policies, override):
+        for policy_id in _policy_axis(table.get(mode), block.policies, override):
             for family in block.families:
                 if families and family not in families:
                     continue
@@ -220,7 +218,8 @@ def _grid_cells(config, source, families, modes) -> list[Cell]:
                             num_workers=(override and override.num_workers) or block.num_workers,
                             record_video=record_video,
                             enable_tracing=config.trials.enable_tracing,
-                            error=_grid_cell_error(config, mode, override, policy_id),
+                            error=_grid_cell_error(config, table, mode, override, policy_id),
+                            uses_llm=table.needs_llm(mode),
                             privileged=bool(
                                 policy_id
                                 and policy_id in config.policies
@@ -244,8 +243,8 @@ def _workflow_source(override) -> Path | None:
     return override.workflow_dir
 
 
-def _policy_axis(mode, policies, override) -> list[str | None]:
-    if not get_mode(mode).takes_policy_axis:
+def _policy_axis(row, policies, override) -> list[str | None]:
+    if not row.takes_policy_axis:
         return [None]  # llm_generation and workflow ignore the policy axis
     if policies:
         return list(policies)
@@ -270,13 +269,15 @@ def llm_problem(config: BenchmarkConfig) -> str | None:
     return None
 
 
-def _grid_cell_error(config, mode: str, override, policy_id: str | None) -> str | None:
-    row = get_mode(mode)
-    if row.needs_llm:
+def _grid_cell_error(
+    config, table: ModeTable, mode: str, override, policy_id: str | None
+) -> str | None:
+    row = table.get(mode)
+    if table.needs_llm(mode):
         problem = llm_problem(config)
         if problem:
             return problem
-    if row.needs_workflow and _workflow_source(override) is None:
+    if table.needs_workflow(mode) and _workflow_source(override) is None:
         key = f"benchmark.mode_overrides.{mode}"
         if row.template:
             return (
@@ -295,7 +296,7 @@ def _grid_cell_error(config, mode: str, override, policy_id: str | None) -> str 
     return None
 
 
-def _suite_cells(config: BenchmarkConfig, source: str) -> list[Cell]:
+def _suite_cells(config: BenchmarkConfig, source: str, table: ModeTable) -> list[Cell]:
     from pytest_gap.sim.backend import get_backend
 
     backend = get_backend(config.backend)
@@ -317,9 +318,10 @@ def _suite_cells(config: BenchmarkConfig, source: str) -> list[Cell]:
         n_seeds = entry.trials_per_generation or config.trials.trials_per_generation
         workers = entry.num_workers or config.trials.num_workers
         timeout = entry.timeout_secs
+        mode = "workflow" if entry.workflow_dir else "llm_generation"
         cells.append(
             Cell(
-                mode="workflow" if entry.workflow_dir else "llm_generation",
+                mode=mode,
                 backend=config.backend,
                 family=variation.family,
                 variation=variation.variation,
@@ -336,6 +338,7 @@ def _suite_cells(config: BenchmarkConfig, source: str) -> list[Cell]:
                 task_prompts=entry.task_prompts,
                 objects=entry.objects,
                 error=None if entry.workflow_dir else llm_problem(config),
+                uses_llm=table.needs_llm(mode),
             )
         )
         offset += workers

@@ -47,10 +47,11 @@ class LoadedConfig:
         from pytest_gap.plan import plan
 
         self.path = path
-        self.config = load_config(path)
-        self.all_cells = plan(self.config)
+        table = session.mode_table
+        self.config = load_config(path, mode_table=table)
+        self.all_cells = plan(self.config, mode_table=table)
         self.cells = (
-            plan(self.config, families=session.families, modes=session.modes)
+            plan(self.config, families=session.families, modes=session.modes, mode_table=table)
             if session.families or session.modes
             else self.all_cells
         )
@@ -86,6 +87,22 @@ class GapSession:
         self.unavailable: dict[str, dict[str, str]] = {}
         self.policy_urls: dict[str, dict[str, str]] = {}
         self._loaded: dict[Path, LoadedConfig] = {}
+        self._mode_table = None
+
+    @property
+    def mode_table(self):
+        """The session's modes and producers, from every `pytest_gap_modes` and
+        `pytest_gap_producers` implementation; built on first use, when the conftests of the
+        configs' directories are loaded."""
+        if self._mode_table is None:
+            from pytest_gap.modes import ModeTable
+
+            hook = self.config.hook
+            self._mode_table = ModeTable.of(
+                hook.pytest_gap_modes(config=self.config),
+                hook.pytest_gap_producers(config=self.config),
+            )
+        return self._mode_table
 
     def load(self, path: Path) -> LoadedConfig:
         path = path.resolve()
@@ -378,6 +395,21 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_gap_modes(config: pytest.Config):
+    """The harness's own rows, first in the session's table."""
+    from pytest_gap.modes import BUILTIN_MODES
+
+    return BUILTIN_MODES
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_gap_producers(config: pytest.Config):
+    from pytest_gap.modes import BUILTIN_PRODUCERS
+
+    return BUILTIN_PRODUCERS
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gap", "pytest-gap benchmarks")
     group.addoption(
@@ -557,6 +589,7 @@ class TrialItem(pytest.Item):
             policies=session.endpoints(self.loaded),
             llm=self.loaded.config.llm,
             max_validation_retries=self.loaded.config.composition.max_validation_retries,
+            mode_table=session.mode_table,
             watchdog=self.watchdog,
         )
         try:

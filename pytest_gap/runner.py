@@ -43,6 +43,7 @@ from pytest_gap.throttle import Slot, SlotTimeout
 from pytest_gap.workflow.schema import WORKFLOW_FILE
 
 if TYPE_CHECKING:
+    from pytest_gap.modes import ModeTable
     from pytest_gap.policies.endpoint import PolicyEndpoint
 
 VIDEO_FILE = "video.mp4"
@@ -89,11 +90,13 @@ class TrialRun:
         llm=None,
         max_validation_retries: int = 2,
         watchdog: Watchdog | None = None,
+        mode_table: ModeTable | None = None,
     ):
         self.trial, self.run_dir, self.pool = trial, run_dir, pool
         self.watchdog = watchdog or _NoWatchdog()
         self.policies = policies or {}
         self.llm, self.max_validation_retries = llm, max_validation_retries
+        self.mode_table = mode_table  # None: the built-in modes
         self.config_source = config
         self.dir = run_dir / trial.key
         self.env = None
@@ -271,6 +274,7 @@ class TrialRun:
             llm=self.llm,
             config_source=self.config_source,
             max_validation_retries=self.max_validation_retries,
+            mode_table=self.mode_table,
         )
         return workflow.dir
 

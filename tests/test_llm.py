@@ -384,7 +384,8 @@ def test_an_llm_that_is_down_errors_only_the_cells_that_need_it(tmp_path):
     (cell,) = [c.unavailable(down[str(tmp_path / "grid.yaml")]) for c in cells]
     assert cell.error == why and cell.infra_error and not cell.needs_llm
     templated = cell.model_copy(
-        update={"mode": "workflow", "workflow_dir": tmp_path, "error": None}
+        # the plan reads uses_llm off the mode table: a workflow cell's producer needs no LLM
+        update={"mode": "workflow", "uses_llm": False, "workflow_dir": tmp_path, "error": None}
     )
     assert templated.unavailable({"llm": why}) == templated  # templates need no LLM
 

@@ -1,10 +1,12 @@
-"""The mode table and the producers: a mode is a row, templates ship in the package, and a
-workflow is produced once per destination, atomically, whatever producer writes it."""
+"""The mode table and the producers: a mode is a row a plugin returns from `pytest_gap_modes`,
+templates ship in the package, and a workflow is produced once per destination, atomically,
+whatever producer writes it."""
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import tomllib
 from pathlib import Path
 
@@ -15,23 +17,21 @@ import pytest_gap
 from pytest_gap import modes
 from pytest_gap.config import ConfigError, parse_config
 from pytest_gap.errors import GapError
-from pytest_gap.modes import Mode, get_mode, register_mode
+from pytest_gap.modes import BUILTIN, BUILTIN_MODES, BUILTIN_PRODUCERS, Mode, ModeTable
 from pytest_gap.plan import plan
-from pytest_gap.producers import base
-from pytest_gap.producers.base import PRODUCED_FILE, ProduceRequest, produce, register_producer
+from pytest_gap.producers.base import PRODUCED_FILE, ProduceRequest, produce
 from pytest_gap.producers.templates import template_dir, template_names
 
 pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
 POLICIES = {"pi05": {"url": "ws://h:1"}, "molmo": {"url": "ws://h:2"}}
 
 
-@pytest.fixture
-def table(monkeypatch):
-    """The mode and producer tables, restored after the test."""
-    monkeypatch.setattr(modes, "_MODES", dict(modes._MODES))
-    monkeypatch.setattr(base, "_PRODUCERS", dict(base._PRODUCERS))
+def _table(*rows: Mode, **producers) -> ModeTable:
+    """The built-in table plus `rows` and `producers`, as a session builds it from its hooks."""
+    return ModeTable.of([BUILTIN_MODES, rows], [BUILTIN_PRODUCERS, producers])
 
 
 def _grid(**block) -> dict:
@@ -40,48 +40,66 @@ def _grid(**block) -> dict:
 
 
 def test_the_built_in_rows():
-    assert modes.mode_names() == ("llm_generation", "llm_plus_policy", "policy_only", "workflow")
-    assert modes.default_modes() == ("llm_generation", "llm_plus_policy", "policy_only")
-    axis = {name: get_mode(name).takes_policy_axis for name in modes.mode_names()}
+    assert BUILTIN.names() == ("llm_generation", "llm_plus_policy", "policy_only", "workflow")
+    assert BUILTIN.defaults() == ("llm_generation", "llm_plus_policy", "policy_only")
+    axis = {name: BUILTIN.get(name).takes_policy_axis for name in BUILTIN.names()}
     assert axis == {
         "llm_generation": False,
         "llm_plus_policy": True,
         "policy_only": True,
         "workflow": False,
     }
-    assert [n for n in modes.mode_names() if get_mode(n).needs_llm] == ["llm_generation"]
-    assert not get_mode("llm_generation").needs_workflow and get_mode("workflow").needs_workflow
+    assert [n for n in BUILTIN.names() if BUILTIN.needs_llm(n)] == ["llm_generation"]
+    assert not BUILTIN.needs_workflow("llm_generation") and BUILTIN.needs_workflow("workflow")
+    # The table is not global state: there is nothing to register into.
+    assert not hasattr(modes, "register_mode") and not hasattr(modes, "_MODES")
 
 
-def test_a_registered_row_drives_validation_the_policy_axis_and_cell_errors(table):
+def test_a_plugin_row_drives_validation_the_policy_axis_and_cell_errors():
     config = _grid(modes=["ab_probe"], mode_overrides={"ab_probe": {"template": "policy_only"}})
     with pytest.raises(ConfigError, match=r"benchmark\.modes: unknown mode 'ab_probe'"):
         parse_config(config, "grid.yaml", base=ROOT)
 
-    register_mode(Mode(name="ab_probe", producer="prebuilt", takes_policy_axis=True))
-    register_mode(Mode(name="ab_probe", producer="prebuilt", takes_policy_axis=True))  # no-op
-    with pytest.raises(GapError, match="'ab_probe' is already registered"):
-        register_mode(Mode(name="ab_probe", producer="llm"))
+    row = Mode(name="ab_probe", producer="prebuilt", takes_policy_axis=True)
+    table = ModeTable.of([BUILTIN_MODES, [row], [row]], [BUILTIN_PRODUCERS])  # the same row: one
+    assert table.names()[-1] == "ab_probe" and BUILTIN.names()[-1] == "workflow"
+    with pytest.raises(GapError, match="mode 'ab_probe' is defined twice with different rows"):
+        _table(row, Mode(name="ab_probe", producer="llm"))
+    with pytest.raises(GapError, match="names producer 'nope', which no plugin provides"):
+        _table(Mode(name="ab_probe", producer="nope"))
 
     config["benchmark"]["policies"] = ["pi05", "molmo"]
-    cells = plan(parse_config(config, "grid.yaml", base=ROOT))
+    cells = plan(parse_config(config, "grid.yaml", base=ROOT, mode_table=table), mode_table=table)
     assert [(c.row, c.error) for c in cells] == [("ab_probe@pi05", None), ("ab_probe@molmo", None)]
     assert cells[0].workflow_dir == template_dir("policy_only")
     assert not cells[0].needs_llm
 
     del config["benchmark"]["mode_overrides"]
-    (cell, _) = plan(parse_config(config, "grid.yaml", base=ROOT))
+    (cell, _) = plan(
+        parse_config(config, "grid.yaml", base=ROOT, mode_table=table), mode_table=table
+    )
     assert cell.error == (
         "benchmark.mode_overrides.ab_probe.workflow_dir is not set: the ab_probe mode runs that "
         "workflow directory; set it (e.g. examples/workflows/pick_place)"
     )
 
 
-def test_a_row_whose_producer_is_the_llm_needs_the_llm(table, monkeypatch):
+def test_a_row_whose_producer_is_the_llm_needs_the_llm(monkeypatch):
     monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
-    register_mode(Mode(name="draft", producer="llm"))
-    (cell,) = plan(parse_config(_grid(modes=["draft"]), "grid.yaml", base=ROOT))
+    table = _table(Mode(name="draft", producer="llm"))
+    (cell,) = plan(
+        parse_config(_grid(modes=["draft"]), "grid.yaml", base=ROOT, mode_table=table),
+        mode_table=table,
+    )
     assert cell.uses_llm and "llm.model is not set" in cell.error
+
+
+def test_a_plugin_row_marked_default_runs_when_modes_is_left_out():
+    table = _table(Mode(name="probe", producer="prebuilt", takes_policy_axis=True, default=True))
+    config = _grid(policies=["pi05"])
+    assert parse_config(config, "grid.yaml", base=ROOT).benchmark.modes == list(BUILTIN.defaults())
+    chosen = parse_config(config, "grid.yaml", base=ROOT, mode_table=table).benchmark.modes
+    assert chosen == [*BUILTIN.defaults(), "probe"]
 
 
 def test_templates_are_named_in_configs_with_one_line_errors():
@@ -157,12 +175,12 @@ class _Counting:
         return {"source": "counting", "prompt": request.instruction}
 
 
-def test_produce_writes_once_and_never_leaves_half_a_workflow(tmp_path, table):
+def test_produce_writes_once_and_never_leaves_half_a_workflow(tmp_path):
     producer = _Counting()
-    register_producer("counting", producer)
+    table = _table(Mode(name="count", producer="counting"), counting=producer)
     dest = tmp_path / "task_00" / "workflow"
     request = ProduceRequest(instruction="pick up the milk")
-    assert produce(base.producer_for("counting"), request, dest) > 0
+    assert produce(table.producer("count"), request, dest) > 0
     assert produce(producer, request, dest) == 0.0  # produced before: reused
     assert producer.calls == 1
     meta = json.loads((dest / PRODUCED_FILE).read_text())
@@ -176,49 +194,96 @@ def test_produce_writes_once_and_never_leaves_half_a_workflow(tmp_path, table):
     assert [p.name for p in broken.parent.iterdir()] == [".produce_workflow"]  # the lock only
 
 
-def test_a_mode_added_by_a_conftest_runs_a_real_session(pytester):
-    """Adding a mode is adding a row: a conftest registers `rehearsal` (prebuilt producer, no
-    policy axis) and a benchmark runs it on real LIBERO like any built-in mode."""
-    pytester.makeconftest(
-        """
-        from pytest_gap.modes import Mode, register_mode
+REHEARSAL_CONFTEST = """
+from pytest_gap.modes import Mode
+from pytest_gap.producers.prebuilt import Prebuilt
 
-        register_mode(Mode(name="rehearsal", producer="prebuilt", description="test-only"))
-        """
+
+class Rehearsal(Prebuilt):
+    def write(self, request, directory):
+        return {**super().write(request, directory), "rehearsed": True}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_gap_modes(config):
+    return [Mode(name="rehearsal", producer="rehearsal", description="test-only")]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_gap_producers(config):
+    return {"rehearsal": Rehearsal}
+"""
+
+
+def test_a_mode_added_by_a_conftest_runs_a_real_session(pytester, monkeypatch):
+    """Adding a mode is adding a row and, if need be, a producer: a conftest returns
+    `rehearsal` from pytest_gap_modes and its producer from pytest_gap_producers, and a
+    benchmark runs it like any built-in mode, on the controller and xdist workers alike."""
+    from pytest_gap.workflow.templates import task_placeholders
+
+    fake_conftest = (TESTS / "fake_conftest.py").read_text()
+    pytester.makeconftest(fake_conftest + "\nimport pytest\n" + REHEARSAL_CONFTEST)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
     )
-    workflow = pytester.path / "give_up"
+    workflow = pytester.path / "rehearse"
     workflow.mkdir()
     (workflow / "workflow.json").write_text(
         json.dumps(
             {
                 "version": 1,
-                "name": "give_up",
-                "description": "gives up on {{target}}",
-                "start": "home",
+                "name": "rehearse",
+                "description": "rehearses {{target}}",
+                "start": "idle",
                 "nodes": {
-                    "home": {"type": "tool", "skill": "home", "next": "failed"},
+                    "idle": {
+                        "type": "tool",
+                        "skill": "idle",
+                        "inputs": {"steps": 4},
+                        "next": "check",
+                    },
+                    "check": {"type": "tool", "skill": "check_success", "next": "route"},
+                    "route": {
+                        "type": "router",
+                        "routes": [
+                            {
+                                "when": {"ref": "check.success", "op": "eq", "value": True},
+                                "next": "ok",
+                            }
+                        ],
+                        "default": "failed",
+                    },
+                    "ok": {"type": "end", "status": "success"},
                     "failed": {"type": "end", "status": "failure"},
                 },
             }
         )
     )
     config = _grid(
+        backend="fake_backend:FakeBackend",
+        families=["fake"],
+        variations=["easy"],
         modes=["rehearsal"],
         task_ids=[0],
+        n_seeds=2,
         gate_threshold=0.0,
         output_dir="runs",
-        mode_overrides={"rehearsal": {"workflow_dir": "give_up"}},
+        mode_overrides={"rehearsal": {"workflow_dir": "rehearse"}},
     )
     (pytester.path / "grid.yaml").write_text(yaml.safe_dump(config))
-    result = pytester.runpytest_subprocess("grid.yaml", "-v", timeout=300)
+    result = pytester.runpytest_subprocess("grid.yaml", "-v", "-n", "2", timeout=120)
     out = result.stdout.str()
     assert result.ret == 0, out
-    assert "grid.yaml::rehearsal::libero/object::task00::seed000 FAILED" in out
-    (task_dir,) = (pytester.path / "runs").glob("*/rehearsal/libero/object/task_00")
-    record = json.loads((task_dir / "seed_000/result.json").read_text())
-    assert record["mode"] == "rehearsal" and record["exit_status"] == "end_failure"
-    assert record["workflow"] == "rehearsal/libero/object/task_00/workflow"
+    assert "grid.yaml::rehearsal::fake/easy::task00::seed000 " in out and "FAILED" in out
+    assert "grid.yaml::rehearsal::fake/easy::task00::seed001 " in out and "PASSED" in out
+    (task_dir,) = (pytester.path / "runs").glob("*/rehearsal/fake/easy/task_00")
+    for seed, status in ((0, "end_failure"), (1, "task_success")):
+        record = json.loads((task_dir / f"seed_{seed:03d}/result.json").read_text())
+        assert record["mode"] == "rehearsal" and record["exit_status"] == status
+        assert record["worker"] in ("gw0", "gw1")
+        assert record["workflow"] == "rehearsal/fake/easy/task_00/workflow"
     produced = json.loads((task_dir / "workflow" / PRODUCED_FILE).read_text())
-    assert produced["source"] == str(workflow)
+    assert produced["source"] == str(workflow) and produced["rehearsed"] is True
     written = json.loads((task_dir / "workflow/workflow.json").read_text())
-    assert written["description"] == "gives up on alphabet soup"
+    target = task_placeholders("pick up the block 0 and place it in the bin")["target"]
+    assert written["description"] == f"rehearses {target}"

@@ -8,14 +8,14 @@ has its `produced.json` is reused, never produced twice. `produce_for_trial` is 
 calls (after `trial_workflow` named the destination): it fills the placeholders of a (cell,
 task, instruction) and picks the producer from the mode table.
 
-Producers are registered by name (`register_producer`) as import strings, so the package does
-not import the LLM client to run a template.
+Producers are found by name in the session's mode table (pytest_gap/modes.py `ModeTable`), as
+import strings resolved on first use, so the package does not import the LLM client to run a
+template.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import shutil
@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from pytest_gap.config import LLMConfig
-from pytest_gap.errors import GapError
 from pytest_gap.throttle import slot
 
 if TYPE_CHECKING:
+    from pytest_gap.modes import ModeTable
     from pytest_gap.plan import Trial
 
 PRODUCED_FILE = "produced.json"
@@ -62,31 +62,6 @@ class Producer(Protocol):
         keeping beside it into `directory`; return produced.json's fields (no secrets).
         Raise a GapError for a problem the user can fix, InfraFailure for a service that
         failed."""
-
-
-# name -> "module:attribute", imported on first use
-_PRODUCERS: dict[str, str | Producer] = {
-    "prebuilt": "pytest_gap.producers.prebuilt:Prebuilt",
-    "llm": "pytest_gap.producers.llm:LLMProducer",
-}
-
-
-def register_producer(name: str, producer: str | Producer) -> None:
-    """Make `producer` (an instance or a "module:Class" string) available to mode rows."""
-    _PRODUCERS[name] = producer
-
-
-def producer_for(name: str) -> Producer:
-    try:
-        found = _PRODUCERS[name]
-    except KeyError:
-        known = ", ".join(_PRODUCERS)
-        raise GapError(f"unknown producer {name!r}; registered producers: {known}") from None
-    if isinstance(found, str):
-        module, _, attr = found.partition(":")
-        found = getattr(importlib.import_module(module), attr)()
-        _PRODUCERS[name] = found
-    return found
 
 
 def produce(producer: Producer, request: ProduceRequest, dest: Path) -> float:
@@ -155,11 +130,13 @@ def produce_for_trial(
     llm: LLMConfig | None = None,
     config_source: str = "config",
     max_validation_retries: int = 2,
+    mode_table: ModeTable | None = None,
 ) -> float:
-    """Produce `workflow` (unless it was) with the producer of the cell's mode; return the
-    seconds spent producing (0 when it existed). Placeholders: the instruction's {{target}},
-    {{container}}, {{items}}, the cell's object hints and its {{policy_id}}."""
-    from pytest_gap.modes import get_mode
+    """Produce `workflow` (unless it was) with the producer of the cell's mode in `mode_table`
+    (default: the built-in table); return the seconds spent producing (0 when it existed).
+    Placeholders: the instruction's {{target}}, {{container}}, {{items}}, the cell's object hints
+    and its {{policy_id}}."""
+    from pytest_gap.modes import BUILTIN
     from pytest_gap.workflow.templates import task_placeholders
 
     if (workflow.dir / PRODUCED_FILE).is_file():
@@ -177,4 +154,5 @@ def produce_for_trial(
         config_source=config_source,
         max_validation_retries=max_validation_retries,
     )
-    return produce(producer_for(get_mode(cell.mode).producer), request, workflow.dir)
+    producer = (mode_table or BUILTIN).producer(cell.mode)
+    return produce(producer, request, workflow.dir)
