@@ -74,51 +74,81 @@ def _run_source(args: argparse.Namespace):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    """One trial through the harness's own trial code (runner.TrialRun): the env from the
+    backend, the workflow from the prebuilt producer (placeholders: the instruction's, then
+    --set), execution. Its run dir is temporary; the trace and video go where the flags say.
+    Exit 0 on success, 1 on a failed workflow or a harness fault (traceback on stderr), 2 for
+    an input to fix."""
     import tempfile
     from pathlib import Path
 
-    from pytest_gap.producers.prebuilt import materialize
-    from pytest_gap.sim.libero import EnvOptions, make_env
-    from pytest_gap.sim.variations import resolve
-    from pytest_gap.workflow.executor import run_workflow
-    from pytest_gap.workflow.schema import load_workflow
-    from pytest_gap.workflow.templates import task_placeholders
+    from pytest_gap.plan import Cell, Trial
+    from pytest_gap.runner import TrialRun
+    from pytest_gap.sim.backend import get_backend, resolve_variation
+    from pytest_gap.sim.pool import EnvPool
 
     source = _run_source(args)
-    variation = resolve(args.family, args.variation)
+    variation = resolve_variation(get_backend(args.backend), args.family, args.variation)
     trace_dir = Path(
         args.trace_dir
         or f"gap_runs/{source.name}_{args.family}_{args.variation}"
         f"_task{args.task:02d}_seed{args.seed:03d}/trace"
     )
-    cameras = ("agentview",) if args.video else ()
-    with (
-        make_env(variation.suite, args.task, EnvOptions(cameras=cameras)) as env,
-        tempfile.TemporaryDirectory(prefix="gap-run-") as tmp,
-    ):
-        obs = env.reset(args.seed, variation=variation, video=args.video, video_wrist=args.wrist)
-        values = {**task_placeholders(obs.prompt), **_parse_sets(args.set)}
-        # The prebuilt producer fills and checks it, exactly as a benchmark's template modes do.
-        materialize(source, Path(tmp) / "workflow", values, obs.prompt)
-        workflow = load_workflow(Path(tmp) / "workflow")
-        result = run_workflow(workflow, env, trace_dir=trace_dir, keep_images=args.images)
-        frames = env.finish_video()
+    cell = Cell(
+        mode="workflow",
+        backend=args.backend,
+        family=args.family,
+        variation=args.variation,
+        suite=variation.suite,
+        task_ids=(args.task,),
+        seeds=(args.seed,),
+        workflow_dir=source,
+        record_video=bool(args.video),
+        objects=_parse_sets(args.set),  # filled over the instruction's placeholders
+    )
+    trial = Trial(cell=cell, task_id=args.task, seed=args.seed)
+    pool = EnvPool(max_envs=1)
+    with tempfile.TemporaryDirectory(prefix="gap-run-") as tmp:
+        run = TrialRun(
+            trial,
+            Path(tmp),
+            nodeid=f"gap run {trial.id}",
+            config="gap run",
+            pool=pool,
+            trace_dir=trace_dir,
+            video=Path(args.video) if args.video else None,
+            keep_images=args.images,
+            reset_options={"video_wrist": True} if args.wrist else None,
+        )
+        try:
+            result = run.execute()
+        finally:
+            pool.close()
+        workflow_run = run.workflow_run
+        if result.errored and workflow_run is None:  # it never got to run the workflow
+            crash = Path(tmp) / trial.key / "error.txt"
+            if crash.is_file():  # a harness fault: its traceback, as an uncaught one would be
+                print(crash.read_text(), file=sys.stderr, end="")
+            if crash.is_file() or result.infra_failure:
+                print(f"gap: error: {result.error}", file=sys.stderr)
+                return 1
+            raise GapError(result.error)  # an input to fix: one line, exit 2
     verdict = "SUCCESS" if result.success else "FAILURE"
     print(f"{verdict}  {args.family}/{args.variation} task {args.task} seed {args.seed}")
-    print(f"  prompt      {obs.prompt}")
+    print(f"  prompt      {result.env_prompt}")
     print(
-        f"  completion  {result.completion:.2f}   steps {result.steps}   "
-        f"nodes {result.node_executions}   wall {result.duration_s:.1f} s"
+        f"  completion  {workflow_run.completion:.2f}   steps {workflow_run.steps}   "
+        f"nodes {workflow_run.node_executions}   wall {workflow_run.duration_s:.1f} s"
     )
     print(
-        f"  exit        {result.exit_status}"
-        + (f" at {result.end_node}" if result.end_node else "")
+        f"  exit        {workflow_run.exit_status}"
+        + (f" at {workflow_run.end_node}" if workflow_run.end_node else "")
     )
-    if result.error:
-        print(f"  error       {result.error}")
-    print(f"  trace       {result.trace_path}")
+    if workflow_run.error:
+        print(f"  error       {workflow_run.error}")
+    print(f"  trace       {workflow_run.trace_path}")
     if args.video:
-        print(f"  video       {args.video} ({frames} frames)")
+        print(f"  video       {args.video} ({run.video_frames} frames)")
     return 0 if result.success else 1
 
 
@@ -278,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--template", help="run a template shipped with pytest-gap (policy_only, llm_plus_policy)"
+    )
+    run.add_argument(
+        "--backend", default="libero", help="simulator backend: a name or module:Class"
     )
     run.add_argument("--family", required=True)
     run.add_argument("--variation", required=True)

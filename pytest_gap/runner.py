@@ -45,6 +45,7 @@ from pytest_gap.workflow.schema import WORKFLOW_FILE
 if TYPE_CHECKING:
     from pytest_gap.modes import ModeTable
     from pytest_gap.policies.endpoint import PolicyEndpoint
+    from pytest_gap.workflow.executor import RunResult
 
 VIDEO_FILE = "video.mp4"
 
@@ -77,6 +78,16 @@ def _reason(run) -> str | None:
 
 
 class TrialRun:
+    """One trial, start to result.json. The plugin runs every benchmark trial through it and
+    `gap run` runs its one trial through it too, so the two cannot drift: env from the backend
+    (through `pool`), workflow from the mode's producer, execution, the recorded result.
+
+    `trace_dir` and `video` put the trace and the video elsewhere than the trial dir (result.json
+    then records absolute paths); `keep_images` keeps perception images in the trace;
+    `reset_options` are extra keyword arguments of the backend env's `reset` (LIBERO's
+    `video_wrist`). After `execute`, `workflow_run` is the executor's result (None when no
+    workflow ran) and `video_frames` the recorded video's frame count."""
+
     def __init__(
         self,
         trial: Trial,
@@ -91,12 +102,20 @@ class TrialRun:
         max_validation_retries: int = 2,
         watchdog: Watchdog | None = None,
         mode_table: ModeTable | None = None,
+        trace_dir: Path | None = None,
+        video: Path | None = None,
+        keep_images: bool = False,
+        reset_options: dict | None = None,
     ):
         self.trial, self.run_dir, self.pool = trial, run_dir, pool
         self.watchdog = watchdog or _NoWatchdog()
         self.policies = policies or {}
         self.llm, self.max_validation_retries = llm, max_validation_retries
         self.mode_table = mode_table  # None: the built-in modes
+        self._trace_dir, self._video = trace_dir, video
+        self.keep_images, self.reset_options = keep_images, reset_options or {}
+        self.workflow_run: RunResult | None = None
+        self.video_frames = 0
         self.config_source = config
         self.dir = run_dir / trial.key
         self.env = None
@@ -161,9 +180,9 @@ class TrialRun:
         )
         if env.egl_device is not None:
             self._base["devices"]["env_egl_device"] = str(env.egl_device)
-        video = self.dir / VIDEO_FILE if cell.record_video else None
+        video = (self._video or self.dir / VIDEO_FILE) if cell.record_video else None
         t_reset = time.perf_counter()
-        obs = env.reset(trial.seed, variation=variation, video=video)
+        obs = env.reset(trial.seed, variation=variation, video=video, **self.reset_options)
         reset_s = time.perf_counter() - t_reset
         try:  # the seed's instruction decides which workflow it runs (see _produce)
             workflow_dir = self._produce(variation, obs.prompt)
@@ -174,7 +193,7 @@ class TrialRun:
         self._eval_t0 = time.perf_counter() - reset_s  # evaluation: reset + run, not production
         prompts = self._prompts
         if not (workflow_dir / WORKFLOW_FILE).is_file():  # the producer wrote no valid graph
-            env.finish_video()
+            self.video_frames = env.finish_video()
             produced = json.loads((workflow_dir / PRODUCED_FILE).read_text())
             return {
                 "init_state": env.episode.init_state,
@@ -183,16 +202,17 @@ class TrialRun:
                 "reason": "the LLM produced no valid workflow: "
                 + "; ".join(produced.get("problems", [])[:3]),
             }
-        trace_dir = self.dir / "trace" if cell.enable_tracing else None
+        trace_dir = (self._trace_dir or self.dir / "trace") if cell.enable_tracing else None
         with self._throttled():
-            run = run_workflow(
+            self.workflow_run = run = run_workflow(
                 load_workflow(workflow_dir),
                 env,
                 trace_dir=trace_dir,
                 policies=self.policies,
                 task_prompt=prompts["prompt"],
+                keep_images=self.keep_images,
             )
-        env.finish_video()
+        self.video_frames = env.finish_video()
         if run.infra_failure:
             return {
                 "exit_code": EXIT_ERROR,
@@ -211,9 +231,16 @@ class TrialRun:
             "steps": run.steps,
             "exit_status": run.exit_status,
             "reason": _reason(run),
-            "video": f"{trial.key}/{VIDEO_FILE}" if video else None,
-            "trace": f"{trial.key}/trace/dag_trace.json" if trace_dir else None,
+            "video": self._relative(video) if video else None,
+            "trace": self._relative(trace_dir / "dag_trace.json") if trace_dir else None,
         }
+
+    def _relative(self, path: Path) -> str:
+        """A path result.json records: relative to the run dir, or absolute outside it."""
+        path = Path(path).absolute()
+        if path.is_relative_to(self.run_dir.absolute()):
+            return path.relative_to(self.run_dir.absolute()).as_posix()
+        return str(path)
 
     def _write_running(self) -> None:
         """running.json: who runs the trial, and since when its watchdog time counts (the

@@ -120,6 +120,93 @@ def test_gap_run_names_a_shipped_template(tmp_path):
     )
 
 
+CHECK_ONLY = {
+    "version": 1,
+    "name": "check_only",
+    "description": "checks {{target}}",
+    "start": "check",
+    "nodes": {
+        "check": {"type": "tool", "skill": "check_success", "next": "route"},
+        "route": {
+            "type": "router",
+            "routes": [{"when": {"ref": "check.success", "op": "eq", "value": True}, "next": "ok"}],
+            "default": "failed",
+        },
+        "ok": {"type": "end", "status": "success"},
+        "failed": {"type": "end", "status": "failure"},
+    },
+}
+
+
+def test_gap_run_is_the_harness_trial(tmp_path):
+    """`gap run` runs a trial through the harness's trial code (backend seam included), so it
+    reports what a benchmark session records for the same workflow, backend, task and seed."""
+    import json
+    import os
+
+    import yaml
+
+    tests = Path(__file__).resolve().parent
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
+    }
+    (tmp_path / "wf").mkdir()
+    (tmp_path / "wf/workflow.json").write_text(json.dumps(CHECK_ONLY))
+    grid = {
+        "benchmark": {
+            "backend": "fake_backend:FakeBackend",
+            "families": ["fake"],
+            "variations": ["easy"],
+            "modes": ["workflow"],
+            "task_ids": [2],
+            "seeds": [4],
+            "gate_threshold": 0.0,
+            "output_dir": "runs",
+            "mode_overrides": {"workflow": {"workflow_dir": "wf"}},
+        }
+    }
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(grid))
+    session = subprocess.run(
+        [sys.executable, "-m", "pytest", "bench.yaml", "-p", "no:cacheprovider", "-q"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert session.returncode == 0, session.stdout + session.stderr  # the gate (0.0) passes
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("runs/*/**/result.json")]
+    common = ["--family", "fake", "--variation", "easy", "--task", "2", "--seed", "4"]
+    out = subprocess.run(
+        [
+            GAP,
+            "run",
+            "wf",
+            "--backend",
+            "fake_backend:FakeBackend",
+            *common,
+            "--trace-dir",
+            "trace",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "FAILURE  fake/easy task 2 seed 4"
+    assert lines[1] == f"  prompt      {record['env_prompt']}"
+    assert lines[2].startswith(
+        f"  completion  {record['completion']:.2f}   steps {record['steps']}   nodes 3   "
+    )
+    assert lines[3] == f"  exit        {record['exit_status']} at failed"
+    assert lines[4] == "  trace       trace/dag_trace.json"
+    assert (tmp_path / "trace/dag_trace.json").is_file()
+
+
 def test_gap_schema_prints_the_benchmark_json_schema(tmp_path):
     import json
 
