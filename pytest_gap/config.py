@@ -31,6 +31,9 @@ from pydantic import (
 from pytest_gap.errors import GapError
 from pytest_gap.modes import BUILTIN, ModeTable
 
+# Defined beside the policy client (the policy layer imports nothing of config); named here too.
+from pytest_gap.policies.endpoint import PROTOCOL_OBS_FORMATS, ObsFormatName
+
 # The built-in rows of the mode table (pytest_gap/modes.py), for the Python API; validation
 # reads the table it is given, so a session knows the modes its plugins add too.
 KNOWN_MODES = BUILTIN.names()
@@ -65,14 +68,6 @@ class LLMConfig(_Strict):
     max_tokens: PositiveInt | None = None
     max_concurrent_requests: PositiveInt = 4
     cache_dir: Path | None = None
-
-
-ObsFormatName = Literal["openpi-libero", "vla-eval-libero", "gap"]
-# A protocol's default observation format: what that protocol's own LIBERO client sends.
-PROTOCOL_OBS_FORMATS: dict[str, ObsFormatName] = {
-    "openpi": "openpi-libero",
-    "vla-eval": "vla-eval-libero",
-}
 
 
 class PolicyEntry(_Strict):

@@ -6,7 +6,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from pytest_gap.config import PROTOCOL_OBS_FORMATS, ObsFormatName
+# The observation formats of policies/formats.py, by name (a registry entry's `obs_format:`).
+ObsFormatName = Literal["openpi-libero", "vla-eval-libero", "gap"]
+# A protocol's default observation format: what that protocol's own LIBERO client sends.
+PROTOCOL_OBS_FORMATS: dict[str, ObsFormatName] = {
+    "openpi": "openpi-libero",
+    "vla-eval": "vla-eval-libero",
+}
 
 
 class PolicyEndpoint(BaseModel):

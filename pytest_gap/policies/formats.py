@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from PIL import Image
 
-from pytest_gap.config import ObsFormatName
 from pytest_gap.errors import GapError
+from pytest_gap.policies.endpoint import ObsFormatName
 
 if TYPE_CHECKING:
     from pytest_gap.policies.endpoint import PolicyEndpoint

@@ -1,0 +1,184 @@
+"""The import rule of docs/architecture.md: lower layers never import upper ones.
+
+Read from the source with `ast` (every import, module-level, function-local or TYPE_CHECKING
+alike), so a lazy import that crosses a layer is caught as surely as a top-level one. Rules on
+what a layer *reaches* follow imports transitively: importing the module pulls all of it in.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gap"
+
+# The policy layer's wire-level modules (client, server, formats): skills and the executor
+# use them. registry and manager turn a config into endpoints and servers, a session's job.
+POLICY_WIRE = {
+    f"pytest_gap.policies.{m}"
+    for m in ("builtin", "client", "endpoint", "formats", "server", "wire")
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _resolve(name: str) -> str:
+    """The package module an imported name lives in (`pytest_gap.sim.backend.Env` -> the
+    module `pytest_gap.sim.backend`)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+@cache
+def imports(module: str) -> frozenset[str]:
+    """The package modules `module` imports directly (and `pytest`, if it imports it)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] == "pytest":
+                found.add("pytest")
+            elif name.startswith("pytest_gap"):
+                found.add(_resolve(name))
+    found.discard(module)
+    return frozenset(found)
+
+
+@cache
+def reaches(module: str) -> frozenset[str]:
+    """Every package module importing `module` can pull in, and `pytest` if one of them does."""
+    seen, todo = set(), [module]
+    while todo:
+        for name in imports(todo.pop()):
+            if name not in seen:
+                seen.add(name)
+                if name in MODULES:
+                    todo.append(name)
+    return frozenset(seen)
+
+
+def _in(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+UPPER = ("pytest_gap.plugin", "pytest_gap.hookspecs", "pytest_gap.outputs", "pytest_gap.cli")
+SESSION = ("pytest_gap.benchmark", "pytest_gap.preflight", "pytest_gap.runner", "pytest_gap.report")
+BENCHMARK = ("pytest_gap.config", "pytest_gap.plan", "pytest_gap.modes", "pytest_gap.producers")
+
+# (who, what it must never reach, transitively). `pytest` stands for the pytest package.
+REACH_RULES = [
+    # The simulator layer: errors only (and itself); no pytest, no benchmark, no policy.
+    (
+        "pytest_gap.sim",
+        (
+            "pytest",
+            *UPPER,
+            *SESSION,
+            *BENCHMARK,
+            "pytest_gap.results",
+            "pytest_gap.policies",
+            "pytest_gap.skills",
+            "pytest_gap.workflow",
+        ),
+    ),
+    # Policies on the wire, skills and workflows know nothing of benchmarks or pytest.
+    *[
+        (
+            m,
+            (
+                "pytest",
+                *UPPER,
+                *SESSION,
+                *BENCHMARK,
+                "pytest_gap.results",
+                "pytest_gap.skills",
+                "pytest_gap.workflow",
+            ),
+        )
+        for m in sorted(POLICY_WIRE)
+    ],
+    (
+        "pytest_gap.skills",
+        ("pytest", *UPPER, *SESSION, *BENCHMARK, "pytest_gap.results", "pytest_gap.workflow"),
+    ),
+    ("pytest_gap.workflow", ("pytest", *UPPER, *SESSION, *BENCHMARK, "pytest_gap.results")),
+]
+# (who, what it must never import directly): the layers above reach the ones below only.
+IMPORT_RULES = [
+    ("pytest_gap.config", ("pytest", *UPPER, *SESSION, "pytest_gap.results")),
+    ("pytest_gap.plan", ("pytest", *UPPER, *SESSION, "pytest_gap.results")),
+    ("pytest_gap.modes", ("pytest", *UPPER, *SESSION, "pytest_gap.config", "pytest_gap.plan")),
+    ("pytest_gap.producers", ("pytest", *UPPER, *SESSION)),
+    ("pytest_gap.policies", ("pytest", *UPPER, *SESSION)),
+    ("pytest_gap.results", ("pytest", *UPPER, *SESSION)),
+    ("pytest_gap.report", ("pytest", *UPPER, "pytest_gap.runner", "pytest_gap.benchmark")),
+    (
+        "pytest_gap.runner",
+        ("pytest", *UPPER, "pytest_gap.benchmark", "pytest_gap.preflight", "pytest_gap.report"),
+    ),
+    ("pytest_gap.preflight", ("pytest", *UPPER, "pytest_gap.runner", "pytest_gap.benchmark")),
+    (
+        "pytest_gap.outputs",
+        ("pytest_gap.plugin", "pytest_gap.cli", "pytest_gap.runner", "pytest_gap.benchmark"),
+    ),
+]
+
+
+def _violations(rules, edges) -> list[str]:
+    found = []
+    for who, banned in rules:
+        for module in sorted(m for m in MODULES if _in(m, who)):
+            for name in sorted(edges(module)):
+                if _in(name, *banned) and not _in(name, who):
+                    found.append(f"{module} -> {name}")
+    return found
+
+
+def test_the_rules_read_every_import():
+    """The reader sees lazy, relative and TYPE_CHECKING imports (a broken reader passes all)."""
+    assert "pytest_gap.sim.backend" in imports("pytest_gap.runner")  # function-local
+    assert "pytest_gap.plan" in imports("pytest_gap.producers.base")  # TYPE_CHECKING
+    assert "pytest_gap.policies.endpoint" in imports("pytest_gap.skills.context")
+    assert "pytest" in imports("pytest_gap.plugin")
+    assert "pytest_gap.config" in reaches("pytest_gap.policies.registry")
+    assert _violations([("pytest_gap.sim", ("pytest_gap.errors",))], imports) != []
+
+
+@pytest.mark.parametrize(
+    "rules, edges", [(REACH_RULES, reaches), (IMPORT_RULES, imports)], ids=["reach", "import"]
+)
+def test_lower_layers_never_import_upper_ones(rules, edges):
+    assert _violations(rules, edges) == []
+
+
+def test_only_the_pytest_glue_imports_pytest():
+    users = sorted(m for m in MODULES if "pytest" in imports(m))
+    assert users == [
+        "pytest_gap.hookspecs",
+        "pytest_gap.outputs",
+        *sorted(
+            m for m in MODULES if m.startswith("pytest_gap.outputs.") and "pytest" in imports(m)
+        ),
+        "pytest_gap.plugin",
+    ]
