@@ -162,7 +162,7 @@ def _check_ids(source: str, key: str, ids: list[int], n_tasks: int, what: str) -
 
 
 def _grid_cells(config, source, families, modes) -> list[Cell]:
-    from pytest_gap.sim.backend import get_backend, resolve_variation
+    from pytest_gap.sim.backend import episode_modes, get_backend, resolve_variation
 
     block = config.benchmark
     backend = get_backend(block.backend)
@@ -220,7 +220,9 @@ def _grid_cells(config, source, families, modes) -> list[Cell]:
                             num_workers=(override and override.num_workers) or block.num_workers,
                             record_video=record_video,
                             enable_tracing=config.trials.enable_tracing,
-                            error=_grid_cell_error(config, mode, override, policy_id),
+                            error=_grid_cell_error(
+                                config, mode, override, policy_id, episode_modes(backend)
+                            ),
                             privileged=bool(
                                 policy_id
                                 and policy_id in config.policies
@@ -270,13 +272,16 @@ def llm_problem(config: BenchmarkConfig) -> str | None:
     return None
 
 
-def _grid_cell_error(config, mode: str, override, policy_id: str | None) -> str | None:
+def _grid_cell_error(
+    config, mode: str, override, policy_id: str | None, own_loop: frozenset[str] = frozenset()
+) -> str | None:
+    """`own_loop`: the modes the backend runs through its own episode loop (no workflow)."""
     row = get_mode(mode)
     if row.needs_llm:
         problem = llm_problem(config)
         if problem:
             return problem
-    if row.needs_workflow and _workflow_source(override) is None:
+    if row.needs_workflow and mode not in own_loop and _workflow_source(override) is None:
         key = f"benchmark.mode_overrides.{mode}"
         if row.template:
             return (
