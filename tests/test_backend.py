@@ -125,8 +125,8 @@ def test_families_and_suites_come_from_the_backend_catalogue(tmp_path):
     with pytest.raises(ConfigError) as exc:
         parse_config(unknown, "grid.yaml", tmp_path)
     assert exc.value.problems == [
-        "benchmark.backend: unknown backend 'vla_eval'; known backends: libero, or an import "
-        "string module:Class"
+        "benchmark.backend: unknown backend 'vla_eval'; did you mean 'vla-eval'? known backends: "
+        "libero, vla-eval, or an import string module:Class"
     ]
     misplaced = {"backend": "libero", **grid}
     with pytest.raises(ConfigError, match="backend: a grid config names its simulator in bench"):

@@ -131,6 +131,33 @@ def test_vla_eval_is_a_builtin_backend_with_vla_evals_libero_catalogue():
         backend.n_tasks("calvin")
 
 
+def test_a_vla_eval_env_steps_vla_evals_adapter_directly():
+    """As an Env (for scene-free skills): vla-eval's own reset, observation and step."""
+    from pytest_gap.errors import SimInputError
+    from pytest_gap.sim.backend import Env, EpisodeLoopEnv
+
+    env = get_backend("vla-eval").make_env("libero_object", 0)
+    try:
+        obs = env.reset(53)
+        # (after the reset: the protocol check reads `episode`, which raises before one)
+        assert isinstance(env, Env) and isinstance(env, EpisodeLoopEnv) and env.scene is None
+        assert env.episode.init_state == 3 and env.max_steps == 280
+        assert obs.prompt == PROMPT and obs.state.shape == (8,)
+        assert {k: v.shape for k, v in obs.images.items()} == {
+            "agentview": (256, 256, 3),
+            "wrist": (256, 256, 3),
+        }
+        step = env.step([0.0, 0.0, 0.5, 0.0, 0.0, 0.0, -1.0])
+        assert (step.steps, step.success, step.done) == (1, False, False)
+        assert step.obs.state[2] > obs.state[2]  # it moved up
+        with pytest.raises(SimInputError, match="expected 7 finite numbers"):
+            env.step([0.0] * 6)
+        with pytest.raises(SimInputError, match="run the policy_only mode"):
+            env.libero_obs()
+    finally:
+        env.close()
+
+
 def test_gap_suites_lists_what_vla_eval_can_and_cannot_run_here():
     out = subprocess.run(
         [sys.executable, "-m", "pytest_gap.cli", "suites", "--backend", "vla-eval"],

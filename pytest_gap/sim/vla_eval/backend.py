@@ -369,6 +369,7 @@ class VlaEvalEnv:
     async def _run_episode(self, seed: int, url: str) -> EpisodeOutcome:
         from vla_eval.runners.sync_runner import SyncEpisodeRunner
 
+        self._episode, self._bench, self._steps = None, None, 0  # no stale episode on abort
         conn = await self._connect(url)
         try:
             bench = self._benchmark(conn.server_info.get("observation_params") or {})
