@@ -24,7 +24,7 @@ from vla_eval.model_servers.predict import PredictModelServer
 from pytest_gap.cli import main as gap_main
 from pytest_gap.config import parse_config
 from pytest_gap.plan import plan
-from pytest_gap.sim.backend import get_backend
+from pytest_gap.sim.backend import EnvOptions, get_backend
 from pytest_gap.sim.vla_eval.backend import VlaEvalBackend
 from pytest_gap.sim.vla_eval.claims import CLAIMS
 from tests.test_vla_eval import Served
@@ -129,6 +129,8 @@ def test_vla_eval_is_a_builtin_backend_with_vla_evals_libero_catalogue():
     assert why["libero_pro"].startswith("not wired yet")
     with pytest.raises(Exception, match="vla-eval benchmark 'calvin' is not usable here: its sim"):
         backend.n_tasks("calvin")
+    with pytest.raises(Exception, match="record_video: the vla-eval backend records no videos"):
+        backend.make_env("libero_object", 0, EnvOptions(cameras=("agentview",)))
 
 
 def test_a_vla_eval_env_steps_vla_evals_adapter_directly():

@@ -228,6 +228,11 @@ class VlaEvalBackend:
         egl_device: int | None = None,
     ) -> VlaEvalEnv:
         self._check(suite)
+        if options is not None and options.cameras:
+            # The runner asks for cameras only to record videos; vla-eval renders its own.
+            raise SimInputError(
+                "record_video: the vla-eval backend records no videos yet; set record_video: false"
+            )
         return VlaEvalEnv(
             suite,
             task_id,
