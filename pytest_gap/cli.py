@@ -37,6 +37,38 @@ def _cmd_families(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_verify_harness(args: argparse.Namespace) -> int:
+    """Check every claim the vla-eval backend makes about vla-eval internals (claims.py):
+    0 all hold, 1 one broke, 2 no vla-eval to check."""
+    from pytest_gap.sim.vla_eval.claims import HarnessNotFound, package_dir, verify, version_of
+
+    try:
+        root = package_dir(args.source)
+    except HarnessNotFound as exc:
+        print(f"gap verify-harness: {exc}", file=sys.stderr)
+        return 2
+    where = "installed" if args.source is None else "source checkout"
+    print(f"Verifying harness claims against {where} vla-eval {version_of(root)} ({root})\n")
+    verdicts = verify(root)
+    width = max(len(v.claim.name) for v in verdicts)
+    for v in verdicts:
+        mark = "[ok  ]" if v.ok else "[FAIL]"
+        found = f"found in {v.where}" if v.ok else f"broken in {v.claim.file}: {v.where}"
+        print(f"  {mark} {v.claim.name:{width}s}  {v.claim.statement}")
+        print(f"         {'':{width}s}  {found}")
+        if not v.ok:
+            print(f"         {'':{width}s}  holds up: {v.claim.holds_up}")
+    broken = [v for v in verdicts if not v.ok]
+    if broken:
+        print(
+            f"\n{len(broken)} of {len(verdicts)} claims broke: the vla-eval backend is not safe "
+            "with this vla-eval; pin vla-eval==0.8.0 or update pytest_gap/sim/vla_eval/."
+        )
+        return 1
+    print(f"\nAll {len(verdicts)} claims hold.")
+    return 0
+
+
 def _cmd_skills(args: argparse.Namespace) -> int:
     import json
 
@@ -382,6 +414,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="an objects: hint"
     )
     generate.set_defaults(func=_cmd_generate)
+    verify = sub.add_parser(
+        "verify-harness",
+        help="check the vla-eval backend's assumptions about vla-eval (exit 0 ok, 1 broke, "
+        "2 vla-eval not importable)",
+    )
+    verify.add_argument(
+        "source", nargs="?", help="a vla-eval source checkout (default: the installed vla-eval)"
+    )
+    verify.set_defaults(func=_cmd_verify_harness)
     schema = sub.add_parser("schema", help="print the benchmark YAML's JSON Schema")
     schema.set_defaults(func=_cmd_schema)
     return parser

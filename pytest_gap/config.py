@@ -461,6 +461,7 @@ def _grid_problems(
                 f"benchmark.policies: {policy!r} is not in the policies: registry; add an entry "
                 "with url, command or preset"
             )
+    problems += _same_server_problems(_strings(block.get("policies")), policies)
     problems += _id_problems("benchmark.task_ids", block.get("task_ids"))
     problems += _id_problems("benchmark.seeds", block.get("seeds"))
     return problems
@@ -480,6 +481,40 @@ def _suite_problems(key: str, entry: dict, base: Path, backend) -> list[str]:
     problems += _id_problems(
         f"{key}.task_prompts", list(prompts) if isinstance(prompts, dict) else None
     )
+    return problems
+
+
+def _server_key(url: str) -> tuple:
+    """What makes two urls the same server: scheme, host (loopback names as one), port, path."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port or {"ws": 80, "http": 80, "wss": 443, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return (url,)
+    host = (parts.hostname or "").lower()
+    if host in ("localhost", "127.0.0.1", "::1", "0.0.0.0"):
+        host = "loopback"
+    return (parts.scheme.lower(), host, port, parts.path.rstrip("/"))
+
+
+def _same_server_problems(compared: list[str], policies: dict) -> list[str]:
+    """Two policies of one comparison on one server compare a checkpoint with itself: a
+    difference near zero that every check passes. One server per checkpoint."""
+    seen: dict[tuple, str] = {}
+    problems = []
+    for pid in dict.fromkeys(compared):
+        entry = policies.get(pid)
+        url = entry.get("url") if isinstance(entry, dict) else None
+        if not isinstance(url, str):
+            continue  # managed servers each get their own port
+        first = seen.setdefault(_server_key(url), pid)
+        if first != pid:
+            problems.append(
+                f"benchmark.policies: {first!r} and {pid!r} point at the same server ({url}); "
+                "a comparison needs one server per checkpoint: give each its own url"
+            )
     return problems
 
 

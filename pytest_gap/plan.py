@@ -160,7 +160,7 @@ def _check_ids(source: str, key: str, ids: list[int], n_tasks: int, what: str) -
 
 
 def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]:
-    from pytest_gap.sim.backend import get_backend, resolve_variation
+    from pytest_gap.sim.backend import episode_modes, get_backend, resolve_variation
 
     block = config.benchmark
     backend = get_backend(block.backend)
@@ -218,7 +218,9 @@ def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]
                             num_workers=(override and override.num_workers) or block.num_workers,
                             record_video=record_video,
                             enable_tracing=config.trials.enable_tracing,
-                            error=_grid_cell_error(config, table, mode, override, policy_id),
+                            error=_grid_cell_error(
+                                config, table, mode, override, policy_id, episode_modes(backend)
+                            ),
                             uses_llm=table.needs_llm(mode),
                             privileged=bool(
                                 policy_id
@@ -270,14 +272,20 @@ def llm_problem(config: BenchmarkConfig) -> str | None:
 
 
 def _grid_cell_error(
-    config, table: ModeTable, mode: str, override, policy_id: str | None
+    config,
+    table: ModeTable,
+    mode: str,
+    override,
+    policy_id: str | None,
+    own_loop: frozenset[str] = frozenset(),
 ) -> str | None:
+    """`own_loop`: the modes the backend runs through its own episode loop (no workflow)."""
     row = table.get(mode)
     if table.needs_llm(mode):
         problem = llm_problem(config)
         if problem:
             return problem
-    if table.needs_workflow(mode) and _workflow_source(override) is None:
+    if table.needs_workflow(mode) and mode not in own_loop and _workflow_source(override) is None:
         key = f"benchmark.mode_overrides.{mode}"
         if row.template:
             return (

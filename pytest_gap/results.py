@@ -115,6 +115,8 @@ class TrialResult(BaseModel):
     video: str | None = None  # relative to the run dir
     trace: str | None = None  # relative to the run dir
     worker: str | None = None
+    # What a backend running its own episode loop reported (vla-eval: its version, the server)
+    backend_info: dict[str, Any] = {}
     devices: dict[str, str] = {}
     started_at: str | None = None
     finished_at: str | None = None

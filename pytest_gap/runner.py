@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from pytest_gap.workflow.executor import RunResult
 
 VIDEO_FILE = "video.mp4"
+WARMUP_DIR = "warmup"  # policy servers' warm-up inferences, one file per server and process
 
 
 class Watchdog(Protocol):
@@ -165,7 +166,12 @@ class TrialRun:
         return self._finish(**fields)
 
     def _run(self) -> dict:
-        from pytest_gap.sim.backend import EnvOptions, get_backend, resolve_variation
+        from pytest_gap.sim.backend import (
+            EnvOptions,
+            episode_modes,
+            get_backend,
+            resolve_variation,
+        )
         from pytest_gap.workflow.executor import run_workflow
         from pytest_gap.workflow.schema import load_workflow
 
@@ -180,6 +186,8 @@ class TrialRun:
         )
         if env.egl_device is not None:
             self._base["devices"]["env_egl_device"] = str(env.egl_device)
+        if cell.mode in episode_modes(backend):
+            return self._run_own_loop(env)
         video = (self._video or self.dir / VIDEO_FILE) if cell.record_video else None
         t_reset = time.perf_counter()
         obs = env.reset(trial.seed, variation=variation, video=video, **self.reset_options)
@@ -241,6 +249,62 @@ class TrialRun:
         if path.is_relative_to(self.run_dir.absolute()):
             return path.relative_to(self.run_dir.absolute()).as_posix()
         return str(path)
+
+    def _run_own_loop(self, env) -> dict:
+        """The trial of a backend that runs bare-policy trials itself (sim/backend.py
+        EpisodeLoopEnv, e.g. vla-eval): its episode loop against the cell's policy server, no
+        workflow. The server's warm-up inference (once per server and process) is charged to no
+        trial: not to the watchdog, wall_s or eval_s; it is recorded in the run dir's warmup/."""
+        cell, trial = self.trial.cell, self.trial
+        endpoint = self.policies.get(cell.policy_id or "")
+        if endpoint is None:
+            raise GapError(
+                f"mode {cell.mode} on backend {cell.backend} needs a policy server: list a "
+                "policies: entry in benchmark.policies"
+            )
+        if endpoint.protocol != "vla-eval":
+            raise GapError(
+                f"policies.{cell.policy_id}: backend {cell.backend} talks vla-eval's protocol; "
+                "set protocol: vla-eval"
+            )
+        self.watchdog.pause()
+        try:
+            warm = env.warm_up(endpoint.url, trial.seed)
+        finally:
+            self.watchdog.resume()
+        if warm is not None:
+            self._t0 += warm.seconds
+            self._started += warm.seconds
+            self._write_running()
+            write_json(
+                self.run_dir / WARMUP_DIR / f"{cell.policy_id}.{os.getpid()}.json",
+                {
+                    "policy_id": cell.policy_id,
+                    "url": warm.url,
+                    "seconds": round(warm.seconds, 3),
+                    "inference_s": round(warm.inference_s, 3),
+                    "pid": os.getpid(),
+                    "worker": self._base["worker"],
+                    "before_trial": trial.key,
+                    **warm.info,
+                },
+            )
+        self._eval_t0 = time.perf_counter()
+        with self._throttled():
+            outcome = env.run_episode(trial.seed, url=endpoint.url)
+        return {
+            "init_state": outcome.init_state,
+            "prompt": outcome.prompt,
+            "env_prompt": outcome.prompt,
+            "success": outcome.success,
+            "completion": outcome.completion,
+            "reward": 1.0 if outcome.success else 0.0,
+            "steps": outcome.steps,
+            # The executor's names: the simulator's goal check passed, or the step limit came.
+            "exit_status": "task_success" if outcome.success else "step_limit",
+            "reason": outcome.reason,
+            "backend_info": outcome.info,
+        }
 
     def _write_running(self) -> None:
         """running.json: who runs the trial, and since when its watchdog time counts (the

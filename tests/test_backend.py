@@ -60,8 +60,8 @@ def test_registry_finds_builtins_entry_points_and_import_strings(tmp_path, monke
     with pytest.raises(sim.SimInputError) as exc:
         sim.get_backend("liber")
     assert str(exc.value) == (
-        "unknown backend 'liber'; did you mean 'libero'? known backends: libero, or an import "
-        "string module:Class"
+        "unknown backend 'liber'; did you mean 'libero'? known backends: libero, vla-eval, or an "
+        "import string module:Class"
     )
     with pytest.raises(sim.SimInputError, match=r"cannot import nowhere:Sim \(ModuleNotFound"):
         sim.get_backend("nowhere:Sim")
@@ -74,7 +74,7 @@ def test_registry_finds_builtins_entry_points_and_import_strings(tmp_path, monke
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: gap-fake-sim\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(f"[pytest_gap.backends]\nfake = {FAKE}\n")
     monkeypatch.syspath_prepend(tmp_path)
-    assert sim.known_backends() == ["fake", "libero"]
+    assert sim.known_backends() == ["fake", "libero", "vla-eval"]
     assert sim.get_backend("fake").name == "fake"
 
 
@@ -125,8 +125,8 @@ def test_families_and_suites_come_from_the_backend_catalogue(tmp_path):
     with pytest.raises(ConfigError) as exc:
         parse_config(unknown, "grid.yaml", tmp_path)
     assert exc.value.problems == [
-        "benchmark.backend: unknown backend 'vla_eval'; known backends: libero, or an import "
-        "string module:Class"
+        "benchmark.backend: unknown backend 'vla_eval'; did you mean 'vla-eval'? known backends: "
+        "libero, vla-eval, or an import string module:Class"
     ]
     misplaced = {"backend": "libero", **grid}
     with pytest.raises(ConfigError, match="backend: a grid config names its simulator in bench"):

@@ -136,7 +136,7 @@ def test_templates_are_named_in_configs_with_one_line_errors():
 
 
 def test_templates_ship_inside_the_package():
-    assert template_names() == ["llm_plus_policy", "policy_only"]
+    assert template_names() == ["llm_plus_policy", "policy_only", "policy_only_bare"]
     package = Path(pytest_gap.__file__).parent
     for name in template_names():
         assert template_dir(name) == package / "templates" / name

@@ -28,7 +28,7 @@ import difflib
 import functools
 import pkgutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -46,7 +46,10 @@ ENTRY_POINT_GROUP = "pytest_gap.backends"
 DEFAULT_BACKEND = "libero"
 # Built-in backends, merged under the entry points: an editable install whose metadata predates
 # a built-in's entry point still finds it.
-BUILTIN_BACKENDS = {"libero": "pytest_gap.sim.libero_backend:LiberoBackend"}
+BUILTIN_BACKENDS = {
+    "libero": "pytest_gap.sim.libero_backend:LiberoBackend",
+    "vla-eval": "pytest_gap.sim.vla_eval.backend:VlaEvalBackend",
+}
 Predicate = tuple[str, ...]
 
 
@@ -102,6 +105,30 @@ class EpisodeInfo:
     perturbation: Any = None  # how a generated variation changed the scene (backend-specific)
     video: Path | None = None
     video_frames: int = 0
+
+
+@dataclass
+class EpisodeOutcome:
+    """What a backend's own episode loop reports for one episode (see `EpisodeLoopEnv`)."""
+
+    init_state: int
+    prompt: str
+    success: bool
+    steps: int
+    completion: float  # 1.0 on success; backends without partial credit report 0.0 otherwise
+    reason: str | None = None  # why it did not succeed
+    # What the backend's harness reported beyond the score: its version, the server url, ...
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WarmUp:
+    """One warm-up inference of a policy server, before any measured trial of this process."""
+
+    url: str
+    seconds: float  # everything the warm-up took (connect, env reset, the inference)
+    inference_s: float  # the first inference alone
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 class Variation(BaseModel):
@@ -217,6 +244,27 @@ class Backend(Protocol):
         egl_device: int | None = None,
     ) -> Env:
         """A new env for (suite, task); `egl_device` is where it renders under MUJOCO_GL=egl."""
+
+
+@runtime_checkable
+class EpisodeLoopEnv(Protocol):
+    """An env whose backend runs bare-policy trials through its own episode loop (vla-eval).
+
+    For a cell whose mode is in the backend's `episode_modes`, the runner produces no workflow:
+    the trial is `run_episode(seed, url=...)` against the cell's policy server, after a
+    `warm_up(url, seed)` that is charged to no trial. Failures of the loop, the server or the
+    simulator raise `InfraFailure` (the trial is errored, not failed)."""
+
+    def warm_up(self, url: str, seed: int) -> WarmUp | None:
+        """One inference on `url` unless this process already sent one there (then None)."""
+
+    def run_episode(self, seed: int, *, url: str) -> EpisodeOutcome:
+        """One episode from init state `seed mod n_init_states` against the server at `url`."""
+
+
+def episode_modes(backend: Backend) -> frozenset[str]:
+    """The modes whose trials `backend` runs through its own episode loop (none for most)."""
+    return frozenset(getattr(backend, "episode_modes", ()))
 
 
 # -- the registry -----------------------------------------------------------------------------

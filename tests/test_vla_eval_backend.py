@@ -1,0 +1,405 @@
+"""vla-eval as the second backend (pytest_gap/sim/vla_eval/): its catalogue, whole pytest sessions
+whose trials run vla-eval's own LIBERO adapter and episode loop against a model server built from
+vla-eval's own classes, the same first observation as the libero backend for the same seed,
+Refractal's rules (one server per checkpoint, warm-up charged to no trial, version recorded),
+and `gap verify-harness` against the installed vla-eval, a tampered copy, and none."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import vla_eval
+import yaml
+from vla_eval.model_servers.predict import PredictModelServer
+
+from pytest_gap.cli import main as gap_main
+from pytest_gap.config import parse_config
+from pytest_gap.plan import plan
+from pytest_gap.sim.backend import EnvOptions, get_backend
+from pytest_gap.sim.vla_eval.backend import VlaEvalBackend
+from pytest_gap.sim.vla_eval.claims import CLAIMS
+from tests.test_vla_eval import Served
+from tests.vla_eval_short import SHORT_STEPS
+
+pytest_plugins = ["pytester"]
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+VLA_EVAL_SHORT = "vla_eval_short:ShortVlaEval"
+LIBERO_SHORT = "vla_eval_short:ShortLibero"
+SEEDS = [3, 7]  # init states 3 and 7 of libero_object task 0
+SLOW_FIRST_INFERENCE_S = 8.0  # the server's first inference, as a model load or JIT would be
+PROMPT = "pick up the alphabet soup and place it in the basket"
+
+
+class FirstObservations(PredictModelServer):
+    """Zero motion with the gripper open, one 7-D action per observation. Asks for the wrist
+    image and the state (as vla-eval's pi0 server does); remembers each episode's start payload
+    and first observation. Its very first inference is slow."""
+
+    def __init__(self):
+        super().__init__()
+        self.episodes: list[dict] = []  # {"start": payload, "first": obs, "n_obs": int}
+        self._lock = threading.Lock()
+        self._first_done = False
+
+    def get_observation_params(self):
+        return {"send_wrist_image": True, "send_state": True}
+
+    async def on_episode_start(self, config, ctx):
+        with self._lock:
+            self.episodes.append({"start": config, "first": None, "n_obs": 0})
+        await super().on_episode_start(config, ctx)
+
+    def predict(self, obs, ctx):
+        if not self._first_done:
+            time.sleep(SLOW_FIRST_INFERENCE_S)
+            self._first_done = True
+        with self._lock:
+            episode = self.episodes[-1]
+            episode["n_obs"] += 1
+            if episode["first"] is None:
+                episode["first"] = obs
+        action = np.zeros(7, np.float32)
+        action[6] = -1.0
+        return {"actions": action}
+
+
+@pytest.fixture(scope="module")
+def server():
+    model = FirstObservations()
+    with Served(model) as served:
+        model.url = f"ws://127.0.0.1:{served.port}"
+        yield model
+
+
+def _grid(backend: str, url: str, **benchmark) -> dict:
+    return {
+        "policies": {"vla": {"url": url, "protocol": "vla-eval"}},
+        "benchmark": {
+            "backend": backend,
+            "families": ["libero"],
+            "variations": ["object"],
+            "modes": ["policy_only"],
+            "policies": ["vla"],
+            "task_ids": [0],
+            "seeds": SEEDS,
+            "gate_threshold": 0.0,
+            "output_dir": "runs",
+            **benchmark,
+        },
+    }
+
+
+def _session(pytester, config: dict, *args):
+    pytester._monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    (pytester.path / "bench.yaml").write_text(yaml.safe_dump(config))
+    return pytester.runpytest_subprocess("bench.yaml", *args, timeout=300)
+
+
+def _results(run_dir: Path) -> dict[int, dict]:
+    return {
+        (r := json.loads(p.read_text()))["seed"]: r for p in sorted(run_dir.rglob("result.json"))
+    }
+
+
+# -- the catalogue --------------------------------------------------------------------------------
+def test_vla_eval_is_a_builtin_backend_with_vla_evals_libero_catalogue():
+    from vla_eval.benchmarks.libero.benchmark import MAX_STEP_MAPPING
+
+    backend = get_backend("vla-eval")
+    assert isinstance(backend, VlaEvalBackend)
+    assert {s: backend.max_steps(s) for s in backend.suites()} == MAX_STEP_MAPPING
+    assert backend.task_prompt("libero_object", 0) == PROMPT
+    assert backend.n_init_states("libero_object", 0) == 50
+    assert list(backend.families()) == ["libero"]
+    why = backend.unavailable()
+    assert why["calvin"] == "its simulator is not installed (module calvin_env)"
+    assert why["libero_pro"].startswith("not wired yet")
+    with pytest.raises(Exception, match="vla-eval benchmark 'calvin' is not usable here: its sim"):
+        backend.n_tasks("calvin")
+    with pytest.raises(Exception, match="record_video: the vla-eval backend records no videos"):
+        backend.make_env("libero_object", 0, EnvOptions(cameras=("agentview",)))
+
+
+def test_a_vla_eval_env_steps_vla_evals_adapter_directly():
+    """As an Env (for scene-free skills): vla-eval's own reset, observation and step."""
+    from pytest_gap.errors import SimInputError
+    from pytest_gap.sim.backend import Env, EpisodeLoopEnv
+
+    env = get_backend("vla-eval").make_env("libero_object", 0)
+    try:
+        obs = env.reset(53)
+        # (after the reset: the protocol check reads `episode`, which raises before one)
+        assert isinstance(env, Env) and isinstance(env, EpisodeLoopEnv) and env.scene is None
+        assert env.episode.init_state == 3 and env.max_steps == 280
+        assert obs.prompt == PROMPT and obs.state.shape == (8,)
+        assert {k: v.shape for k, v in obs.images.items()} == {
+            "agentview": (256, 256, 3),
+            "wrist": (256, 256, 3),
+        }
+        step = env.step([0.0, 0.0, 0.5, 0.0, 0.0, 0.0, -1.0])
+        assert (step.steps, step.success, step.done) == (1, False, False)
+        assert step.obs.state[2] > obs.state[2]  # it moved up
+        with pytest.raises(SimInputError, match="expected 7 finite numbers"):
+            env.step([0.0] * 6)
+        with pytest.raises(SimInputError, match="run the policy_only mode"):
+            env.libero_obs()
+    finally:
+        env.close()
+
+
+def test_gap_suites_lists_what_vla_eval_can_and_cannot_run_here():
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_gap.cli", "suites", "--backend", "vla-eval"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = out.stdout.splitlines()
+    assert any(
+        line.split()[:5] == ["libero_object", "10", "tasks", "max_steps", "280"] for line in lines
+    )
+    assert any(
+        line.startswith("simpler ") and "not usable: its simulator is not installed" in line
+        for line in lines
+    )
+
+
+def test_a_vla_eval_config_validates_without_a_simulator_or_torch():
+    code = (
+        "import sys\n"
+        "from pytest_gap.config import parse_config\n"
+        "from pytest_gap.plan import plan\n"
+        "c = parse_config({'policies': {'v': {'url': 'ws://h:1', 'protocol': 'vla-eval'}},"
+        " 'benchmark': {'backend': 'vla-eval', 'families': ['libero'], 'modes': ['policy_only'],"
+        " 'policies': ['v'], 'n_seeds': 1}})\n"
+        "assert len(plan(c)) == 5\n"
+        "print(sorted(m for m in ('mujoco', 'robosuite', 'torch', 'vla_eval.benchmarks.libero')"
+        " if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_item_ids_are_the_same_in_both_backends_and_policy_only_needs_no_template(tmp_path):
+    def trial_ids(backend: str, **extra):
+        config = parse_config(_grid(backend, "ws://h:1", **extra), "grid.yaml", tmp_path)
+        return [(t.id, t.key, c.error) for c in plan(config) for t in c.trials()]
+
+    template = {"mode_overrides": {"policy_only": {"template": "policy_only_bare"}}}
+    ours = trial_ids("vla-eval")
+    assert ours == [(i, k, None) for i, k, _ in trial_ids("libero", **template)]
+    assert ours[0][0] == "policy_only@vla::libero/object::task00::seed003"
+    # The libero backend still needs the workflow its policy_only trials run.
+    assert "template is not set" in trial_ids("libero")[0][2]
+
+
+# -- Refractal's rules ----------------------------------------------------------------------------
+def test_two_compared_policies_on_one_server_are_a_config_error(tmp_path):
+    config = _grid("vla-eval", "ws://localhost:8000")
+    config["policies"]["cand"] = {"url": "ws://127.0.0.1:8000/", "protocol": "vla-eval"}
+    config["benchmark"]["policies"] = ["vla", "cand"]
+    config["benchmark"]["output_dir"] = str(tmp_path / "runs")
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(config))
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_gap.cli", "benchmark", str(tmp_path / "bench.yaml")],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip().count("\n") == 0
+    assert (
+        "benchmark.policies: 'vla' and 'cand' point at the same server (ws://127.0.0.1:8000/); "
+        "a comparison needs one server per checkpoint: give each its own url" in out.stderr
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_vla_eval_cell_needs_a_vla_eval_protocol_server(tmp_path):
+    from pytest_gap.policies.registry import endpoints_for
+    from pytest_gap.runner import TrialRun
+    from pytest_gap.sim.pool import EnvPool
+
+    config = _grid("vla-eval", "ws://127.0.0.1:9")
+    config["policies"]["vla"]["protocol"] = "openpi"
+    parsed = parse_config(config, "grid.yaml", tmp_path)
+    trial = plan(parsed)[0].trials()[0]
+    pool = EnvPool()
+    try:
+        run = TrialRun(
+            trial,
+            tmp_path,
+            nodeid="n",
+            config="grid.yaml",
+            pool=pool,
+            policies=endpoints_for(parsed),
+        )
+        result = run.execute()
+    finally:
+        pool.close()
+    assert result.errored and not result.infra_failure
+    assert result.error == (
+        "policies.vla: backend vla-eval talks vla-eval's protocol; set protocol: vla-eval"
+    )
+
+
+# -- whole sessions -------------------------------------------------------------------------------
+def test_a_vla_eval_session_runs_vla_evals_loop_and_records_it(pytester, server):
+    before = len(server.episodes)
+    t0 = time.perf_counter()
+    result = _session(pytester, _grid(VLA_EVAL_SHORT, server.url), "--junitxml=junit.xml")
+    session_s = time.perf_counter() - t0
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    # Same items as the libero backend, failed (zero motion never succeeds), gate 0.0 passes.
+    for seed in SEEDS:
+        assert f"FAILED bench.yaml::policy_only@vla::libero/object::task00::seed{seed:03d}" in out
+    result.assert_outcomes(failed=2)
+    (run_dir,) = (pytester.path / "runs").iterdir()
+    records = _results(run_dir)
+    assert sorted(records) == SEEDS
+    for seed, record in records.items():
+        assert record["error"] is None and record["exit_code"] == 0, record
+        assert (record["init_state"], record["steps"], record["success"]) == (
+            seed,
+            SHORT_STEPS,
+            False,
+        )
+        assert record["exit_status"] == "step_limit" and record["env_prompt"] == PROMPT
+        assert record["workflow"] is None  # no workflow: vla-eval's loop is the trial
+        info = record["backend_info"]
+        assert info["vla_eval_version"] == vla_eval.__version__ == "0.8.0"
+        assert info["server_url"] == server.url and info["episode_idx"] == seed
+        assert info["benchmark"] == "vla_eval.benchmarks.libero.benchmark:LIBEROBenchmark"
+    # vla-eval's loop ran: per trial one EPISODE_START with the task, one observation per step.
+    episodes = server.episodes[before:]
+    trials = [e for e in episodes if not e["start"].get("task", {}).get("warm_up")]
+    assert [e["start"]["task"]["episode_idx"] for e in trials] == SEEDS
+    assert all(e["n_obs"] == SHORT_STEPS for e in trials)
+    assert set(trials[0]["first"]) == {"images", "task_description", "states", "controller_states"}
+    # One warm-up before the first measured trial, recorded apart and charged to no trial.
+    (warm_file,) = (run_dir / "warmup").iterdir()
+    warm = json.loads(warm_file.read_text())
+    assert episodes[0]["start"]["task"] == {"warm_up": True}
+    assert warm["url"] == server.url and warm["vla_eval_version"] == "0.8.0"
+    assert warm["inference_s"] >= SLOW_FIRST_INFERENCE_S
+    walls = [records[s]["wall_s"] for s in SEEDS]
+    assert walls[0] < walls[1] + SLOW_FIRST_INFERENCE_S / 2, (walls, warm)
+    assert sum(walls) + warm["seconds"] < session_s
+    # Summary, gate and JUnit as for any backend.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["n_trials"], summary["n_success"], summary["gate"]["passed"]) == (2, 0, True)
+    junit = (pytester.path / "junit.xml").read_text()
+    assert 'name="init_state" value="3"' in junit and 'name="steps" value="12"' in junit
+
+    # Resume with --lf: the failed items run again, but a recorded trial is not re-run.
+    shutil.rmtree(next(run_dir.rglob("seed_007")))
+    before = len(server.episodes)
+    again = _session(pytester, _grid(VLA_EVAL_SHORT, server.url), "--lf", "--gap-resume")
+    assert again.ret == 0, again.stdout.str()
+    again.assert_outcomes(failed=2)
+    rerun = [e for e in server.episodes[before:] if not e["start"].get("task", {}).get("warm_up")]
+    assert [e["start"]["task"]["episode_idx"] for e in rerun] == [7]
+    assert sorted(_results(run_dir)) == SEEDS
+
+
+def test_the_same_seed_reaches_the_same_first_observation_in_both_backends(pytester, server):
+    """policy_only through vla-eval's loop, and policy_only_bare (run_policy from the settled
+    init state) on the libero backend with the same vla-eval server: the server sees the same
+    first observation for the same seed, and a different one for another seed."""
+    firsts: dict[tuple[str, int], dict] = {}
+    for backend, seeds, extra in (
+        (VLA_EVAL_SHORT, [3, 7], {}),
+        (LIBERO_SHORT, [3], {"mode_overrides": {"policy_only": {"template": "policy_only_bare"}}}),
+    ):
+        before = len(server.episodes)
+        result = _session(pytester, _grid(backend, server.url, seeds=seeds, **extra))
+        assert result.ret == 0, result.stdout.str()
+        records = _results(next((pytester.path / "runs").iterdir()))
+        assert sorted(records) == seeds
+        assert all(r["error"] is None and r["init_state"] == r["seed"] for r in records.values())
+        shutil.rmtree(pytester.path / "runs")
+        trials = [
+            e for e in server.episodes[before:] if not e["start"].get("task", {}).get("warm_up")
+        ]
+        assert len(trials) == len(seeds)
+        firsts |= {(backend, seed): e["first"] for seed, e in zip(seeds, trials, strict=True)}
+    theirs, ours = firsts[VLA_EVAL_SHORT, 3], firsts[LIBERO_SHORT, 3]
+    assert ours["task_description"] == theirs["task_description"] == PROMPT
+    assert list(ours["images"]) == list(theirs["images"]) == ["agentview", "wrist"]
+    for camera in ("agentview", "wrist"):
+        diff = np.abs(ours["images"][camera].astype(float) - theirs["images"][camera]).mean()
+        print(f"{camera}: mean grey-level difference {diff:.4f}")
+        assert diff < 1.0, (camera, diff)
+    for key in ("states", "controller_states"):
+        diff = np.abs(ours[key] - theirs[key]).max()
+        print(f"{key}: max difference {diff:.2e}")
+        assert diff < 1e-5, key
+    # Another seed is another scene: the comparison can tell them apart.
+    other = firsts[VLA_EVAL_SHORT, 7]
+    assert np.abs(other["states"] - theirs["states"]).max() > 1e-3
+    assert (
+        np.abs(other["images"]["agentview"].astype(float) - theirs["images"]["agentview"]).mean()
+        > 1.0
+    )
+
+
+# -- gap verify-harness ---------------------------------------------------------------------------
+def test_verify_harness_passes_on_the_installed_vla_eval(capsys):
+    assert gap_main(["verify-harness"]) == 0
+    out = capsys.readouterr().out
+    assert "installed vla-eval 0.8.0" in out
+    assert out.count("[ok  ]") == len(CLAIMS) >= 9 and "[FAIL]" not in out
+    for claim in CLAIMS:
+        assert f"[ok  ] {claim.name}" in out
+    assert "found in runners/sync_runner.py:" in out
+    assert f"All {len(CLAIMS)} claims hold." in out
+
+
+def _copy_of_vla_eval(tmp_path: Path) -> Path:
+    src = Path(vla_eval.__file__).parent
+    dst = tmp_path / "checkout" / "src" / "vla_eval"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    return dst
+
+
+def test_verify_harness_names_the_claim_a_tampered_checkout_breaks(tmp_path, capsys):
+    package = _copy_of_vla_eval(tmp_path)
+    checkout = tmp_path / "checkout"
+    assert gap_main(["verify-harness", str(checkout)]) == 0  # an intact copy holds
+    capsys.readouterr()
+    libero = package / "benchmarks" / "libero" / "benchmark.py"
+    text = libero.read_text()
+    assert "initial_states[episode_idx]" in text
+    libero.write_text(text.replace("initial_states[episode_idx]", "initial_states[0]"))
+    assert gap_main(["verify-harness", str(checkout)]) == 1
+    out = capsys.readouterr().out
+    assert "source checkout vla-eval 0.8.0" in out
+    assert "[FAIL] episode-idx-is-init-state" in out
+    assert "reset no longer indexes initial_states with task['episode_idx']" in out
+    assert "holds up: seed s starts from init state s mod n" in out
+    assert out.count("[ok  ]") == len(CLAIMS) - 1
+    assert f"1 of {len(CLAIMS)} claims broke" in out
+
+
+def test_verify_harness_exits_2_without_a_vla_eval(tmp_path, monkeypatch, capsys):
+    assert gap_main(["verify-harness", str(tmp_path)]) == 2
+    assert "holds no vla_eval package" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "vla_eval", None)  # `import vla_eval` now raises ImportError
+    assert gap_main(["verify-harness"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gap verify-harness: vla-eval is not importable") and err.count("\n") == 1
