@@ -51,6 +51,11 @@ VIDEO_FILE = "video.mp4"
 class Watchdog(Protocol):
     """The trial's time limit, as whoever enforces it (pytest-timeout, in the plugin) sees it."""
 
+    # When (epoch seconds) the limit began counting, None if it never did: before the trial
+    # executes (pytest-timeout counts the item's setup), so the controller that judges a
+    # killed worker by running.json must count from here, not from `execute`.
+    started: float | None
+
     def pause(self) -> None:
         """Stop charging time to the trial (it is about to wait for a slot)."""
 
@@ -59,6 +64,8 @@ class Watchdog(Protocol):
 
 
 class _NoWatchdog:
+    started = None
+
     def pause(self) -> None:
         pass
 
@@ -219,7 +226,7 @@ class TrialRun:
             self.dir / RUNNING_FILE,
             {
                 "pid": os.getpid(),
-                "started": self._started + self._slot_wait_s,
+                "started": (self.watchdog.started or self._started) + self._slot_wait_s,
                 "slot_wait_s": self._slot_wait_s,
                 "timeout_s": self.trial.cell.timeout_s,
             },
