@@ -539,7 +539,13 @@ def _hang_and_control(timeout_s: float) -> dict:
         "trials": {"output_dir": "runs", "task_timeout_secs": timeout_s},
         "suites": [
             {"suite_name": "fake_easy", "task_ids": [0], "workflow_dir": "wf"},
-            {"suite_name": "fake_easy", "task_ids": [1], "seeds": [1], "workflow_dir": "wf"},
+            {
+                "suite_name": "fake_easy",
+                "task_ids": [1],
+                "seeds": [1],
+                "workflow_dir": "wf",
+                "timeout_secs": 60,
+            },
         ],
         "gate_threshold": 0.0,
     }
@@ -559,8 +565,17 @@ def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(fake):
 
 
 def test_a_worker_killed_by_the_thread_watchdog_is_recorded_as_124(fake):
+    """The watchdog counts the item's setup too (here 1.5 s of a 3 s limit): the controller
+    judges the dead worker by the same clock, so the kill is a timeout, not a crash."""
     fake.config(_hang_and_control(3))
-    result = fake.run("bench.yaml", "-n", "2", "--timeout-method=thread", GAP_FAKE_HANG="0:0")
+    result = fake.run(
+        "bench.yaml",
+        "-n",
+        "2",
+        "--timeout-method=thread",
+        GAP_FAKE_HANG="0:0",
+        GAP_FAKE_SETUP_S="1.5",
+    )
     results = fake.results(fake.run_dir())
     stalled = results["suites/fake_easy/task_00/seed_000"]
     assert stalled["exit_code"] == 124 and not stalled["infra_failure"], stalled
