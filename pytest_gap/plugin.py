@@ -511,11 +511,12 @@ class _TimeoutWatchdog:
         self.item = item
         self.settings = None  # pytest-timeout's Settings of the first (full-budget) timer
         self.armed_at: float | None = None
+        self.started: float | None = None  # epoch seconds of the first timer (runner.Watchdog)
         self.charged = 0.0
 
     def armed(self, settings) -> None:
         if self.settings is None:
-            self.settings = settings
+            self.settings, self.started = settings, time.time()
         self.armed_at = time.monotonic()
 
     def pause(self) -> None:

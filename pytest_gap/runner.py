@@ -54,6 +54,11 @@ WARMUP_DIR = "warmup"  # policy servers' warm-up inferences, one file per server
 class Watchdog(Protocol):
     """The trial's time limit, as whoever enforces it (pytest-timeout, in the plugin) sees it."""
 
+    # When (epoch seconds) the limit began counting, None if it never did: before the trial
+    # executes (pytest-timeout counts the item's setup), so the controller that judges a
+    # killed worker by running.json must count from here, not from `execute`.
+    started: float | None
+
     def pause(self) -> None:
         """Stop charging time to the trial (it is about to wait for a slot)."""
 
@@ -62,6 +67,8 @@ class Watchdog(Protocol):
 
 
 class _NoWatchdog:
+    started = None
+
     def pause(self) -> None:
         pass
 
@@ -313,7 +320,7 @@ class TrialRun:
             self.dir / RUNNING_FILE,
             {
                 "pid": os.getpid(),
-                "started": self._started + self._slot_wait_s,
+                "started": (self.watchdog.started or self._started) + self._slot_wait_s,
                 "slot_wait_s": self._slot_wait_s,
                 "timeout_s": self.trial.cell.timeout_s,
             },

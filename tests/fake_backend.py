@@ -11,16 +11,24 @@ it lands without an edit of pytest_gap, as a third-party backend would. It is de
   failed episode that moved has completion 0.5;
 - its envs have no scene (`scene is None`): only scene-free skills run (check_success,
   read_task, run_policy, and fake_conftest.py's `idle`).
-Faults on request, read from the environment at reset (xdist workers inherit it):
-- GAP_FAKE_STEP_S: seconds each step costs, settle steps included (default 0);
-- GAP_FAKE_CRASH / GAP_FAKE_HANG: comma-separated `task:seed` pairs whose reset kills the
-  process (os._exit, like a segfault) / sleeps until interrupted (in Python, so the signal
-  watchdog can stop it).
+Faults on request, read from the environment (xdist workers inherit it):
+- GAP_FAKE_STEP_S: seconds each counted step costs (default 0; reset's settling is free);
+- GAP_FAKE_CRASH / GAP_FAKE_KILL: comma-separated `task:seed` pairs whose reset kills the
+  process: os._exit(139), like a segfault / SIGKILL, like the OOM killer or a `kill -9`;
+- GAP_FAKE_HANG: `task:seed` pairs whose first step (after reset, so the record has its init
+  state) sleeps until interrupted (in Python, so the signal watchdog can stop it).
+Records, for tests that check what each process did:
+- GAP_FAKE_ENVS: a file each make_env appends a JSON line to: the pid, suite, task, the EGL
+  device the env was built for, and the process's CUDA_VISIBLE_DEVICES/MUJOCO_EGL_DEVICE_ID then;
+- with a `video` path, reset starts a recording and finish_video writes one placeholder frame
+  per step to it (not an mp4: the harness only links and names the file).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +65,8 @@ class FakeEnv:
         self._episode: EpisodeInfo | None = None
         self._steps = 0
         self._goal_at: int | None = None
+        self._video: Path | None = None
+        self._hang = False
         self.closed = False
 
     @property
@@ -76,11 +86,11 @@ class FakeEnv:
             raise SimInputError(f"seed {seed!r}: seeds are integers >= 0")
         if (self.task_id, seed) in _pairs("GAP_FAKE_CRASH"):
             os._exit(139)
-        if (self.task_id, seed) in _pairs("GAP_FAKE_HANG"):
-            while True:
-                time.sleep(0.05)
+        if (self.task_id, seed) in _pairs("GAP_FAKE_KILL"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        self._hang = (self.task_id, seed) in _pairs("GAP_FAKE_HANG")
         self._episode, self._steps = None, 0
-        self._pause(self.options.settle_steps)  # settle steps cost time but are not counted
+        self._video = Path(video) if video is not None else None
         succeeds = self.suite == "fake_easy" and seed % 3 != 0
         self._goal_at = GOAL_STEPS if succeeds else None
         self._episode = EpisodeInfo(
@@ -98,7 +108,9 @@ class FakeEnv:
         if self._steps >= self.max_steps:
             raise EpisodeError(f"step limit {self.max_steps} reached; reset() first")
         _ = self.episode
-        self._pause(1)
+        while self._hang:
+            time.sleep(0.05)
+        self._pause()
         self._steps += 1
         success = self.success()
         return StepResult(
@@ -130,15 +142,21 @@ class FakeEnv:
         return sum(status) / len(status)
 
     def finish_video(self) -> int:
-        return 0
+        """Close the recording reset started: one placeholder line per step; 0 without one."""
+        if self._video is None:
+            return 0
+        frames = self._steps + 1  # the reset frame, then one per step
+        self._video.write_text("frame\n" * frames)
+        self._video = None
+        return frames
 
     def close(self) -> None:
         self.closed = True
 
-    def _pause(self, steps: int) -> None:
-        cost = float(os.environ.get("GAP_FAKE_STEP_S", "0"))
+    def _pause(self) -> None:
+        cost = float(os.environ.get("GAP_FAKE_STEP_S") or 0)
         if cost > 0:
-            time.sleep(cost * steps)
+            time.sleep(cost)
 
 
 class FakeFamily:
@@ -193,4 +211,11 @@ class FakeBackend:
         egl_device: int | None = None,
     ) -> FakeEnv:
         self._check(suite, task_id)
+        log = os.environ.get("GAP_FAKE_ENVS")
+        if log:
+            pinned = ("CUDA_VISIBLE_DEVICES", "MUJOCO_EGL_DEVICE_ID")
+            record = {"pid": os.getpid(), "suite": suite, "task": task_id}
+            record |= {"egl_device": egl_device, "environ": {k: os.environ.get(k) for k in pinned}}
+            with open(log, "a") as out:
+                out.write(json.dumps(record) + "\n")
         return FakeEnv(suite, task_id, options or EnvOptions(), egl_device)

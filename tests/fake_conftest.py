@@ -4,6 +4,8 @@ The session runs with tests/ on PYTHONPATH, so a config's `backend: fake_backend
 resolves in the controller and in every xdist worker. This conftest registers `idle`, a
 scene-free skill that takes control steps, and, with GAP_FAKE_MODULES set, appends to that file
 which simulator modules each process of the session imported (none may be, on the fake backend).
+GAP_FAKE_SETUP_S makes every item's setup take that long (inside its watchdog, as slow fixtures
+or imports would).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 from pydantic import BaseModel
 
@@ -30,6 +33,10 @@ def idle(ctx: SkillContext, steps: int = 5) -> Idled:
     for _ in range(steps):
         ctx.act([0.0] * 6 + [-1.0])
     return Idled(steps=steps)
+
+
+def pytest_runtest_setup(item):
+    time.sleep(float(os.environ.get("GAP_FAKE_SETUP_S") or 0))
 
 
 def pytest_unconfigure(config):

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pytest_gap.config import ConfigError, parse_config
 from pytest_gap.plan import plan
@@ -19,34 +18,14 @@ from pytest_gap.sim import backend as sim
 from pytest_gap.sim.pool import EnvPool
 from pytest_gap.workflow.executor import run_workflow
 from pytest_gap.workflow.schema import Workflow
+from tests.fake_session import IDLE_THEN_CHECK, FakeSession
+from tests.fake_session import workflow as _workflow
 
 pytest_plugins = ["pytester"]
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 FAKE = "tests.fake_backend:FakeBackend"  # in this process; sessions use fake_backend:FakeBackend
-CONFTEST = TESTS / "fake_conftest.py"
-
-
-def _workflow(nodes: dict, start: str) -> dict:
-    return {"version": 1, "name": "w", "start": start, "nodes": nodes}
-
-
-# idle a few steps, then ask the goal check: succeeds (during idle) on seeds the fake says so.
-IDLE_THEN_CHECK = _workflow(
-    {
-        "idle": {"type": "tool", "skill": "idle", "inputs": {"steps": 4}, "next": "check"},
-        "check": {"type": "tool", "skill": "check_success", "next": "route"},
-        "route": {
-            "type": "router",
-            "routes": [{"when": {"ref": "check.success", "op": "eq", "value": True}, "next": "ok"}],
-            "default": "failed",
-        },
-        "ok": {"type": "end", "status": "success"},
-        "failed": {"type": "end", "status": "failure"},
-    },
-    "idle",
-)
 
 
 # -- the registry ---------------------------------------------------------------------------------
@@ -208,28 +187,16 @@ def test_a_skill_that_needs_a_scene_fails_clearly_on_a_sceneless_env():
 # -- whole sessions -------------------------------------------------------------------------------
 @pytest.fixture
 def fake_session(pytester):
-    """A pytester dir whose sessions run on the fake backend; returns a runner of sessions."""
-    pytester.makeconftest(CONFTEST.read_text())
-    (pytester.path / "wf").mkdir()
-    (pytester.path / "wf/workflow.json").write_text(json.dumps(IDLE_THEN_CHECK))
-    modules = pytester.path / "modules.jsonl"
-    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-    pytester._monkeypatch.setenv("PYTHONPATH", path)
-    pytester._monkeypatch.setenv("GAP_FAKE_MODULES", str(modules))
+    """A runner of sessions on the fake backend (tests/fake_session.py), config first."""
+    session = FakeSession(pytester)
 
     def run(config: dict, *args, **env):
-        (pytester.path / "bench.yaml").write_text(yaml.safe_dump(config))
-        for key, value in env.items():
-            pytester._monkeypatch.setenv(key, value)
-        return pytester.runpytest_subprocess("bench.yaml", *args, timeout=120)
+        session.config(config)
+        return session.run("bench.yaml", *args, **env)
 
-    run.modules = modules
+    run.modules = session.modules
+    run.loaded_simulators = session.loaded_simulators
     return run
-
-
-def _loaded_simulators(modules: Path) -> list[dict]:
-    records = [json.loads(line) for line in modules.read_text().splitlines()]
-    return [r for r in records if r["simulator_modules"]] if records else [{"none": "recorded"}]
 
 
 def _run_dir(output: Path) -> Path:
@@ -272,7 +239,7 @@ def test_grid_session_on_the_fake_backend(fake_session, pytester):
     )
     failed = json.loads((run_dir / "workflow/fake/hard/task_00/seed_002/result.json").read_text())
     assert failed["steps"] == 4 and failed["completion"] == 0.5 and failed["init_state"] == 2
-    assert _loaded_simulators(fake_session.modules) == []
+    assert fake_session.loaded_simulators() == []
 
 
 def test_xdist_session_with_a_crash_on_the_fake_backend(fake_session, pytester):
@@ -303,4 +270,4 @@ def test_xdist_session_with_a_crash_on_the_fake_backend(fake_session, pytester):
     assert hard["init_state"] == 2 and not hard["success"]
     records = [json.loads(x) for x in fake_session.modules.read_text().splitlines()]
     assert len(records) >= 3  # the controller and its workers
-    assert _loaded_simulators(fake_session.modules) == []
+    assert fake_session.loaded_simulators() == []

@@ -1,9 +1,11 @@
 """The plugin's own hooks, from outside: a third-party writer plugin and the repo's conftest.py
-join a real pytest session without any change to pytest_gap's modules."""
+join a real pytest session without any change to pytest_gap's modules (on the fake backend,
+tests/fake_backend.py: the hooks are the harness's, not the simulator's)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,7 +14,8 @@ import yaml
 
 pytest_plugins = ["pytester"]
 
-ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 
 # A writer as a third party would ship it: a plain module passed with `-p`.
 WRITER = """
@@ -70,8 +73,9 @@ def _give_up_config(tmp: Path, output_dir: str) -> dict:
     )
     return {
         "benchmark": {
-            "families": ["libero"],
-            "variations": ["object"],
+            "backend": "fake_backend:FakeBackend",
+            "families": ["fake"],
+            "variations": ["easy"],
             "modes": ["workflow"],
             "task_ids": [0],
             "n_seeds": 1,
@@ -92,6 +96,8 @@ def _git(cwd: Path, *args: str) -> str:
 
 
 def test_a_third_party_writer_and_the_repo_conftest_get_every_trial_and_the_summary(pytester):
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
+    pytester._monkeypatch.setenv("PYTHONPATH", path)  # where the fake backend is
     shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
     (pytester.path / "gap_writer.py").write_text(WRITER)
     (pytester.path / "benchmarks").mkdir()
@@ -111,9 +117,9 @@ def test_a_third_party_writer_and_the_repo_conftest_get_every_trial_and_the_summ
     assert result.ret == 1, result.stdout.str()  # give_up fails: gate FAIL
     (run_dir,) = (pytester.path / "benchmark_runs/grid").iterdir()
     written = json.loads((run_dir / "third_party.json").read_text())
-    nodeid = "benchmarks/grid.yaml::workflow::libero/object::task00::seed000"
+    nodeid = "benchmarks/grid.yaml::workflow::fake/easy::task00::seed000"
     # on the xdist controller, once per trial of the session (both configs')
-    other = "elsewhere.yaml::workflow::libero/object::task00::seed000"
+    other = "elsewhere.yaml::workflow::fake/easy::task00::seed000"
     assert sorted(written["seen"], key=lambda s: s["nodeid"]) == [
         {"nodeid": nodeid, "success": False, "replayed": False, "on_worker": False},
         {"nodeid": other, "success": False, "replayed": False, "on_worker": False},
@@ -121,8 +127,8 @@ def test_a_third_party_writer_and_the_repo_conftest_get_every_trial_and_the_summ
     assert not written["on_worker"]
     assert written["config"] == str(pytester.path / "benchmarks/grid.yaml")
     assert written["gate"].startswith("gate FAIL: success_rate=0.000")
-    assert written["cells"] == ["workflow/libero/object"]
-    assert written["results"] == ["workflow/libero/object/task_00/seed_000"]
+    assert written["cells"] == ["workflow/fake/easy"]
+    assert written["results"] == ["workflow/fake/easy/task_00/seed_000"]
     # the harness's writers ran before it; the done flag is written after every writer
     assert written["summary_tsv_exists"] and not written["done_flag_exists"]
     assert (run_dir / "aaa_done_flag.txt").is_file()
@@ -153,5 +159,5 @@ def test_a_third_party_writer_and_the_repo_conftest_get_every_trial_and_the_summ
     assert all(row[0].endswith("+00:00") for row in rows)
     (other_run,) = (pytester.path / "other_runs").iterdir()
     assert json.loads((other_run / "third_party.json").read_text())["cells"] == [
-        "workflow/libero/object"
+        "workflow/fake/easy"
     ]

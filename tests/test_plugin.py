@@ -1,21 +1,31 @@
-"""Real pytest sessions (subprocesses) over benchmark YAMLs: collection, trials on real LIBERO,
-xdist workers and device pinning, the watchdog, crashes, the gate, resume and --lf."""
+"""Real pytest sessions (subprocesses) over benchmark YAMLs: collection, trials, xdist workers
+and device pinning, the watchdog, crashes, the gate, resume and --lf.
+
+The harness logic runs on the fake backend (tests/fake_session.py): the sessions are real, only
+the simulator is a double, so a timing test's margins do not depend on LIBERO's env creation
+under load. One session runs end to end on real LIBERO."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import subprocess
+import sys
+import threading
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.fake_session import BACKEND, TESTS, FakeSession, workflow
+
 pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PICK_PLACE = ROOT / "examples/workflows/pick_place"
-DOUBLES = Path(__file__).with_name("gap_doubles.py")
 TIMEOUT = 300
 
 
@@ -78,8 +88,8 @@ def _run_dir(output: Path) -> Path:
 
 
 @pytest.fixture
-def doubles(pytester):
-    pytester.makeconftest(DOUBLES.read_text())
+def fake(pytester) -> FakeSession:
+    return FakeSession(pytester)
 
 
 # -- collection ------------------------------------------------------------------------------------
@@ -151,7 +161,10 @@ def test_two_configs_sharing_a_run_dir_is_a_config_error(pytester):
 
 
 # -- trials, reports, the gate, --lf and resume ---------------------------------------------------
-def test_trials_results_junit_gate_lf_and_resume(pytester):
+def test_a_real_libero_session_records_results_junit_and_the_gate(pytester):
+    """The main path end to end on real LIBERO: a pick-and-place that succeeds, a give-up that
+    fails with a prompt of its own, result.json, the filled workflow, the trace, summary.tsv,
+    JUnit properties and the gate."""
     give_up = _give_up(pytester)
     base = {
         "trials": {"output_dir": "runs"},
@@ -224,46 +237,70 @@ def test_trials_results_junit_gate_lf_and_resume(pytester):
     assert given["prompt"] == "pick up the milk and place it in the basket"
     assert given["env_prompt"] == "pick up the alphabet soup and place it in the basket"
 
+
+def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
+    base = {
+        "backend": BACKEND,
+        "trials": {"output_dir": "runs"},
+        "suites": [  # the fake succeeds on fake_easy seed 1, fails on seed 0
+            {"suite_name": "fake_easy", "task_ids": [0], "seeds": [1], "workflow_dir": "wf"},
+            {"suite_name": "fake_easy", "task_ids": [0], "seeds": [0], "workflow_dir": "wf"},
+        ],
+        "gate_threshold": 0.5,
+    }
+    fake.config(base)
+    first = fake.run("bench.yaml")
+    first.assert_outcomes(passed=1, failed=1)
+    assert first.ret == 0 and "gate PASS: success_rate=0.500" in first.stdout.str()
+    run_dir = fake.run_dir()
+    ok = fake.results(run_dir)["suites/fake_easy/task_00/seed_001"]
+    failed = fake.results(run_dir)["suites/fake_easy_02/task_00/seed_000"]
+    assert ok["success"] and not failed["success"]
+
     # --lf re-runs only the failed trial, into the same run dir; the summary keeps both.
-    second = _run(pytester, "bench.yaml", "--lf")
+    second = fake.run("bench.yaml", "--lf")
     second.assert_outcomes(failed=1, deselected=1)
-    assert _run_dir(pytester.path / "runs") == run_dir
-    again = _results(run_dir)
-    assert again["suites/libero_object/task_00/seed_000"] == ok
-    assert again["suites/libero_object_02/task_00/seed_001"]["started_at"] >= failed["started_at"]
+    assert fake.run_dir() == run_dir
+    again = fake.results(run_dir)
+    assert again["suites/fake_easy/task_00/seed_001"] == ok
+    assert again["suites/fake_easy_02/task_00/seed_000"]["started_at"] > failed["started_at"]
     assert "gate PASS: success_rate=0.500" in second.stdout.str()
+    tsv = (run_dir / "summary.tsv").read_text().splitlines()
+    assert [row.split("\t")[4:6] for row in tsv[1:3]] == [
+        ["fake_easy", "1.000"],
+        ["fake_easy_02", "0.000"],
+    ]
 
     # Resume with a stricter gate: nothing valid is re-run, a corrupt record is, and the gate
     # now fails the session.
-    corrupt = run_dir / "suites/libero_object_02/task_00/seed_001/result.json"
+    corrupt = run_dir / "suites/fake_easy_02/task_00/seed_000/result.json"
     corrupt.write_text('{"version": 1, "nodeid": ')
-    _config(pytester, "bench.yaml", {**base, "gate_threshold": 0.9})
-    third = _run(pytester, "bench.yaml", "--gap-resume")
+    fake.config({**base, "gate_threshold": 0.9})
+    third = fake.run("bench.yaml", "--gap-resume")
     out = third.stdout.str()
     assert third.ret == 1
     assert "gate FAIL: success_rate=0.500 threshold=0.900" in out
     assert "corrupt" in out and "the trial was re-run" in out
     assert "recorded by an earlier session, not re-run" not in out  # the failed one re-ran
-    final = _results(run_dir)
-    assert final["suites/libero_object/task_00/seed_000"] == ok  # not re-run
-    assert json.loads(corrupt.read_text())["seed"] == 1
-    fourth = _run(pytester, "bench.yaml", "--gap-resume", "--gap-no-gate")
+    assert fake.results(run_dir)["suites/fake_easy/task_00/seed_001"] == ok  # not re-run
+    assert json.loads(corrupt.read_text())["seed"] == 0
+    fourth = fake.run("bench.yaml", "--gap-resume", "--gap-no-gate")
     assert fourth.ret == 1  # pytest's own status: a trial failed
     assert "recorded by an earlier session, not re-run" in fourth.stdout.str()
     assert "[--gap-no-gate: not deciding the exit status]" in fourth.stdout.str()
     manifest = json.loads((run_dir / "run_manifest.json").read_text())
     assert manifest["config"].endswith("bench.yaml") and len(manifest["sessions"]) == 4
     assert manifest["sessions"][2]["resume"] is True
+    assert fake.loaded_simulators() == []
 
 
-def test_cells_without_their_producer_fail_as_errored(pytester):
-    _config(
-        pytester,
-        "grid.yaml",
+def test_cells_without_their_producer_fail_as_errored(fake):
+    fake.config(
         {
             "benchmark": {
-                "families": ["libero"],
-                "variations": ["object"],
+                "backend": BACKEND,
+                "families": ["fake"],
+                "variations": ["easy"],
                 "modes": ["llm_generation"],
                 "task_ids": [0],
                 "n_seeds": 1,
@@ -271,43 +308,41 @@ def test_cells_without_their_producer_fail_as_errored(pytester):
                 "output_dir": "runs",
             }
         },
+        "grid.yaml",
     )
-    result = _run(pytester, "grid.yaml")
+    result = fake.run("grid.yaml")
     assert result.ret == 1
     out = result.stdout.str()
     assert "not run: task 0 seed 0" in out and "llm.model is not set" in out
     assert "gate FAIL: success_rate=0.000 threshold=0.000" in out
-    assert "errored cells: llm_generation libero/object" in out
-    tsv = (_run_dir(pytester.path / "runs") / "summary.tsv").read_text()
+    assert "errored cells: llm_generation fake/easy" in out
+    tsv = (fake.run_dir() / "summary.tsv").read_text()
     assert "1 of 1 trials errored: " in tsv and "llm.model is not set" in tsv
     assert "llm_generation\tERR" in tsv
 
 
 # -- xdist, the watchdog and crashes --------------------------------------------------------------
-def test_xdist_workers_are_pinned_round_robin(pytester):
-    _config(
-        pytester,
-        "grid.yaml",
+def test_xdist_workers_are_pinned_round_robin(fake):
+    fake.config(
         {
             "benchmark": {
-                "families": ["libero"],
-                "variations": ["object"],
+                "backend": BACKEND,
+                "families": ["fake"],
+                "variations": ["hard"],
                 "modes": ["workflow"],
                 "task_ids": [0, 1],
                 "n_seeds": 2,
                 "gate_threshold": 0.0,
                 "output_dir": "runs",
                 "record_video": True,
-                "mode_overrides": {"workflow": {"workflow_dir": _give_up(pytester)}},
+                "mode_overrides": {"workflow": {"workflow_dir": "wf"}},
             }
-        },
+        }
     )
-    # The ids are fake (this machine has one EGL device): videos render with OSMesa.
-    result = _run(
-        pytester, "grid.yaml", "-n", "2", GAP_MUJOCO_EGL_DEVICES="3,5", MUJOCO_GL="osmesa"
-    )
+    result = fake.run("bench.yaml", "-n", "2", GAP_MUJOCO_EGL_DEVICES="3,5")
     assert result.ret == 0, result.stdout.str()
-    results = _results(_run_dir(pytester.path / "runs"))
+    run_dir = fake.run_dir()
+    results = fake.results(run_dir)
     assert len(results) == 4
     workers = set()
     for record in results.values():
@@ -319,58 +354,77 @@ def test_xdist_workers_are_pinned_round_robin(pytester):
         }
         workers.add(record["worker"])
     assert workers == {"gw0", "gw1"}
-    run_dir = _run_dir(pytester.path / "runs")
+    # Each worker exported its device before it built an env, and built its envs for it.
+    made = {
+        (
+            r["environ"]["CUDA_VISIBLE_DEVICES"],
+            r["environ"]["MUJOCO_EGL_DEVICE_ID"],
+            r["egl_device"],
+        )
+        for r in fake.env_records()
+    }
+    assert made == {("3", "3", 3), ("5", "5", 5)}
     videos = sorted(p.name for p in (run_dir / "videos").iterdir())
     assert videos == [
-        f"workflow__libero__object__task0{t}__seed00{s}__fail.mp4" for t in (0, 1) for s in (0, 1)
+        f"workflow__fake__hard__task0{t}__seed00{s}__fail.mp4" for t in (0, 1) for s in (0, 1)
     ]
-    record = results["workflow/libero/object/task_01/seed_001"]
+    record = results["workflow/fake/hard/task_01/seed_001"]
     linked = run_dir / "videos" / videos[-1]
     assert linked.stat().st_ino == (run_dir / record["video"]).stat().st_ino  # a hard link
+    assert fake.loaded_simulators() == []
 
 
-def _robosuite_accepts(cuda_visible_devices: str, egl_device: str) -> bool:
-    """robosuite's own import-time check of MUJOCO_EGL_DEVICE_ID against CUDA_VISIBLE_DEVICES."""
-    import subprocess
-    import sys
+_ROBOSUITE_CHECK = """
+import importlib, json, os, sys
+out = []
+for cuda, egl in json.loads(sys.argv[1]):
+    os.environ.update(CUDA_VISIBLE_DEVICES=cuda, MUJOCO_EGL_DEVICE_ID=egl)
+    try:  # robosuite checks the two variables when binding_utils is imported
+        if "robosuite.utils.binding_utils" in sys.modules:
+            importlib.reload(sys.modules["robosuite.utils.binding_utils"])
+        else:
+            import robosuite.utils.binding_utils
+        out.append(True)
+    except AssertionError as exc:
+        assert "MUJOCO_EGL_DEVICE_ID needs to be set" in str(exc), exc
+        out.append(False)
+print(json.dumps(out))
+"""
 
+
+def _robosuite_accepts(pairs: list[tuple[str, str]]) -> list[bool]:
+    """robosuite's own import-time check of MUJOCO_EGL_DEVICE_ID against CUDA_VISIBLE_DEVICES,
+    for each (CUDA_VISIBLE_DEVICES, MUJOCO_EGL_DEVICE_ID) in turn (an accepted one first)."""
     env = dict(os.environ, MUJOCO_GL="osmesa", PYOPENGL_PLATFORM="osmesa")
-    env |= {"CUDA_VISIBLE_DEVICES": cuda_visible_devices, "MUJOCO_EGL_DEVICE_ID": egl_device}
     proc = subprocess.run(
-        [sys.executable, "-c", "import robosuite.utils.binding_utils"],
+        [sys.executable, "-c", _ROBOSUITE_CHECK, json.dumps(pairs)],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert proc.returncode == 0 or "MUJOCO_EGL_DEVICE_ID needs to be set" in proc.stderr, (
-        proc.stderr
-    )
-    return proc.returncode == 0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_suites_cells_stagger_over_each_workers_own_devices(pytester):
+def test_suites_cells_stagger_over_each_workers_own_devices(fake):
     """Four suites cells (offsets 0..3) on two workers over four (fake) GPUs: each worker owns
     two, exported before the simulator loads, and builds each cell's env for one of its own."""
-    give_up = _give_up(pytester)
-    _config(
-        pytester,
-        "bench.yaml",
+    fake.config(
         {
+            "backend": BACKEND,
             "trials": {"output_dir": "runs"},
             "suites": [
-                {"suite_name": "libero_object", "task_ids": [0], "workflow_dir": give_up}
-                for _ in range(4)
+                {"suite_name": "fake_easy", "task_ids": [0], "workflow_dir": "wf"} for _ in range(4)
             ],
             "gate_threshold": 0.0,
-        },
+        }
     )
-    result = _run(pytester, "bench.yaml", "-n", "2", GAP_MUJOCO_EGL_DEVICES="3,5,7,9")
+    result = fake.run("bench.yaml", "-n", "2", GAP_MUJOCO_EGL_DEVICES="3,5,7,9")
     assert result.ret == 0, result.stdout.str()
-    results = _results(_run_dir(pytester.path / "runs"))
+    results = fake.results(fake.run_dir())
     own = {"gw0": ["3", "7"], "gw1": ["5", "9"]}
-    offsets = {"libero_object": 0, "libero_object_02": 1, "libero_object_03": 2}
-    offsets["libero_object_04"] = 3
+    offsets = {"fake_easy": 0, "fake_easy_02": 1, "fake_easy_03": 2, "fake_easy_04": 3}
     built = set()
     for key, record in results.items():
         assert record["exit_code"] == 0 and record["error"] is None, record
@@ -381,282 +435,256 @@ def test_suites_cells_stagger_over_each_workers_own_devices(pytester):
         assert devices["env_egl_device"] == mine[offsets[key.split("/")[1]] % 2], key
         built.add((devices["CUDA_VISIBLE_DEVICES"], devices["env_egl_device"]))
     assert {egl for _, egl in built} == {"3", "5", "7", "9"}  # every GPU got a cell
-    for cuda, egl in built:  # each env's device would pass robosuite's own check
-        assert _robosuite_accepts(cuda, egl), (cuda, egl)
-    assert not _robosuite_accepts("5", "7")  # the old stagger: a device outside the worker's
+    for made in fake.env_records():  # what the process had exported when it built the env
+        cuda = made["environ"]["CUDA_VISIBLE_DEVICES"]
+        assert str(made["egl_device"]) in cuda.split(",")
+        assert made["environ"]["MUJOCO_EGL_DEVICE_ID"] == cuda.split(",")[0]
+    # each env's device would pass robosuite's own check; the old stagger (a device outside
+    # the worker's own) would not
+    pairs = [*sorted(built), ("5", "7")]
+    assert _robosuite_accepts(pairs) == [True] * len(built) + [False]
 
 
-def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(pytester, doubles):
-    _config(
-        pytester,
-        "bench.yaml",
-        {
-            "trials": {"output_dir": "runs", "task_timeout_secs": 20},
-            "suites": [
-                {
-                    "suite_name": "libero_object",
-                    "task_ids": [0],
-                    "workflow_dir": _one_skill(pytester, "stall", {"seconds": 120}),
-                },
-                {
-                    "suite_name": "libero_object",
-                    "task_ids": [0],
-                    "workflow_dir": _give_up(pytester),
-                },
-            ],
-            "gate_threshold": 0.0,
-        },
-    )
-    result = _run(pytester, "bench.yaml")
-    result.assert_outcomes(failed=2)
-    results = _results(_run_dir(pytester.path / "runs"))
-    stalled = results["suites/libero_object/task_00/seed_000"]
-    assert stalled["exit_code"] == 124 and not stalled["infra_failure"]
-    assert "timed out after 20 s" in stalled["reason"]
-    assert stalled["init_state"] == 0
-    assert results["suites/libero_object_02/task_00/seed_000"]["exit_code"] == 0
-    assert result.ret == 0  # timeouts are failed trials, not errored cells; 0.0 gate passes
+def _hold_slot_until(lock: Path, started: Path, hold_s: float) -> threading.Thread:
+    """Hold `lock` (a num_workers slot) from this process until `hold_s` after `started` (a
+    trial's running.json) appears, as another trial holding the slot would."""
+    lock.parent.mkdir(parents=True)
+    held = lock.open("w")
+    fcntl.flock(held, fcntl.LOCK_EX)
+
+    def release():
+        deadline = time.monotonic() + TIMEOUT
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(hold_s)
+        held.close()  # closing the file releases the flock
+
+    thread = threading.Thread(target=release, daemon=True)
+    thread.start()
+    return thread
 
 
-def _stall_then_end(pytester, seconds: float) -> str:
-    return _workflow(
-        pytester,
-        "stall_then_end",
-        {
-            "stall": {
-                "type": "tool",
-                "skill": "stall",
-                "inputs": {"seconds": seconds},
-                "next": "end",
-            },
-            "end": {"type": "end", "status": "success"},
-        },
-        "stall",
-    )
+def _slotted(timeout_s: float, workflow_dir: str = "wf", seed: int = 1) -> dict:
+    """One fake_easy trial of task 1 whose suite has a single slot."""
+    suite = {"suite_name": "fake_easy", "task_ids": [1], "seeds": [seed], "num_workers": 1}
+    return {
+        "backend": BACKEND,
+        "trials": {"output_dir": "runs", "task_timeout_secs": timeout_s},
+        "suites": [{**suite, "workflow_dir": workflow_dir}],
+        "gate_threshold": 0.0,
+    }
+
+
+FIXED_RUN = "runs/20200101_000000"  # a run dir --gap-resume adopts: its slots exist beforehand
+SLOT = ".slots/suites__fake_easy/slot_0.lock"
+IDLE_20 = workflow(
+    {
+        "idle": {"type": "tool", "skill": "idle", "inputs": {"steps": 20}, "next": "end"},
+        "end": {"type": "end", "status": "success"},
+    },
+    "idle",
+)
 
 
 @pytest.mark.parametrize("method", ["signal", "thread"])
-def test_waiting_for_a_num_workers_slot_is_not_charged_to_the_watchdog(pytester, doubles, method):
-    """Two workers, one slot, a 40 s watchdog, trials that hold the slot 22 s each: the second
-    trial's wait plus its own 22 s exceed 40 s, yet only its own time counts (env setup, up to
-    18 s on a loaded machine, plus its 22 s)."""
-    _config(
-        pytester,
+def test_waiting_for_a_num_workers_slot_is_not_charged_to_the_watchdog(fake, method):
+    """A 10 s watchdog; the suite's only slot is held for 7 s after the trial starts, and the
+    trial's own work takes 5 s (20 steps of 0.25 s) once it has the slot: 12 s in all, yet only
+    its own time counts towards the watchdog (the wait is bounded by the budget on its own)."""
+    fake.config(_slotted(10, fake.workflow("idle_20", IDLE_20), seed=0))  # seed 0: no success
+    trial = fake.path / FIXED_RUN / "suites/fake_easy/task_01/seed_000"
+    holder = _hold_slot_until(fake.path / FIXED_RUN / SLOT, trial / "running.json", 7)
+    result = fake.run(
         "bench.yaml",
-        {
-            "trials": {"output_dir": "runs", "task_timeout_secs": 40},
-            "suites": [
-                {
-                    "suite_name": "libero_object",
-                    "task_ids": [0],
-                    "seeds": [0, 1],
-                    "num_workers": 1,
-                    "workflow_dir": _stall_then_end(pytester, 22),
-                }
-            ],
-            "gate_threshold": 0.0,
-        },
+        "-n",
+        "2",
+        f"--timeout-method={method}",
+        "--gap-resume",
+        GAP_FAKE_STEP_S="0.25",
     )
-    result = _run(pytester, "bench.yaml", "-n", "2", f"--timeout-method={method}")
-    results = _results(_run_dir(pytester.path / "runs"))
-    assert {r["worker"] for r in results.values()} == {"gw0", "gw1"}, results
-    for record in results.values():
-        assert record["exit_code"] == 0 and record["exit_status"] == "end_success", record
-    waited = max(results.values(), key=lambda r: r["slot_wait_s"])
-    assert waited["slot_wait_s"] > 5, results  # it really queued behind the other trial
-    assert waited["wall_s"] > 40, results  # longer than the watchdog, counting the wait
+    holder.join(timeout=TIMEOUT)
+    record = json.loads((trial / "result.json").read_text())
+    assert record["exit_code"] == 0 and record["exit_status"] == "end_success", record
+    assert record["steps"] == 20
+    assert record["slot_wait_s"] > 5, record  # it really queued behind the holder
+    assert record["wall_s"] > 10, record  # longer than the watchdog, counting the wait
     assert result.ret == 0, result.stdout.str()
 
 
-def test_a_trial_that_gets_no_slot_within_its_budget_is_an_errored_trial(pytester, doubles):
+def test_a_trial_that_gets_no_slot_within_its_budget_is_an_errored_trial(fake):
     """Another process holds the suite's only slot for the whole session: the trial waits its
-    12 s budget, then is recorded as an infrastructure failure, not as a 124 timeout."""
-    import fcntl
-
-    _config(
-        pytester,
-        "bench.yaml",
-        {
-            "trials": {"output_dir": "runs", "task_timeout_secs": 12},
-            "suites": [
-                {
-                    "suite_name": "libero_object",
-                    "task_ids": [0],
-                    "num_workers": 1,
-                    "workflow_dir": _give_up(pytester),
-                }
-            ],
-            "gate_threshold": 0.0,
-        },
-    )
-    slots = pytester.path / "runs/20200101_000000/.slots/suites__libero_object"
-    slots.mkdir(parents=True)
-    with (slots / "slot_0.lock").open("w") as held:
+    3 s budget, then is recorded as an infrastructure failure, not as a 124 timeout."""
+    fake.config(_slotted(3))
+    slot = fake.path / FIXED_RUN / SLOT
+    slot.parent.mkdir(parents=True)
+    with slot.open("w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        result = _run(pytester, "bench.yaml", "--gap-resume")
-    record = _results(pytester.path / "runs/20200101_000000")[
-        "suites/libero_object/task_00/seed_000"
-    ]
+        result = fake.run("bench.yaml", "--gap-resume")
+    record = fake.results(fake.path / FIXED_RUN)["suites/fake_easy/task_01/seed_001"]
     assert record["exit_code"] == 1 and record["infra_failure"], record
     assert record["error"].startswith(
-        "no num_workers slot of suite libero_object came free within the trial's 12 s budget "
+        "no num_workers slot of suite fake_easy came free within the trial's 3 s budget "
         "(num_workers 1"
     )
-    assert record["slot_wait_s"] >= 12
+    assert record["slot_wait_s"] >= 3
     assert result.ret == 1  # an errored trial errors its cell: the gate fails
-    assert "infrastructure failure: task 0 seed 0" in result.stdout.str()
+    assert "infrastructure failure: task 1 seed 1" in result.stdout.str()
 
 
-def test_a_killed_worker_is_recorded_as_137_and_the_run_goes_on(pytester, doubles):
-    _config(
-        pytester,
-        "bench.yaml",
-        {
-            "trials": {"output_dir": "runs"},
-            "suites": [
-                {
-                    "suite_name": "libero_object",
-                    "task_ids": [0],
-                    "trials_per_generation": 2,
-                    "workflow_dir": _one_skill(pytester, "kill_process", {}),
-                },
-                {
-                    "suite_name": "libero_object",
-                    "task_ids": [1, 2],
-                    "workflow_dir": _give_up(pytester),
-                },
-            ],
-            "gate_threshold": 0.0,
-        },
-    )
-    result = _run(pytester, "bench.yaml", "-n", "2")
-    out = result.stdout.str()
-    assert result.ret == 1, out  # the crashed trial errors its cell: the gate fails
-    results = _results(_run_dir(pytester.path / "runs"))
-    for seed in (0, 1):  # the second trial of the crashed scope still ran (and crashed)
-        crashed = results[f"suites/libero_object/task_00/seed_00{seed}"]
-        assert crashed["exit_code"] == 137 and crashed["infra_failure"]
-        assert "worker process died" in crashed["error"]
-    assert {k for k in results} >= {
-        "suites/libero_object_02/task_01/seed_000",
-        "suites/libero_object_02/task_02/seed_000",
+def _hang_and_control(timeout_s: float) -> dict:
+    """Task 0 seed 0 (hangs on request) under a `timeout_s` watchdog; task 1 seed 1, which
+    succeeds, with room to spare."""
+    return {
+        "backend": BACKEND,
+        "trials": {"output_dir": "runs", "task_timeout_secs": timeout_s},
+        "suites": [
+            {"suite_name": "fake_easy", "task_ids": [0], "workflow_dir": "wf"},
+            {
+                "suite_name": "fake_easy",
+                "task_ids": [1],
+                "seeds": [1],
+                "workflow_dir": "wf",
+                "timeout_secs": 60,
+            },
+        ],
+        "gate_threshold": 0.0,
     }
-    tsv = (_run_dir(pytester.path / "runs") / "summary.tsv").read_text().splitlines()
-    assert tsv[1].split("\t")[9:11] == ["0", "2"]  # n_trials 0, n_infra 2
-    assert "errored cells: libero_object" in out
 
 
-def test_a_worker_killed_by_the_thread_watchdog_is_recorded_as_124(pytester, doubles):
-    _config(
-        pytester,
+def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(fake):
+    fake.config(_hang_and_control(3))
+    result = fake.run("bench.yaml", GAP_FAKE_HANG="0:0")
+    result.assert_outcomes(passed=1, failed=1)
+    results = fake.results(fake.run_dir())
+    stalled = results["suites/fake_easy/task_00/seed_000"]
+    assert stalled["exit_code"] == 124 and not stalled["infra_failure"]
+    assert "timed out after 3 s" in stalled["reason"]
+    assert stalled["init_state"] == 0
+    assert results["suites/fake_easy_02/task_01/seed_001"]["exit_code"] == 0
+    assert result.ret == 0  # timeouts are failed trials, not errored cells; 0.0 gate passes
+
+
+def test_a_worker_killed_by_the_thread_watchdog_is_recorded_as_124(fake):
+    """The watchdog counts the item's setup too (here 1.5 s of a 3 s limit): the controller
+    judges the dead worker by the same clock, so the kill is a timeout, not a crash."""
+    fake.config(_hang_and_control(3))
+    result = fake.run(
         "bench.yaml",
-        {
-            "trials": {"output_dir": "runs", "task_timeout_secs": 20},
-            "suites": [
-                {
-                    "suite_name": "libero_object",
-                    "task_ids": [0],
-                    "workflow_dir": _one_skill(pytester, "stall", {"seconds": 120}),
-                },
-                {
-                    "suite_name": "libero_object",
-                    "task_ids": [1],
-                    "workflow_dir": _give_up(pytester),
-                    "timeout_secs": 300,  # room for env creation on a loaded machine
-                },
-            ],
-            "gate_threshold": 0.0,
-        },
+        "-n",
+        "2",
+        "--timeout-method=thread",
+        GAP_FAKE_HANG="0:0",
+        GAP_FAKE_SETUP_S="1.5",
     )
-    result = _run(pytester, "bench.yaml", "-n", "2", "--timeout-method=thread")
-    results = _results(_run_dir(pytester.path / "runs"))
-    stalled = results["suites/libero_object/task_00/seed_000"]
+    results = fake.results(fake.run_dir())
+    stalled = results["suites/fake_easy/task_00/seed_000"]
     assert stalled["exit_code"] == 124 and not stalled["infra_failure"], stalled
     assert "the watchdog killed its worker" in stalled["reason"]
-    assert results["suites/libero_object_02/task_01/seed_000"]["exit_code"] == 0
+    assert results["suites/fake_easy_02/task_01/seed_001"]["exit_code"] == 0
     assert result.ret == 0, result.stdout.str()  # a timeout is a failed trial, not an error
 
 
-def test_a_session_killed_with_sigkill_resumes_without_losing_trials(pytester, doubles):
-    marker = pytester.path / "killed.txt"
-    _config(
-        pytester,
-        "bench.yaml",
+def test_a_killed_worker_is_recorded_as_137_and_the_run_goes_on(fake):
+    fake.config(
         {
+            "backend": BACKEND,
             "trials": {"output_dir": "runs"},
             "suites": [
                 {
-                    "suite_name": "libero_object",
+                    "suite_name": "fake_easy",
                     "task_ids": [0],
-                    "workflow_dir": _give_up(pytester),
+                    "seeds": [0, 1],
+                    "trials_per_generation": 2,
+                    "workflow_dir": "wf",
                 },
-                {
-                    "suite_name": "libero_object",
-                    "task_ids": [0],
-                    "seeds": [1],
-                    "workflow_dir": _one_skill(
-                        pytester, "kill_process", {"once_marker": str(marker)}
-                    ),
-                },
+                {"suite_name": "fake_easy", "task_ids": [1, 2], "workflow_dir": "wf"},
             ],
             "gate_threshold": 0.0,
-        },
+        }
     )
-    killed = _run(pytester, "bench.yaml")
-    assert killed.ret != 0 and marker.exists()
-    run_dir = _run_dir(pytester.path / "runs")
-    before = _results(run_dir)
-    assert list(before) == ["suites/libero_object/task_00/seed_000"]
+    result = fake.run("bench.yaml", "-n", "2", GAP_FAKE_KILL="0:0,0:1")
+    out = result.stdout.str()
+    assert result.ret == 1, out  # the crashed trial errors its cell: the gate fails
+    run_dir = fake.run_dir()
+    results = fake.results(run_dir)
+    for seed in (0, 1):  # the second trial of the crashed scope still ran (and was killed)
+        crashed = results[f"suites/fake_easy/task_00/seed_00{seed}"]
+        assert crashed["exit_code"] == 137 and crashed["infra_failure"]
+        assert "worker process died" in crashed["error"]
+    assert {k for k in results} >= {
+        "suites/fake_easy_02/task_01/seed_000",
+        "suites/fake_easy_02/task_02/seed_000",
+    }
+    tsv = (run_dir / "summary.tsv").read_text().splitlines()
+    assert tsv[1].split("\t")[9:11] == ["0", "2"]  # n_trials 0, n_infra 2
+    assert "errored cells: fake_easy" in out
+
+
+def test_a_session_killed_with_sigkill_resumes_without_losing_trials(fake):
+    fake.config(
+        {
+            "backend": BACKEND,
+            "trials": {"output_dir": "runs"},
+            "suites": [
+                {"suite_name": "fake_easy", "task_ids": [0], "workflow_dir": "wf"},
+                {"suite_name": "fake_easy", "task_ids": [0], "seeds": [1], "workflow_dir": "wf"},
+            ],
+            "gate_threshold": 0.0,
+        }
+    )
+    killed = fake.run("bench.yaml", GAP_FAKE_KILL="0:1")  # the session itself is SIGKILLed
+    assert killed.ret == -9, killed.stdout.str()
+    run_dir = fake.run_dir()
+    before = fake.results(run_dir)
+    assert list(before) == ["suites/fake_easy/task_00/seed_000"]
     assert not (run_dir / "summary.tsv").exists()
-    resumed = _run(pytester, "bench.yaml", "--gap-resume")
+    resumed = fake.run("bench.yaml", "--gap-resume", GAP_FAKE_KILL=None)
     assert resumed.ret == 0, resumed.stdout.str()
-    after = _results(run_dir)
-    assert (
-        after["suites/libero_object/task_00/seed_000"]
-        == before["suites/libero_object/task_00/seed_000"]
-    )
-    assert "suites/libero_object_02/task_00/seed_001" in after
+    after = fake.results(run_dir)
+    assert after["suites/fake_easy/task_00/seed_000"] == before["suites/fake_easy/task_00/seed_000"]
+    assert after["suites/fake_easy_02/task_00/seed_001"]["success"]
     assert len((run_dir / "summary.tsv").read_text().split("\n\n")[0].splitlines()) == 3
 
 
 # -- the command line and the Python API -----------------------------------------------------------
-def test_gap_benchmark_exit_codes_and_api(pytester, monkeypatch):
+def test_gap_benchmark_exit_codes_and_api(fake, monkeypatch):
     from pytest_gap.benchmark import run
 
-    monkeypatch.chdir(pytester.path)
-    grid = _config(
-        pytester,
-        "grid.yaml",
+    monkeypatch.chdir(fake.path)  # run()'s pytest inherits the fake session's PYTHONPATH
+    monkeypatch.syspath_prepend(TESTS)  # run() checks the config here first
+    grid = fake.config(
         {
             "benchmark": {
-                "families": ["libero"],
-                "variations": ["object"],
+                "backend": BACKEND,
+                "families": ["fake"],
+                "variations": ["hard"],
                 "modes": ["workflow"],
                 "task_ids": [0],
                 "n_seeds": 1,
                 "num_workers": 1,
                 "gate_threshold": 0.5,
                 "output_dir": "runs",
-                "mode_overrides": {"workflow": {"workflow_dir": _give_up(pytester)}},
+                "mode_overrides": {"workflow": {"workflow_dir": "wf"}},
             }
         },
+        "grid.yaml",
     )
     summary = run(grid, quiet=True)
     assert summary.ok and not summary.gated and summary.n_trials == 1
-    assert summary.success_rate == 0.0 and summary.run_dir.parent == pytester.path / "runs"
-    assert summary.cells[0].key == "workflow/libero/object"
+    assert summary.success_rate == 0.0 and summary.run_dir.parent == fake.path / "runs"
+    assert summary.cells[0].key == "workflow/fake/hard"
     assert summary.gate_line == (
         "gate FAIL: success_rate=0.000 threshold=0.500 (success rate below threshold (0/1))"
     )
     gap = [str(Path(os.sys.executable).with_name("gap"))]
-    ungated = pytester.run(*gap, "benchmark", str(grid), "--resume", timeout=TIMEOUT)
+    ungated = fake.pytester.run(*gap, "benchmark", str(grid), "--resume", timeout=TIMEOUT)
     assert ungated.ret == 0
-    gated = pytester.run(*gap, "benchmark", str(grid), "--resume", "--gate", timeout=TIMEOUT)
+    gated = fake.pytester.run(*gap, "benchmark", str(grid), "--resume", "--gate", timeout=TIMEOUT)
     assert gated.ret == 1
     assert "gate FAIL: success_rate=0.000 threshold=0.500" in gated.stdout.str()
-    suites = _config(pytester, "suites.yaml", {"suites": [{"suite_name": "libero_object"}]})
-    wrong = pytester.run(*gap, "benchmark", str(suites), "--families", "posvar", timeout=60)
+    suites = _config(fake.pytester, "suites.yaml", {"suites": [{"suite_name": "libero_object"}]})
+    wrong = fake.pytester.run(*gap, "benchmark", str(suites), "--families", "posvar", timeout=60)
     assert wrong.ret == 2 and "restrict a grid" in wrong.stderr.str()
-    bad = _config(pytester, "bad.yaml", {"benchmark": {"n_seeds": 0}})
-    broken = pytester.run(*gap, "benchmark", str(bad), timeout=60)
+    bad = _config(fake.pytester, "bad.yaml", {"benchmark": {"n_seeds": 0}})
+    broken = fake.pytester.run(*gap, "benchmark", str(bad), timeout=60)
     assert broken.ret == 2 and "benchmark.n_seeds" in broken.stderr.str()

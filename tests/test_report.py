@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from pytest_gap.config import parse_config
@@ -190,10 +191,14 @@ def test_the_manifest_and_summary_mask_keys_given_on_the_command_line(pytester):
             }
         )
     )
+    tests = str(Path(__file__).resolve().parent)  # the fake backend: no simulator needed here
+    path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)
+    pytester._monkeypatch.setenv("PYTHONPATH", path)
     config = {
         "benchmark": {
-            "families": ["libero"],
-            "variations": ["object"],
+            "backend": "fake_backend:FakeBackend",
+            "families": ["fake"],
+            "variations": ["easy"],
             "modes": ["workflow"],
             "task_ids": [0],
             "n_seeds": 1,
