@@ -18,25 +18,17 @@ HISTORY = Path("benchmark_runs/history.tsv")
 HISTORY_COLUMNS = ("utc_time", "commit", "config", "n_trials", "n_success", "success_rate", "gate")
 
 
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
+    ).stdout.strip()
+
+
 def _commit(root: Path) -> str:
     """The checkout's commit, `+dirty` when it has uncommitted changes; `-` outside git."""
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        head = _git(root, "rev-parse", "--short=12", "HEAD")
+        dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "-"
     return head + ("+dirty" if dirty else "")
