@@ -23,6 +23,17 @@ def workflow(nodes: dict, start: str, name: str = "w") -> dict:
     return {"version": 1, "name": name, "start": start, "nodes": nodes}
 
 
+# Ends at once as a failure: a trial that runs on any backend, with no skill and no step.
+GIVE_UP = workflow({"failed": {"type": "end", "status": "failure"}}, "failed", "give_up")
+
+
+def write_workflow(directory: Path, graph: dict) -> Path:
+    """`graph` as `directory`/workflow.json; returns the directory (a workflow_dir)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "workflow.json").write_text(json.dumps(graph))
+    return directory
+
+
 # idle a few steps, then ask the goal check: succeeds (during idle) on seeds the fake says so.
 IDLE_THEN_CHECK = workflow(
     {

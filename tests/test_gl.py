@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+from tests.fake_session import GIVE_UP, write_workflow
+
 _SCRIPT = """
 import json, os, sys
 from pytest_gap.sim import gl
@@ -81,21 +83,13 @@ def test_a_broken_user_backend_names_the_variable_and_the_fix():
 
 pytest_plugins = ["pytester"]
 
-GIVE_UP = {
-    "version": 1,
-    "name": "give_up",
-    "start": "failed",
-    "nodes": {"failed": {"type": "end", "status": "failure"}},
-}
-
 
 def test_robosuite_macro_advice_stays_out_of_trial_reports(pytester):
     """robosuite says "No private macro file found!" at its first import in every process:
     under xdist it landed in the first failed trial of each worker (stderr, log, warnings)."""
     import yaml
 
-    (pytester.path / "give_up").mkdir()
-    (pytester.path / "give_up/workflow.json").write_text(json.dumps(GIVE_UP))
+    write_workflow(pytester.path / "give_up", GIVE_UP)
     grid = {
         "families": ["libero"],
         "variations": ["object"],

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.fake_session import GIVE_UP, write_workflow
+
 pytest_plugins = ["pytester"]
 
 TESTS = Path(__file__).resolve().parent
@@ -59,18 +61,7 @@ def pytest_gap_write_outputs(config, run_dir, summary, results, benchmark):
 
 
 def _give_up_config(tmp: Path, output_dir: str) -> dict:
-    workflow = tmp / "give_up"
-    workflow.mkdir(exist_ok=True)
-    (workflow / "workflow.json").write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "name": "give_up",
-                "start": "failed",
-                "nodes": {"failed": {"type": "end", "status": "failure"}},
-            }
-        )
-    )
+    workflow = write_workflow(tmp / "give_up", GIVE_UP)
     return {
         "benchmark": {
             "backend": "fake_backend:FakeBackend",

@@ -13,6 +13,7 @@ from pytest_gap.outputs.videos import collate_videos
 from pytest_gap.plan import plan
 from pytest_gap.report import evaluate_gate, fold_run, format_tsv, summarize_cell
 from pytest_gap.results import TrialResult, read_result, scan_results, write_result
+from tests.fake_session import GIVE_UP, write_workflow
 
 ROOT = Path(__file__).resolve().parent.parent
 PICK_PLACE = str(ROOT / "examples/workflows/pick_place")
@@ -179,18 +180,7 @@ def test_the_manifest_and_summary_mask_keys_given_on_the_command_line(pytester):
     import yaml
 
     pytester.makeconftest(SECRET_OPTIONS)
-    give_up = pytester.path / "give_up"
-    give_up.mkdir()
-    (give_up / "workflow.json").write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "name": "give_up",
-                "start": "failed",
-                "nodes": {"failed": {"type": "end", "status": "failure"}},
-            }
-        )
-    )
+    give_up = write_workflow(pytester.path / "give_up", GIVE_UP)
     tests = str(Path(__file__).resolve().parent)  # the fake backend: no simulator needed here
     path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH")) if p)
     pytester._monkeypatch.setenv("PYTHONPATH", path)
