@@ -118,6 +118,16 @@ class TrialResult(BaseModel):
     # What a backend running its own episode loop reported (vla-eval: its version, the server)
     backend_info: dict[str, Any] = {}
     devices: dict[str, str] = {}
+    # Provenance (issue 15): what exactly produced this record, for episodes.parquet and
+    # `gap compare`. Optional: records written before these fields existed still load.
+    backend: str | None = None  # the simulator backend's name (or import string)
+    plan_digest: str | None = None  # the benchmark config, output paths and recording removed
+    init_state_digest: str | None = None  # the sim state the episode started from
+    policy_url: str | None = None  # the server that answered (policy modes)
+    policy_digest: str | None = None  # the server's metadata frame, hashed
+    harness_version: str | None = None
+    harness_surface: str | None = None  # digest of the code and packages that decide outcomes
+    packages: dict[str, str] = {}  # simulator package versions (mujoco, robosuite, ...)
     started_at: str | None = None
     finished_at: str | None = None
 
