@@ -135,6 +135,10 @@ class TrialsConfig(_Strict):
     enable_tracing: bool = True
     # 0 turns the per-trial watchdog off.
     task_timeout_secs: NonNegativeFloat = 0.0
+    # Counted steps per episode. None: each suite's protocol limit (LIBERO spatial 220, object
+    # 280, goal 300, libero_10 520). A lower limit is for smoke runs; its rates are not
+    # comparable with published ones (the plan digest includes it).
+    max_steps: PositiveInt | None = None
 
 
 class CompositionConfig(_Strict):

@@ -33,6 +33,7 @@ class Cell(BaseModel):
     seeds: tuple[int, ...]
     workflow_dir: Path | None = None
     timeout_s: float = 0.0
+    max_steps: int | None = None  # None: the suite's protocol step limit
     num_workers: int = 1
     device_offset: int = 0  # suites mode staggers cells over GAP_MUJOCO_EGL_DEVICES
     record_video: bool = False
@@ -215,6 +216,7 @@ def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]
                             seeds=tuple(_grid_seeds(block, override)),
                             workflow_dir=_workflow_source(override),
                             timeout_s=config.trials.task_timeout_secs,
+                            max_steps=config.trials.max_steps,
                             num_workers=(override and override.num_workers) or block.num_workers,
                             record_video=record_video,
                             enable_tracing=config.trials.enable_tracing,
@@ -339,6 +341,7 @@ def _suite_cells(config: BenchmarkConfig, source: str, table: ModeTable) -> list
                 seeds=tuple(entry.seeds if entry.seeds is not None else range(n_seeds)),
                 workflow_dir=entry.workflow_dir,
                 timeout_s=timeout if timeout is not None else config.trials.task_timeout_secs,
+                max_steps=config.trials.max_steps,
                 num_workers=workers,
                 device_offset=offset,
                 record_video=config.trials.record_video,

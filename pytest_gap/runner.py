@@ -187,7 +187,7 @@ class TrialRun:
         variation = resolve_variation(backend, cell.family, cell.variation)
         device = egl_device_for_cell(cell.device_offset)  # one of this worker's own devices
         cameras = ("agentview",) if cell.record_video else ()
-        options = EnvOptions(cameras=cameras)
+        options = EnvOptions(cameras=cameras, max_steps=cell.max_steps)
         self.env = env = self.pool.get(
             cell.suite, trial.task_id, options, egl_device=device, backend=backend
         )

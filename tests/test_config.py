@@ -155,3 +155,16 @@ def test_json_schema_describes_both_shapes():
     assert {"benchmark", "suites", "trials", "llm", "policies"} <= set(schema["properties"])
     assert "source" not in schema["properties"]
     json.dumps(schema)
+
+
+def test_trials_max_steps_reaches_every_cell_and_must_be_positive(tmp_path):
+    from pytest_gap.plan import plan
+
+    grid = {"trials": {"max_steps": 12}, "benchmark": {"families": ["libero"], "n_seeds": 1}}
+    suites = {"trials": {"max_steps": 12}, "suites": [{"suite_name": "libero_object"}]}
+    for data in (grid, suites):
+        cells = plan(load_config(_write(tmp_path, data)))
+        assert cells and {c.max_steps for c in cells} == {12}
+    assert {c.max_steps for c in plan(load_config(_write(tmp_path, {"benchmark": {}})))} == {None}
+    (problem,) = _problems(tmp_path, {"trials": {"max_steps": 0}, "benchmark": {}})
+    assert problem.startswith("trials.max_steps") and "greater than 0" in problem

@@ -29,12 +29,12 @@ from pytest_gap.sim.backend import EnvOptions, get_backend
 from pytest_gap.sim.vla_eval.backend import VlaEvalBackend
 from pytest_gap.sim.vla_eval.claims import CLAIMS
 from tests.test_vla_eval import Served
-from tests.vla_eval_short import SHORT_STEPS
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
-VLA_EVAL_SHORT = "vla_eval_short:ShortVlaEval"
-LIBERO_SHORT = "vla_eval_short:ShortLibero"
+# Episodes cut short by the config (trials.max_steps): a whole 280-step vla-eval LIBERO episode
+# renders two cameras per step, about a minute here.
+SHORT_STEPS = 12
 SEEDS = [3, 7]  # init states 3 and 7 of libero_object task 0
 SLOW_FIRST_INFERENCE_S = 2.0  # the server's first inference, as a model load or JIT would be
 PROMPT = "pick up the alphabet soup and place it in the basket"
@@ -84,6 +84,7 @@ def server():
 def _grid(backend: str, url: str, **benchmark) -> dict:
     return {
         "policies": {"vla": {"url": url, "protocol": "vla-eval"}},
+        "trials": {"max_steps": SHORT_STEPS},
         "benchmark": {
             "backend": backend,
             "families": ["libero"],
@@ -281,7 +282,7 @@ def vla_session(server, tmp_path_factory) -> VlaSession:
     path = tmp_path_factory.mktemp("vla_session")
     before = len(server.episodes)
     t0 = time.perf_counter()
-    result = _session(path, _grid(VLA_EVAL_SHORT, server.url), "--junitxml=junit.xml")
+    result = _session(path, _grid("vla-eval", server.url), "--junitxml=junit.xml")
     seconds = time.perf_counter() - t0
     (run_dir,) = (path / "runs").iterdir()
     return VlaSession(result, run_dir, server.episodes[before:], seconds)
@@ -342,7 +343,7 @@ def test_a_resumed_vla_eval_session_replays_its_records_without_the_server(vla_s
     before = len(server.episodes)
     again = _session(
         vla_session.run_dir.parent.parent,
-        _grid(VLA_EVAL_SHORT, server.url),
+        _grid("vla-eval", server.url),
         "--lf",
         "--gap-resume",
     )
@@ -361,11 +362,11 @@ def test_the_same_seed_reaches_the_same_first_observation_in_both_backends(
     and a different one for another seed."""
     before = len(server.episodes)
     bare = {"mode_overrides": {"policy_only": {"template": "policy_only_bare"}}}
-    result = _session(tmp_path, _grid(LIBERO_SHORT, server.url, seeds=[3], **bare))
+    result = _session(tmp_path, _grid("libero", server.url, seeds=[3], **bare))
     assert result.returncode == 0, result.stdout
     records = _results(next((tmp_path / "runs").iterdir()))
     assert sorted(records) == [3] and records[3]["error"] is None
-    assert records[3]["init_state"] == 3
+    assert (records[3]["init_state"], records[3]["steps"]) == (3, SHORT_STEPS)  # trials.max_steps
     (ours,) = _measured(server.episodes[before:])
     ours = ours["first"]
     theirs, other = (e["first"] for e in _measured(vla_session.episodes))
