@@ -34,8 +34,16 @@ pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parent.parent
 GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
-# (suite, task id, init state): two suites, two scenes.
-CASES = [("libero_object", 2, 3), ("libero_spatial", 4, 11)]
+# (suite, task id, init state): two suites, two scenes, one per reference client (each reference
+# renders two 256x256 cameras per step on software GL: about 10 s a case here). The formats do not
+# branch on the suite; the scene each is checked on differs.
+OPENPI_CASE, VLA_EVAL_CASE = ("libero_object", 2, 3), ("libero_spatial", 4, 11)
+
+
+def _case_id(case: tuple[str, int, int]) -> str:
+    return f"{case[0]}-task{case[1]}-init{case[2]}"
+
+
 # Actions applied after the settle steps, through both sides (gripper values not at +-1 on
 # purpose: vla-eval snaps them, openpi sends them as they are).
 ACTIONS = [[0.4, -0.3, 0.2, 0.05, 0.0, -0.1, 0.3], [-0.2, 0.5, -0.4, 0.0, 0.1, 0.0, -0.2]] * 3
@@ -46,6 +54,7 @@ MEASURED_GREY_DIFF = 0.01
 MAX_STATE_DIFF = 1e-5
 MEASURED: dict[str, float] = {}
 CONTRACT_SERVER = "tests.openpi_double:LiberoInputsContract"
+CONTRACT_STEPS = 15  # three requests of 5 actions: every request is checked against the contract
 
 
 def _libero_task(suite: str, task_id: int):
@@ -59,7 +68,7 @@ def _grey_diff(ours: np.ndarray, theirs: np.ndarray) -> float:
     return float(np.abs(ours.astype(float) - theirs.astype(float)).mean())
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-task{c[1]}-init{c[2]}")
+@pytest.fixture(scope="module")
 def case(request):
     """Our env (the runner's options: no cameras configured, no MSAA) reset to the init state."""
     suite, task_id, init = request.param
@@ -141,6 +150,7 @@ def _openpi_reference(suite: str, task_id: int, init: int) -> list[dict]:
 
 
 @pytest.mark.images
+@pytest.mark.parametrize("case", [OPENPI_CASE], indirect=True, ids=_case_id)
 def test_openpi_libero_is_what_openpis_libero_client_sends(case):
     suite, task_id, init, env = case
     theirs = _openpi_reference(suite, task_id, init)
@@ -239,6 +249,7 @@ def _vla_eval_reference(suite: str, task_id: int, init: int, monkeypatch) -> lis
 
 
 @pytest.mark.images
+@pytest.mark.parametrize("case", [VLA_EVAL_CASE], indirect=True, ids=_case_id)
 def test_vla_eval_libero_is_what_vla_evals_libero_benchmark_sends(case, monkeypatch):
     suite, task_id, init, env = case
     theirs = _vla_eval_reference(suite, task_id, init, monkeypatch)
@@ -317,6 +328,7 @@ def test_vla_eval_libero_applies_one_snapped_action_per_reply():
 def _grid(pytester, entry: dict) -> None:
     data = {
         "policies": {"pi": entry},
+        "trials": {"max_steps": CONTRACT_STEPS},
         "benchmark": {
             "families": ["libero"],
             "variations": ["object"],
@@ -349,17 +361,17 @@ def _only_result(pytester) -> dict:
 @pytest.mark.images
 def test_a_policy_only_trial_meets_openpis_libero_inputs_contract(pytester):
     _grid(pytester, _contract_server("openpi-libero"))
-    result = pytester.runpytest_subprocess("grid.yaml", timeout=300)
+    result = pytester.runpytest_inprocess("grid.yaml")
     record = _only_result(pytester)
     assert result.ret == 0, result.stdout.str()
     assert not record["infra_failure"] and record["error"] is None, record
-    # (10, 7) chunks of zero motion, 5 actions per request, until libero_object's step limit.
-    assert record["exit_status"] == "step_limit" and record["steps"] == 280
+    # (10, 7) chunks of zero motion, 5 actions per request, until the step limit.
+    assert record["exit_status"] == "step_limit" and record["steps"] == CONTRACT_STEPS
 
 
 def test_the_contract_server_refuses_the_native_format(pytester):
     _grid(pytester, _contract_server("gap"))
-    result = pytester.runpytest_subprocess("grid.yaml", timeout=300)
+    result = pytester.runpytest_inprocess("grid.yaml")
     record = _only_result(pytester)
     assert result.ret == 1
     assert record["infra_failure"] and "LiberoInputs reads exactly" in record["error"]
