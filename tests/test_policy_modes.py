@@ -15,6 +15,7 @@ pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parent.parent
 GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
 TIMEOUT = 300
+HOLD_STEPS = 20  # trials.max_steps of the sessions whose policy holds still
 
 DYING_POLICY = '''
 import os, signal
@@ -34,9 +35,12 @@ class DieOnThirdCall:
 '''
 
 
-def _grid(pytester, policies: dict, mode: str, policy_ids: list[str]) -> None:
+def _grid(
+    pytester, policies: dict, mode: str, policy_ids: list[str], max_steps: int | None = None
+) -> None:
     data = {
         "policies": policies,
+        "trials": {"max_steps": max_steps},
         "benchmark": {
             "families": ["libero"],
             "variations": ["object"],
@@ -44,6 +48,7 @@ def _grid(pytester, policies: dict, mode: str, policy_ids: list[str]) -> None:
             "policies": policy_ids,
             "task_ids": [0],
             "n_seeds": 1,
+            "num_workers": 1,  # `gap benchmark` starts that many xdist workers
             "gate_threshold": 0.0,
             "output_dir": "runs",
             "mode_overrides": {mode: {"template": mode}},
@@ -63,6 +68,7 @@ def test_policy_only_runs_a_managed_server_through_run_policy(pytester):
         {"hold": {"command": [GAP, "policy", "serve", "hold", "--port", "{port}"]}},
         "policy_only",
         ["hold"],
+        max_steps=HOLD_STEPS,
     )
     # under xdist: the server started by the controller reaches the worker (workerinput)
     result = pytester.runpytest_subprocess("grid.yaml", "-n", "2", timeout=TIMEOUT)
@@ -71,7 +77,7 @@ def test_policy_only_runs_a_managed_server_through_run_policy(pytester):
     record = _only_result(pytester)
     assert record["mode"] == "policy_only" and record["policy_id"] == "hold"
     assert not record["success"] and not record["infra_failure"] and record["error"] is None
-    assert record["steps"] == 280  # zero motion until libero_object's step limit
+    assert record["steps"] == HOLD_STEPS  # zero motion until the step limit
     assert record["exit_status"] == "step_limit"
     assert "policy_only@hold" in out and "hold" in out
     trace = Path(pytester.path / "runs").rglob("dag_trace.json")
@@ -99,7 +105,7 @@ def test_a_server_killed_mid_trial_is_an_infra_failure_not_a_policy_failure(pyte
         "llm_plus_policy",
         ["dying"],
     )
-    result = pytester.runpytest_subprocess("grid.yaml", timeout=TIMEOUT)
+    result = pytester.runpytest_inprocess("grid.yaml")
     out = result.stdout.str()
     assert result.ret == 1, out  # an errored cell fails the gate whatever the threshold
     record = _only_result(pytester)
@@ -181,7 +187,7 @@ def test_the_scripted_oracle_succeeds_and_is_labelled_privileged(pytester):
         .read_text()
         .replace("gate_threshold: 0.0", "gate_threshold: 1.0")
     )
-    result = pytester.runpytest_subprocess("grid.yaml", "-v", timeout=TIMEOUT)
+    result = pytester.runpytest_inprocess("grid.yaml", "-v")
     out = result.stdout.str()
     assert result.ret == 0, out
     assert "grid.yaml::policy_only@scripted::libero/object::task00::seed000 PASSED" in out
@@ -200,7 +206,7 @@ def test_the_scripted_oracle_refuses_to_run_without_ground_truth(pytester):
         "policy_only",
         ["scripted"],
     )
-    result = pytester.runpytest_subprocess("grid.yaml", timeout=TIMEOUT)
+    result = pytester.runpytest_inprocess("grid.yaml")
     record = _only_result(pytester)
     assert record["infra_failure"] and "needs privileged_state: true" in record["error"]
     assert result.ret == 1
