@@ -433,7 +433,7 @@ def test_llm_generation_writes_one_workflow_per_distinct_instruction(pytester, m
             },
         }
         (pytester.path / "grid.yaml").write_text(yaml.safe_dump(config))
-        result = pytester.runpytest_subprocess("grid.yaml", "-n", "2", timeout=300)
+        result = pytester.runpytest_inprocess("grid.yaml")
         assert result.ret == 0, result.stdout.str()
         writer_tasks = sorted(
             r["body"]["messages"][1]["content"].splitlines()[0]
