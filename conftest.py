@@ -48,7 +48,7 @@ def pytest_gap_write_outputs(config: pytest.Config, summary, benchmark) -> None:
         str(gate.n_trials),
         str(gate.n_success),
         f"{gate.success_rate:.3f}",
-        "PASS" if gate.passed else "FAIL",
+        gate.verdict,  # PASS, FAIL or INCONCLUSIVE (gate_rule: wilson)
     )
     path = root / HISTORY
     path.parent.mkdir(parents=True, exist_ok=True)

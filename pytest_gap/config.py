@@ -42,6 +42,9 @@ KNOWN_MODES = BUILTIN.names()
 DEFAULT_MODES = BUILTIN.defaults()
 POLICY_MODES = tuple(m for m in KNOWN_MODES if BUILTIN.get(m).takes_policy_axis)
 DEFAULT_GATE_THRESHOLD = 0.90
+# point: the pooled success rate must reach the threshold (the spec's gate); wilson: its 95%
+# Wilson interval must lie above it (below: FAIL; straddling it: INCONCLUSIVE, exit 1).
+GateRule = Literal["point", "wilson"]
 
 
 class ConfigError(GapError, ValueError):
@@ -189,6 +192,7 @@ class BenchmarkBlock(_Strict):
     record_video: bool | None = None
     output_dir: Path = Path("benchmark_runs")
     gate_threshold: float = Field(default=DEFAULT_GATE_THRESHOLD, ge=0.0, le=1.0)
+    gate_rule: GateRule = "point"
     smoke: bool = False
     mode_overrides: dict[str, ModeOverride] = {}
 
@@ -221,8 +225,9 @@ class BenchmarkConfig(_Strict):
     composition: CompositionConfig = CompositionConfig()
     benchmark: BenchmarkBlock | None = None
     suites: list[SuiteEntry] | None = None
-    # Suites mode's gate threshold (grid mode's lives in benchmark.gate_threshold).
+    # Suites mode's gate threshold and rule (grid mode's live in the benchmark: block).
     gate_threshold: float = Field(default=DEFAULT_GATE_THRESHOLD, ge=0.0, le=1.0)
+    gate_rule: GateRule = "point"
     smoke: bool = False
     source: Path | None = Field(default=None, exclude=True)
 
@@ -233,6 +238,11 @@ class BenchmarkConfig(_Strict):
     @property
     def threshold(self) -> float:
         return self.benchmark.gate_threshold if self.benchmark else self.gate_threshold
+
+    @property
+    def rule(self) -> GateRule:
+        """How the gate reads the pooled success rate against the threshold (report.py)."""
+        return self.benchmark.gate_rule if self.benchmark else self.gate_rule
 
     @property
     def output_dir(self) -> Path:

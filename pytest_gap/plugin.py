@@ -159,6 +159,7 @@ class _Lead(GapSession):
         self.touched: dict[Path, LoadedConfig] = {}
         self.notes: list[str] = []
         self.other_failures = 0
+        self.selected: set[str] = set()  # node ids of the trials collected and not deselected
         self.outcomes: list[dict[str, Any]] = []
         self.policies = None  # SessionPolicies, when a config needs servers
         from pytest_gap import outputs
@@ -245,7 +246,13 @@ class _Lead(GapSession):
 
         for path, loaded in self.touched.items():
             results = scan_results(loaded.run_dir)
-            summary = fold_run(loaded.all_cells, results, loaded.config.threshold)
+            summary = fold_run(
+                loaded.all_cells,
+                results,
+                loaded.config.threshold,
+                loaded.config.rule,
+                selected=self._selected_trials(loaded),
+            )
             self.config.hook.pytest_gap_write_outputs(
                 config=self.config,
                 run_dir=loaded.run_dir,
@@ -261,6 +268,15 @@ class _Lead(GapSession):
                     "cells": summary.cells,
                 }
             )
+
+    def _selected_trials(self, loaded: LoadedConfig) -> set[str]:
+        """The trial ids of `loaded` this session selected (node ids are relative to rootdir)."""
+        selected = set()
+        for nodeid in self.selected:
+            yaml_part, _, trial_id = nodeid.partition("::")
+            if (self.config.rootpath / yaml_part).resolve() == loaded.path:
+                selected.add(trial_id)
+        return selected
 
     @property
     def passed(self) -> bool:
@@ -280,7 +296,11 @@ class _Lead(GapSession):
             gate = outcome["gate"]
             suffix = "" if self.gate_on else "  [--gap-no-gate: not deciding the exit status]"
             terminalreporter.write_line(
-                gate.line() + suffix, bold=True, green=gate.passed, red=not gate.passed
+                gate.line() + suffix,
+                bold=True,
+                green=gate.passed,
+                red=gate.verdict == "FAIL",
+                yellow=gate.verdict == "INCONCLUSIVE",
             )
         for note in self.notes:
             terminalreporter.write_line(f"gap: {note}", yellow=True)
@@ -297,6 +317,10 @@ class SingleProcess(_Lead):
         super().__init__(config)
         _pin(None)
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """The session's plan: what collection kept after -k, -m, --lf and other deselection."""
+        self.selected.update(i.nodeid for i in session.items if _is_trial_nodeid(i.nodeid))
+
 
 class Controller(_Lead):
     """The xdist controller: leads the session; its workers run the trials."""
@@ -308,6 +332,12 @@ class Controller(_Lead):
         node.workerinput["gap_stamp"] = self.stamp
         node.workerinput["gap_unavailable"] = self.unavailable
         node.workerinput["gap_policy_urls"] = self.policy_urls
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        """The session's plan, as each worker collected it after its deselection (-k, -m,
+        --lf); every worker collects the same items."""
+        self.selected.update(i for i in ids if _is_trial_nodeid(i))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log):

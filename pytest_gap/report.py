@@ -7,8 +7,12 @@ earlier session scored); the files are written from its RunSummary by the writer
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from typing import Literal
 
+from pydantic import BaseModel, model_validator
+
+from pytest_gap import intervals
+from pytest_gap.config import GateRule
 from pytest_gap.plan import Cell
 from pytest_gap.results import TrialResult
 
@@ -27,6 +31,12 @@ TSV_COLUMNS = (
     "wall_clock_s",
     "error",
 )
+# 95% intervals (pytest_gap/intervals.py), after the spec's columns so readers by position keep
+# working: Wilson for the success rate, a task-resampling bootstrap for the completion rate.
+CI_COLUMNS = ("success_ci_low", "success_ci_high", "completion_ci_low", "completion_ci_high")
+MISSING_SHOWN = 3  # missing trial ids the gate line names before "(+N more)"
+
+Verdict = Literal["PASS", "FAIL", "INCONCLUSIVE"]
 
 
 class TaskRow(BaseModel):
@@ -61,32 +71,89 @@ class CellSummary(BaseModel):
     eval_s: float
     error: str | None
     tasks: list[TaskRow]
+    success_ci_low: float | None = None  # None with the rate (no scored trial)
+    success_ci_high: float | None = None
+    completion_ci_low: float | None = None
+    completion_ci_high: float | None = None
+
+
+class Coverage(BaseModel):
+    """The session's plan against the run dir's records.
+
+    Planned: the trials the session selected, plus any trial an earlier session recorded in the
+    run dir (the summary folds it, and `--lf` or `--gap-resume` did not need to run it again).
+    Deselected: the config's other trials (`-k`, `-m`, `--gap-families`, `--gap-modes`).
+    Missing: planned trials with no record (the session stopped early, or an item failed before
+    its trial recorded), in plan order."""
+
+    planned: int
+    recorded: int
+    deselected: int
+    missing: list[str]
+
+    def line(self) -> str:
+        line = f"recorded {self.recorded}/{self.planned} planned"
+        return line + (f", {self.deselected} deselected" if self.deselected else "")
 
 
 class Gate(BaseModel):
+    """The session's verdict on a config. `passed` is `verdict == "PASS"`: INCONCLUSIVE (only
+    under `gate_rule: wilson`) does not pass, and exits 1 like FAIL."""
+
     passed: bool
+    verdict: Verdict
+    rule: GateRule = "point"
     success_rate: float
     completion_rate: float
     threshold: float
     n_trials: int
     n_success: int
     reasons: list[str]
+    success_ci_low: float | None = None  # pooled over every scored trial
+    success_ci_high: float | None = None
+    completion_ci_low: float | None = None
+    completion_ci_high: float | None = None
+    to_decide: int | None = None  # INCONCLUSIVE: further trials at the rate that would decide
+    coverage: Coverage | None = None  # None outside a session (no selection to check)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _verdict_of_passed(cls, data):
+        """A gate recorded before verdicts existed: its verdict is what `passed` said."""
+        if isinstance(data, dict) and "verdict" not in data and "passed" in data:
+            data = {**data, "verdict": "PASS" if data["passed"] else "FAIL"}
+        return data
 
     def line(self) -> str:
-        verdict = "PASS" if self.passed else "FAIL"
-        return (
-            f"gate {verdict}: success_rate={self.success_rate:.3f} "
-            f"threshold={self.threshold:.3f}"
-            + (f" ({'; '.join(self.reasons)})" if self.reasons else "")
-        )
+        values = f"success_rate={self.success_rate:.3f}"
+        if self.rule == "wilson" and self.success_ci_low is not None:
+            values += f" ci95=[{self.success_ci_low:.3f},{self.success_ci_high:.3f}]"
+        values += f" threshold={self.threshold:.3f}"
+        if self.rule != "point":
+            values += f" rule={self.rule}"
+        reasons = f" ({'; '.join(self.reasons)})" if self.reasons else ""
+        # Coverage last: what is read (and matched) first stays the spec's `gate V: rate threshold`
+        coverage = f"; {self.coverage.line()}" if self.coverage is not None else ""
+        return f"gate {self.verdict}: {values}{reasons}{coverage}"
 
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _by_task(results: list[TrialResult]) -> list[list[float]]:
+    """Completions grouped by task: the clusters the completion interval resamples."""
+    groups: dict[int, list[float]] = {}
+    for r in results:
+        groups.setdefault(r.task_id, []).append(r.completion)
+    return list(groups.values())
+
+
 def summarize_cell(cell: Cell, results: list[TrialResult]) -> CellSummary:
     scored = [r for r in results if not r.errored]
+    n_success = sum(r.success for r in scored)
+    success_ci = intervals.wilson(n_success, len(scored)) or (None, None)
+    completion_ci = intervals.cluster_bootstrap(_by_task(scored)) or (None, None)
     errored = [r for r in results if r.errored]
     error = None
     if errored:
@@ -118,7 +185,7 @@ def summarize_cell(cell: Cell, results: list[TrialResult]) -> CellSummary:
         success_rate=_mean([float(r.success) for r in scored]),
         completion_rate=_mean([r.completion for r in scored]),
         avg_reward=_mean([r.reward for r in scored]),
-        n_success=sum(r.success for r in scored),
+        n_success=n_success,
         n_trials=len(scored),
         n_infra=sum(r.infra_failure for r in results),
         n_errored=len(errored),
@@ -128,10 +195,34 @@ def summarize_cell(cell: Cell, results: list[TrialResult]) -> CellSummary:
         eval_s=round(sum(r.eval_s for r in results), 2),
         error=error,
         tasks=tasks,
+        success_ci_low=success_ci[0],
+        success_ci_high=success_ci[1],
+        completion_ci_low=completion_ci[0],
+        completion_ci_high=completion_ci[1],
     )
 
 
-def evaluate_gate(cells: list[CellSummary], threshold: float) -> Gate:
+def _missing_reason(missing: list[str]) -> str:
+    shown = ", ".join(missing[:MISSING_SHOWN])
+    more = f", ... (+{len(missing) - MISSING_SHOWN} more)" if len(missing) > MISSING_SHOWN else ""
+    count = "1 planned trial has" if len(missing) == 1 else f"{len(missing)} planned trials have"
+    return f"{count} no record; missing: {shown}{more}"
+
+
+def evaluate_gate(
+    cells: list[CellSummary],
+    threshold: float,
+    rule: GateRule = "point",
+    coverage: Coverage | None = None,
+    completion_groups: list[list[float]] | None = None,
+) -> Gate:
+    """The gate over `cells`. It fails on no scored trial, an errored cell, or (given
+    `coverage`) a planned trial with no record; otherwise `rule` decides: `point` passes when
+    the pooled success rate reaches `threshold`; `wilson` passes when the rate's 95% Wilson
+    interval lies at or above it, fails when the interval lies below, and is INCONCLUSIVE
+    between, naming the further trials at the observed rate that would decide it.
+    `completion_groups` (scored trials' completions, one list per cell x task) give the pooled
+    completion interval."""
     n_trials = sum(c.n_trials for c in cells)
     n_success = sum(c.n_success for c in cells)
     rate = n_success / n_trials if n_trials else 0.0
@@ -144,16 +235,44 @@ def evaluate_gate(cells: list[CellSummary], threshold: float) -> Gate:
     errored = [c.column if c.suite_name else f"{c.row} {c.column}" for c in cells if c.error]
     if errored:
         reasons.append(f"errored cells: {', '.join(errored)}")
-    if n_trials and rate < threshold:
+    if coverage is not None and coverage.missing:
+        reasons.append(_missing_reason(coverage.missing))
+    success_ci = intervals.wilson(n_success, n_trials)
+    completion_ci = intervals.cluster_bootstrap(completion_groups or [])
+    verdict: Verdict = "FAIL" if reasons else "PASS"
+    to_decide = None
+    if rule == "point" and n_trials and rate < threshold:
         reasons.append(f"success rate below threshold ({n_success}/{n_trials})")
+        verdict = "FAIL"
+    elif rule == "wilson" and n_trials and success_ci[0] < threshold:
+        if success_ci[1] < threshold:
+            reasons.append(f"interval below threshold ({n_success}/{n_trials})")
+            verdict = "FAIL"
+        else:
+            to_decide = intervals.trials_to_decide(n_success, n_trials, threshold)
+            more = (
+                f"about {to_decide} more trials at {rate:.3f} would decide it"
+                if to_decide is not None
+                else f"no number of further trials at {rate:.3f} decides it"
+            )
+            reasons.append(f"interval straddles the threshold ({n_success}/{n_trials}); {more}")
+            verdict = "FAIL" if verdict == "FAIL" else "INCONCLUSIVE"
     return Gate(
-        passed=not reasons,
+        passed=verdict == "PASS",
+        verdict=verdict,
+        rule=rule,
         success_rate=rate,
         completion_rate=completion,
         threshold=threshold,
         n_trials=n_trials,
         n_success=n_success,
         reasons=reasons,
+        success_ci_low=success_ci[0] if success_ci else None,
+        success_ci_high=success_ci[1] if success_ci else None,
+        completion_ci_low=completion_ci[0] if completion_ci else None,
+        completion_ci_high=completion_ci[1] if completion_ci else None,
+        to_decide=to_decide,
+        coverage=coverage,
     )
 
 
@@ -177,11 +296,12 @@ def _fmt(value) -> str:
 
 
 def format_tsv(cells: list[CellSummary]) -> str:
-    lines = ["\t".join(TSV_COLUMNS)]
+    names = (*TSV_COLUMNS, *CI_COLUMNS)
+    lines = ["\t".join(names)]
     for c in cells:
         values = c.model_dump()
         values["wall_clock_s"] = f"{c.wall_clock_s:.1f}"
-        lines.append("\t".join(_fmt(values[k]).replace("\t", " ") for k in TSV_COLUMNS))
+        lines.append("\t".join(_fmt(values[k]).replace("\t", " ") for k in names))
     for metric in ("success_rate", "completion_rate"):
         rows, columns, matrix = pivot(cells, metric)
         lines += ["", "\t".join([f"{metric}_pivot", *columns])]
@@ -189,11 +309,23 @@ def format_tsv(cells: list[CellSummary]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _with_interval(cell: CellSummary) -> str:
+    """`0.82 [0.71,0.90] n=50`: the success rate, its Wilson interval, the scored trials."""
+    return (
+        f"{cell.success_rate:.2f} [{cell.success_ci_low:.2f},{cell.success_ci_high:.2f}] "
+        f"n={cell.n_trials}"
+    )
+
+
 def console_table(cells: list[CellSummary]) -> str:
     from tabulate import tabulate
 
     rows, columns, matrix = pivot(cells, "success_rate")
-    table = [[r, *(_fmt(matrix[r][col]) for col in columns)] for r in rows]
+    shown = {r: {col: _fmt(v) for col, v in matrix[r].items()} for r in rows}
+    for c in cells:
+        if isinstance(matrix[c.row][c.column], float) and c.success_ci_low is not None:
+            shown[c.row][c.column] = _with_interval(c)
+    table = [[r, *(shown[r][col] for col in columns)] for r in rows]
     return tabulate(
         table, headers=["success_rate", *columns], tablefmt="simple", disable_numparse=True
     )
@@ -219,11 +351,35 @@ class RunSummary(BaseModel):
     by_mode: dict[str, Recorded]  # the run dir's top level: a mode, or "suites"
 
 
-def fold_run(cells: list[Cell], results: dict[str, TrialResult], threshold: float) -> RunSummary:
+def coverage(cells: list[Cell], results: dict[str, TrialResult], selected: set[str]) -> Coverage:
+    """The session's coverage (see `Coverage`): `selected` holds the trial ids it selected."""
+    planned = recorded = deselected = 0
+    missing: list[str] = []
+    for trial in (t for cell in cells for t in cell.trials()):
+        has_record = trial.key in results
+        if not has_record and trial.id not in selected:
+            deselected += 1
+            continue
+        planned += 1
+        recorded += has_record
+        if not has_record:
+            missing.append(trial.id)
+    return Coverage(planned=planned, recorded=recorded, deselected=deselected, missing=missing)
+
+
+def fold_run(
+    cells: list[Cell],
+    results: dict[str, TrialResult],
+    threshold: float,
+    rule: GateRule = "point",
+    selected: set[str] | None = None,
+) -> RunSummary:
     """Fold `results` (keyed by trial dir, as `scan_results` returns them) over the planned
-    `cells`; records of trials no longer planned are ignored."""
+    `cells`; records of trials no longer planned are ignored. Given `selected` (the trial ids a
+    session selected), the gate checks coverage too: a selected trial with no record fails it."""
     summaries: list[CellSummary] = []
     by_mode: dict[str, Recorded] = {}
+    completion_groups: list[list[float]] = []
     for cell in cells:
         trials = cell.trials()
         found = [results[t.key] for t in trials if t.key in results]
@@ -232,10 +388,16 @@ def fold_run(cells: list[Cell], results: dict[str, TrialResult], threshold: floa
         counts.recorded += len(found)
         if found:
             summaries.append(summarize_cell(cell, found))
+            completion_groups += _by_task([r for r in found if not r.errored])
     run = Recorded(
         planned=sum(c.planned for c in by_mode.values()),
         recorded=sum(c.recorded for c in by_mode.values()),
     )
-    return RunSummary(
-        cells=summaries, gate=evaluate_gate(summaries, threshold), run=run, by_mode=by_mode
+    gate = evaluate_gate(
+        summaries,
+        threshold,
+        rule,
+        coverage=coverage(cells, results, selected) if selected is not None else None,
+        completion_groups=completion_groups,
     )
+    return RunSummary(cells=summaries, gate=gate, run=run, by_mode=by_mode)

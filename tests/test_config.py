@@ -40,6 +40,7 @@ def test_grid_defaults_follow_the_spec(tmp_path):
     assert tuple(block.modes) == DEFAULT_MODES
     assert (block.n_tasks, block.n_seeds, block.num_workers) == (10, 50, 8)
     assert block.policies == [] and block.gate_threshold == 0.90
+    assert config.rule == "point"  # the spec's gate unless gate_rule: wilson
     assert block.record_video is None  # inherits trials.record_video
     assert block.output_dir == tmp_path / "benchmark_runs"  # relative to the YAML
     assert config.trials.task_timeout_secs == 0
@@ -64,11 +65,12 @@ def test_suites_shape_and_aliases(tmp_path):
                     }
                 ],
                 "gate_threshold": 0.5,
+                "gate_rule": "wilson",
                 "policies": {"mine": {"start_cmd": "serve --port {port}"}},
             },
         )
     )
-    assert config.shape == "suites" and config.threshold == 0.5
+    assert config.shape == "suites" and config.threshold == 0.5 and config.rule == "wilson"
     assert config.trials.trials_per_generation == 3  # `total` is an alias
     assert config.output_dir == tmp_path / "out"
     assert config.policies["mine"].command == "serve --port {port}"
@@ -114,6 +116,14 @@ def test_every_problem_is_reported_at_once_with_its_key(tmp_path):
         ({"benchmark": {"task_ids": [0, 0]}}, "benchmark.task_ids: an id is listed twice"),
         ({"benchmark": {"seeds": [-1]}}, "benchmark.seeds: ids are 0-based"),
         ({"benchmark": {"gate_threshold": 1.5}}, "benchmark.gate_threshold: Input should be less"),
+        (
+            {"benchmark": {"gate_rule": "strict"}},
+            "benchmark.gate_rule: Input should be 'point' or 'wilson' (got 'strict')",
+        ),
+        (
+            {"suites": [{"suite_name": "libero_object"}], "gate_rule": "Wilson"},
+            "gate_rule: Input should be 'point' or 'wilson' (got 'Wilson')",
+        ),
         (
             {"benchmark": {}, "policies": {"p": {"url": "ws://x", "preset": "pi05-libero"}}},
             "policies.p: set exactly one of url, command (or start_cmd), preset",

@@ -676,7 +676,8 @@ def test_gap_benchmark_exit_codes_and_api(fake, monkeypatch):
     assert summary.success_rate == 0.0 and summary.run_dir.parent == fake.path / "runs"
     assert summary.cells[0].key == "workflow/fake/hard"
     assert summary.gate_line == (
-        "gate FAIL: success_rate=0.000 threshold=0.500 (success rate below threshold (0/1))"
+        "gate FAIL: success_rate=0.000 threshold=0.500 (success rate below threshold (0/1)); "
+        "recorded 1/1 planned"
     )
     gap = [str(Path(os.sys.executable).with_name("gap"))]
     ungated = fake.pytester.run(*gap, "benchmark", str(grid), "--resume", timeout=TIMEOUT)

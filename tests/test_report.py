@@ -6,12 +6,22 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
+from pytest_gap import intervals
 from pytest_gap.config import parse_config
 from pytest_gap.outputs.done import write_flags
 from pytest_gap.outputs.json import write_summary_json
 from pytest_gap.outputs.videos import collate_videos
 from pytest_gap.plan import plan
-from pytest_gap.report import evaluate_gate, fold_run, format_tsv, summarize_cell
+from pytest_gap.report import (
+    Gate,
+    console_table,
+    evaluate_gate,
+    fold_run,
+    format_tsv,
+    summarize_cell,
+)
 from pytest_gap.results import TrialResult, read_result, scan_results, write_result
 from tests.fake_session import GIVE_UP, write_workflow
 
@@ -19,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PICK_PLACE = str(ROOT / "examples/workflows/pick_place")
 
 
-def _cells():
+def _cells(task_ids=(0, 1), n_seeds=2):
     config = parse_config(
         {
             "benchmark": {
@@ -27,8 +37,8 @@ def _cells():
                 "variations": ["object", "pos_var"],
                 "modes": ["workflow", "policy_only"],
                 "policies": ["pi05"],
-                "task_ids": [0, 1],
-                "n_seeds": 2,
+                "task_ids": list(task_ids),
+                "n_seeds": n_seeds,
                 "mode_overrides": {"workflow": {"workflow_dir": PICK_PLACE}},
             },
             "policies": {"pi05": {"url": "ws://h:1"}},
@@ -101,6 +111,96 @@ def test_gate_needs_a_trial_no_errored_cell_and_the_threshold():
     assert evaluate_gate([ok], 0.9).line() == "gate PASS: success_rate=1.000 threshold=0.900"
 
 
+def _two_thirds():
+    """A cell of 36 trials over 4 tasks, 24 successes (seeds 0, 3, 6 fail): Wilson [0.503,0.798]."""
+    cell = _cells(task_ids=range(4), n_seeds=9)[0]
+    results = [_result(t, success=t.seed % 3 != 0) for t in cell.trials()]
+    return cell, results, summarize_cell(cell, results)
+
+
+def test_the_wilson_gate_passes_fails_or_is_inconclusive():
+    _, _, cell = _two_thirds()
+    assert (cell.success_ci_low, cell.success_ci_high) == pytest.approx((0.5033, 0.7979), abs=1e-4)
+    passing = evaluate_gate([cell], 0.5, "wilson")
+    assert (passing.verdict, passing.passed) == ("PASS", True)
+    assert passing.line() == (
+        "gate PASS: success_rate=0.667 ci95=[0.503,0.798] threshold=0.500 rule=wilson"
+    )
+    failing = evaluate_gate([cell], 0.85, "wilson")
+    assert (failing.verdict, failing.passed) == ("FAIL", False)
+    assert failing.reasons == ["interval below threshold (24/36)"]
+    unsure = evaluate_gate([cell], 0.6, "wilson")
+    assert (unsure.verdict, unsure.passed) == ("INCONCLUSIVE", False)
+    assert unsure.to_decide == intervals.trials_to_decide(24, 36, 0.6) > 0
+    assert unsure.line() == (
+        "gate INCONCLUSIVE: success_rate=0.667 ci95=[0.503,0.798] threshold=0.600 rule=wilson "
+        f"(interval straddles the threshold (24/36); about {unsure.to_decide} more trials at "
+        "0.667 would decide it)"
+    )
+    # The point rule (the default) reads the same cell as it always did.
+    assert evaluate_gate([cell], 0.6).verdict == "PASS"
+    assert evaluate_gate([cell], 0.7).line() == (
+        "gate FAIL: success_rate=0.667 threshold=0.700 (success rate below threshold (24/36))"
+    )
+    # An errored cell fails under either rule, whatever the interval says.
+    errored = summarize_cell(
+        _cells()[2], [_result(t, error="no server") for t in _cells()[2].trials()]
+    )
+    assert evaluate_gate([cell, errored], 0.5, "wilson").verdict == "FAIL"
+    assert evaluate_gate([cell, errored], 0.6, "wilson").verdict == "FAIL"
+    # A gate written before verdicts existed still reads (benchmark.py validates report JSON).
+    old = evaluate_gate([cell], 0.6).model_dump()
+    del old["verdict"], old["rule"]
+    assert Gate.model_validate(old).verdict == "PASS"
+
+
+def test_the_gate_counts_the_sessions_plan_and_names_missing_trials():
+    cells = _cells()
+    trials = [t for c in cells for t in c.trials()]  # 16 trials in 4 cells
+    results = {t.key: _result(t) for t in trials[:3]}
+    # Selected: trials 0-7; recorded: 0-2. Trial 12, recorded by an earlier session but not
+    # selected now (--lf, --gap-resume), counts as planned and recorded.
+    results[trials[12].key] = _result(trials[12])
+    selected = {t.id for t in trials[:8]}
+    summary = fold_run(cells, results, threshold=0.5, selected=selected)
+    coverage = summary.gate.coverage
+    assert (coverage.planned, coverage.recorded, coverage.deselected) == (9, 4, 7)
+    assert coverage.missing == [t.id for t in trials[3:8]]
+    assert summary.gate.verdict == "FAIL"
+    assert summary.gate.line() == (
+        "gate FAIL: success_rate=1.000 threshold=0.500 (5 planned trials have no record; "
+        "missing: workflow::libero/object::task01::seed001, "
+        "workflow::posvar/pos_var::task00::seed000, workflow::posvar/pos_var::task00::seed001, "
+        "... (+2 more)); recorded 4/9 planned, 7 deselected"
+    )
+    complete = fold_run(cells, results, threshold=0.5, selected={t.id for t in trials[:3]})
+    assert complete.gate.passed
+    assert complete.gate.line().endswith("recorded 4/4 planned, 12 deselected")
+    # Outside a session (no selection given) there is no coverage to check.
+    assert fold_run(cells, results, threshold=0.5).gate.coverage is None
+
+
+def test_intervals_in_the_terminal_pivot_and_summary_json(tmp_path):
+    cell, results, row = _two_thirds()
+    errored = summarize_cell(
+        _cells()[2], [_result(t, error="no server") for t in _cells()[2].trials()]
+    )
+    table = console_table([row, errored])
+    assert "0.67 [0.50,0.80] n=36" in table
+    assert "policy_only@pi05  ERR" in table
+    records = {t.key: r for t, r in zip(cell.trials(), results, strict=True)}
+    summary = fold_run([cell], records, 0.5, "wilson")
+    write_summary_json(tmp_path, summary, {})
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["success_ci_low"] == pytest.approx(0.5033, abs=1e-4)
+    assert written["cells"][0]["success_ci_high"] == pytest.approx(0.7979, abs=1e-4)
+    assert written["gate"]["verdict"] == "PASS" and written["gate"]["rule"] == "wilson"
+    # completion: per-task means 6/9 each, so every task resample gives 2/3
+    assert (written["completion_ci_low"], written["completion_ci_high"]) == pytest.approx(
+        (2 / 3, 2 / 3)
+    )
+
+
 def test_summary_tsv_exact_format():
     cells = _cells()
     rows = [
@@ -113,11 +213,14 @@ def test_summary_tsv_exact_format():
     ]
     assert format_tsv(rows) == (
         "mode\tpolicy_id\tfamily\tvariation\tsuite_name\tsuccess_rate\tcompletion_rate\t"
-        "avg_reward\tn_success\tn_trials\tn_infra\twall_clock_s\terror\n"
-        "workflow\t\tlibero\tobject\t\t1.000\t1.000\t1.000\t4\t4\t0\t5.0\t\n"
-        "workflow\t\tposvar\tpos_var\t\t0.000\t0.250\t0.000\t0\t4\t0\t4.0\t\n"
+        "avg_reward\tn_success\tn_trials\tn_infra\twall_clock_s\terror\t"
+        "success_ci_low\tsuccess_ci_high\tcompletion_ci_low\tcompletion_ci_high\n"
+        "workflow\t\tlibero\tobject\t\t1.000\t1.000\t1.000\t4\t4\t0\t5.0\t\t"
+        "0.510\t1.000\t1.000\t1.000\n"
+        "workflow\t\tposvar\tpos_var\t\t0.000\t0.250\t0.000\t0\t4\t0\t4.0\t\t"
+        "0.000\t0.490\t0.250\t0.250\n"
         "policy_only\tpi05\tlibero\tobject\t\t\t\t\t0\t0\t0\t8.0\t"
-        "4 of 4 trials errored: no server\n"
+        "4 of 4 trials errored: no server\t\t\t\t\n"
         "\n"
         "success_rate_pivot\tlibero/object\tposvar/pos_var\n"
         "workflow\t1.000\t0.000\n"

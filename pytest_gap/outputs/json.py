@@ -1,5 +1,5 @@
-"""summary.json (the config echoed without secrets, cells, pivots, gate) and each cell's
-cell_result.json."""
+"""summary.json (the config echoed without secrets, cells, pivots, gate, the pooled rates with
+their intervals) and each cell's cell_result.json."""
 
 from __future__ import annotations
 
@@ -32,6 +32,11 @@ def write_summary_json(run_dir: Path, summary: RunSummary, grid: dict) -> None:
             "n_success": gate.n_success,
             "success_rate": gate.success_rate,
             "completion_rate": gate.completion_rate,
+            # 95% intervals of the pooled rates (pytest_gap/intervals.py); null with no trial
+            "success_ci_low": gate.success_ci_low,
+            "success_ci_high": gate.success_ci_high,
+            "completion_ci_low": gate.completion_ci_low,
+            "completion_ci_high": gate.completion_ci_high,
             "updated_at": now_iso(),
         },
     )

@@ -1,4 +1,5 @@
-"""summary.tsv: one row per cell, then the success and completion pivots (report.format_tsv)."""
+"""summary.tsv: one row per cell (the spec's columns, then the rates' 95% intervals), then the
+success and completion pivots (report.format_tsv)."""
 
 from __future__ import annotations
 
