@@ -1,8 +1,8 @@
 """95% intervals on a run's rates, and how many trials a decision needs: pure functions.
 
-- Success rates are proportions of independent trials: Wilson's score interval (scipy's
-  `binomtest(...).proportion_ci`), which stays inside [0, 1] and keeps its coverage at 0 or n
-  successes and small n, where the normal approximation does not.
+- Success rates are proportions of independent trials: Wilson's score interval, which stays
+  inside [0, 1] and keeps its coverage at 0 or n successes and small n, where the normal
+  approximation does not.
 - Completion rates are means of per-trial fractions, and trials of one task are alike (same
   scene, same prompt): they are not independent draws. The interval comes from a bootstrap
   that resamples whole tasks (the clusters) with all their trials, so a rate carried by a few
@@ -11,9 +11,11 @@
 - `trials_to_decide` and `trials_per_arm` size a run: further trials at the observed rate that
   would let the Wilson gate decide, and trials per arm to see a difference at 80% power.
 
-scipy is imported inside the functions: it costs seconds to import, and only the session's end
-(the summaries) needs it, not collection. statsmodels (another second) only sizes runs
-(`trials_per_arm`, for the README), never in a session.
+Both intervals are computed here with the standard library and numpy, not scipy: importing
+scipy.stats costs 1-2 s, and every session's end (the summaries) would pay it. The test suite
+checks them against scipy (`binomtest(...).proportion_ci(method="wilson")` and
+`scipy.stats.bootstrap(method="percentile")` with the same ratio statistic). statsmodels only
+sizes runs (`trials_per_arm`, for the README), never in a session.
 """
 
 from __future__ import annotations
@@ -30,13 +32,19 @@ Interval = tuple[float, float]
 
 def wilson(k: int, n: int, confidence: float = CONFIDENCE) -> Interval | None:
     """Wilson score interval for `k` successes in `n` trials; None when n is 0. At 0 or n
-    successes the bound is exactly 0 or 1 (scipy sets it so)."""
+    successes the bound is exactly 0 or 1 (as scipy sets it)."""
     if n <= 0:
         return None
-    from scipy.stats import binomtest
+    import math
+    from statistics import NormalDist
 
-    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
-    return float(ci.low), float(ci.high)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p, z2 = k / n, z * z
+    center = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    low = 0.0 if k <= 0 else max(0.0, center - half)
+    high = 1.0 if k >= n else min(1.0, center + half)
+    return low, high
 
 
 def cluster_bootstrap(
@@ -63,22 +71,16 @@ def cluster_bootstrap(
         return mean, mean
 
     import numpy as np
-    from scipy.stats import bootstrap
 
-    def ratio(s, c, axis=-1):
-        return s.sum(axis=axis) / c.sum(axis=axis)
-
-    result = bootstrap(
-        (np.asarray(sums, float), np.asarray(counts, float)),
-        ratio,
-        paired=True,
-        vectorized=True,
-        confidence_level=confidence,
-        n_resamples=BOOTSTRAP_RESAMPLES,
-        method="percentile",
-        rng=np.random.default_rng(BOOTSTRAP_SEED),
+    # Each resample draws len(groups) whole groups with replacement: the mean over its trials
+    # is the ratio of the drawn groups' sums to their counts.
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    drawn = rng.integers(0, len(groups), size=(BOOTSTRAP_RESAMPLES, len(groups)))
+    means = np.asarray(sums, float)[drawn].sum(axis=1) / np.asarray(counts, float)[drawn].sum(
+        axis=1
     )
-    low, high = result.confidence_interval
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
     return float(low), float(high)
 
 

@@ -130,3 +130,38 @@ def test_a_known_sample_size_and_the_readme_table():
     # 0.5 vs 0.4 at 80% power: the classical two-proportion formula gives 387; arcsine 388.
     assert trials_per_arm(0.5, 0.10) == 388
     assert power_table() in README.read_text()
+
+
+@pytest.mark.parametrize(
+    ("k", "n"), [(0, 1), (1, 1), (8, 10), (3, 7), (41, 50), (0, 200), (199, 200)]
+)
+def test_wilson_is_scipys_wilson(k, n):
+    """The harness computes Wilson without scipy (its import costs every session 1-2 s); it
+    must be scipy's interval."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    assert wilson(k, n) == pytest.approx((ci.low, ci.high), abs=1e-12)
+
+
+def test_the_task_bootstrap_is_scipys_percentile_bootstrap_over_tasks():
+    """The same resampling as scipy.stats.bootstrap over paired per-task (sum, count) with the
+    ratio statistic: the intervals agree to Monte Carlo precision."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    rng = random.Random(3)
+    groups = [[rng.random() * p for _ in range(rng.randint(2, 6))] for p in (0.1, 0.5, 0.9, 1.0)]
+    groups += [[0.0, 0.2], [1.0, 1.0, 0.7]]
+    sums = np.array([sum(g) for g in groups])
+    counts = np.array([len(g) for g in groups], float)
+    theirs = bootstrap(
+        (sums, counts),
+        lambda s, c, axis=-1: s.sum(axis=axis) / c.sum(axis=axis),
+        paired=True,
+        vectorized=True,
+        n_resamples=9999,
+        method="percentile",
+        rng=np.random.default_rng(0),
+    ).confidence_interval
+    assert cluster_bootstrap(groups) == pytest.approx((theirs.low, theirs.high), abs=0.01)
