@@ -478,8 +478,10 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "runs", nargs="+", metavar="RUN", help="a run dir (two rows: --a, --b) or two run dirs"
     )
-    comp.add_argument("--a", help="row A as the pivot labels it, e.g. policy_only@base")
-    comp.add_argument("--b", help="row B, e.g. policy_only@candidate")
+    comp.add_argument(
+        "--a", metavar="ROW", help="row A as the pivot labels it, e.g. policy_only@base"
+    )
+    comp.add_argument("--b", metavar="ROW", help="row B, e.g. policy_only@candidate")
     comp.add_argument(
         "--allow-harness-mismatch",
         action="store_true",

@@ -381,6 +381,16 @@ def test_two_rows_run_under_different_plans_are_refused(tmp_path, capsys):
     )
 
 
+def test_a_side_whose_trials_ran_under_two_plans_is_refused(tmp_path, capsys):
+    records = _pairs(_table(a_only=2, b_only=1))
+    records[2] = records[2].model_copy(update={"plan_digest": "sha256:plan2"})  # A, seed 1
+    (line,) = _refused(capsys, _run(tmp_path / "run", records), "--a", BASE, "--b", CAND)
+    assert line == (
+        "plan digest: side A's paired records ran under 2 plans (plan1, plan2): the run was "
+        "resumed with a changed config; rerun that row into a fresh run dir"
+    )
+
+
 def _grid(policy: str, timeout: float = 600.0) -> dict:
     return {
         "policies": {policy: {"url": f"ws://gpu:{len(policy)}"}},
