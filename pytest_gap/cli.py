@@ -268,6 +268,53 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    """Exit 0 B not significantly worse than A, 1 it is (after Holm), 2 the comparison cannot be
+    made (each reason one line) or an input to fix."""
+    import json
+    from pathlib import Path
+
+    from pytest_gap.compare import CompareRefused, compare, load_run, render
+
+    if len(args.runs) > 2:
+        raise GapError(
+            f"gap compare: give one run dir (with --a and --b) or two, not {len(args.runs)}"
+        )
+    paths = list(dict.fromkeys(Path(r).resolve() for r in args.runs))  # RUN RUN: one run
+    run_a = load_run(args.runs[0])
+    run_b = load_run(args.runs[1]) if len(paths) == 2 else None
+    try:
+        result = compare(
+            run_a,
+            run_b,
+            args.a,
+            args.b,
+            allow_harness_mismatch=args.allow_harness_mismatch,
+            alpha=args.alpha,
+        )
+    except CompareRefused as exc:
+        if args.json:
+            print(json.dumps({"refused": exc.reasons, "exit_code": 2}, indent=1))
+        for reason in exc.reasons:
+            print(f"gap compare: refused: {reason}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+    else:
+        print(render(result, markdown=args.markdown))
+    return result.exit_code
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a probability between 0 and 1")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -423,6 +470,30 @@ def build_parser() -> argparse.ArgumentParser:
         "source", nargs="?", help="a vla-eval source checkout (default: the installed vla-eval)"
     )
     verify.set_defaults(func=_cmd_verify_harness)
+    comp = sub.add_parser(
+        "compare",
+        help="paired comparison of two rows (B against A): exit 0 B not worse, 1 B significantly "
+        "worse, 2 cannot compare",
+    )
+    comp.add_argument(
+        "runs", nargs="+", metavar="RUN", help="a run dir (two rows: --a, --b) or two run dirs"
+    )
+    comp.add_argument(
+        "--a", metavar="ROW", help="row A as the pivot labels it, e.g. policy_only@base"
+    )
+    comp.add_argument("--b", metavar="ROW", help="row B, e.g. policy_only@candidate")
+    comp.add_argument(
+        "--allow-harness-mismatch",
+        action="store_true",
+        help="compare even when the harness_surface differs (the changed files are listed)",
+    )
+    comp.add_argument(
+        "--alpha", type=_probability, default=0.05, help="significance level (default 0.05)"
+    )
+    output = comp.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="machine-readable output")
+    output.add_argument("--markdown", action="store_true", help="a Markdown table (PR comment)")
+    comp.set_defaults(func=_cmd_compare)
     schema = sub.add_parser("schema", help="print the benchmark YAML's JSON Schema")
     schema.set_defaults(func=_cmd_schema)
     return parser
