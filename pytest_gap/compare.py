@@ -47,12 +47,10 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from pytest_gap.errors import GapError
+from pytest_gap.intervals import CONFIDENCE, cluster_bootstrap
 from pytest_gap.results import STAMP_RE, TrialResult, scan_results
 
 ALPHA = 0.05
-CONFIDENCE = 0.95
-BOOTSTRAP_SEED = 20240915  # fixed: the same records always give the same interval
-BOOTSTRAP_RESAMPLES = 9999
 PRIVILEGED = "[privileged]"
 MANIFEST = "run_manifest.json"
 SUMMARY = "summary.json"
@@ -498,42 +496,9 @@ def mcnemar_p(a_only: int, b_only: int) -> float:
 def cluster_interval(
     groups: Sequence[Sequence[float]], confidence: float = CONFIDENCE
 ) -> tuple[float, float] | None:
-    """Percentile bootstrap interval for the mean of every value in `groups`, resampling whole
-    groups (tasks) with replacement, each with all its values; None without values.
-
-    With one group there are no tasks to resample: its values are resampled instead (the
-    interval then says nothing about other tasks). When every resample must give the point
-    itself, the interval is the point, without scipy (whose degenerate-data warnings would be
-    errors under pytest's -W error)."""
-    groups = [list(g) for g in groups if len(g)]
-    values = [v for g in groups for v in g]
-    if not values:
-        return None
-    mean = sum(values) / len(values)
-    if len(groups) == 1:
-        groups = [[v] for v in groups[0]]
-    sums, counts = [sum(g) for g in groups], [len(g) for g in groups]
-    if len({s / c for s, c in zip(sums, counts, strict=True)}) == 1:
-        return mean, mean
-
-    import numpy as np
-    from scipy.stats import bootstrap
-
-    def ratio(s, c, axis=-1):
-        return s.sum(axis=axis) / c.sum(axis=axis)
-
-    result = bootstrap(
-        (np.asarray(sums, float), np.asarray(counts, float)),
-        ratio,
-        paired=True,
-        vectorized=True,
-        confidence_level=confidence,
-        n_resamples=BOOTSTRAP_RESAMPLES,
-        method="percentile",
-        rng=np.random.default_rng(BOOTSTRAP_SEED),
-    )
-    low, high = result.confidence_interval
-    return float(low), float(high)
+    """Percentile bootstrap interval for the mean of every value in `groups` (here: per-pair
+    differences B - A, one group per task), resampling whole tasks; intervals.cluster_bootstrap."""
+    return cluster_bootstrap(groups, confidence)
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

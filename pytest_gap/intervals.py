@@ -55,9 +55,8 @@ def cluster_bootstrap(
 
     With one group there is nothing between tasks to resample: the trials of that task are
     resampled instead (the interval then says nothing about other tasks). When every value is
-    the same, or when every group has the same mean and size, each resample gives the point
-    itself: the interval is that point, with no call into scipy (whose degenerate-data warnings
-    would be errors here)."""
+    the same, or when every group has the same mean, each resample gives the point itself: the
+    interval is that point."""
     groups = [list(g) for g in groups if len(g)]
     values = [v for g in groups for v in g]
     if not values:
@@ -67,8 +66,8 @@ def cluster_bootstrap(
         groups = [[v] for v in groups[0]]
     sums = [sum(g) for g in groups]
     counts = [len(g) for g in groups]
-    if len(set(values)) == 1 or len({(s, c) for s, c in zip(sums, counts, strict=True)}) == 1:
-        return mean, mean
+    if len({s / c for s, c in zip(sums, counts, strict=True)}) == 1:
+        return mean, mean  # every resample's mean is the point
 
     import numpy as np
 
