@@ -27,12 +27,40 @@ print(json.dumps(out))
 """
 
 
-def _run(env_gl: str | None, patch: str = "") -> dict:
+# The same choice and render path (sim/render.py SceneRenderer) on a one-box model: a LIBERO scene
+# costs a process about 5 s to build (its meshes and textures), which the choice does not need.
+_TINY_SCRIPT = """
+import json, os
+import numpy as np
+from pytest_gap.sim import gl
+{patch}
+from pytest_gap.errors import RenderBackendError
+out = {{"chosen": gl.ensure_gl_backend(), "exported": os.environ.get("MUJOCO_GL")}}
+import mujoco
+from pytest_gap.sim.render import SceneRenderer
+model = mujoco.MjModel.from_xml_string(
+    '<mujoco><worldbody><light pos="0 0 2"/>'
+    '<camera name="cam" pos="0 -1 0.5" xyaxes="1 0 0 0 0.5 1"/>'
+    '<body><freejoint/><geom type="box" size=".1 .1 .1" rgba="1 0 0 1" group="1"/>'
+    '</body></worldbody></mujoco>')
+data = mujoco.MjData(model)
+mujoco.mj_step(model, data)
+try:
+    image = SceneRenderer(model, data, np.zeros(model.ngeom, int), {{}}).rgb("cam", 32, 32)
+    out["shape"] = list(image.shape)
+    out["red"] = bool((image[..., 0] > 100).any())
+except RenderBackendError as exc:
+    out["error"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def _run(env_gl: str | None, patch: str = "", script: str = _SCRIPT) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
     if env_gl is not None:
         env["MUJOCO_GL"] = env_gl
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT.format(patch=patch)],
+        [sys.executable, "-c", script.format(patch=patch)],
         env=env,
         capture_output=True,
         text=True,
@@ -49,9 +77,9 @@ def test_unset_mujoco_gl_defaults_to_egl_and_is_exported_to_children():
 
 
 def test_a_users_mujoco_gl_is_respected():
-    out = _run("osmesa")
+    out = _run("osmesa", script=_TINY_SCRIPT)
     assert out["chosen"] == out["exported"] == "osmesa"
-    assert out["shape"] == [32, 32, 3]
+    assert out["shape"] == [32, 32, 3] and out["red"]
 
 
 def test_falls_back_to_osmesa_when_egl_fails():
@@ -59,8 +87,8 @@ def test_falls_back_to_osmesa_when_egl_fails():
     patch = (
         "real = gl._probe\ngl._probe = lambda b: 'EGL_NOT_INITIALIZED' if b == 'egl' else real(b)"
     )
-    out = _run(None, patch)
-    assert out["chosen"] == "osmesa" and out["shape"] == [32, 32, 3]
+    out = _run(None, patch, script=_TINY_SCRIPT)
+    assert out["chosen"] == "osmesa" and out["shape"] == [32, 32, 3] and out["red"]
 
 
 def test_no_backend_keeps_physics_and_gives_one_clear_render_error():
@@ -74,7 +102,7 @@ def test_no_backend_keeps_physics_and_gives_one_clear_render_error():
 
 
 def test_a_broken_user_backend_names_the_variable_and_the_fix():
-    out = _run("glx")  # no X display on a headless machine
+    out = _run("glx", script=_TINY_SCRIPT)  # no X display on a headless machine
     assert out["chosen"] == "glx"
     assert out["error"].startswith("MUJOCO_GL=glx: could not create an OpenGL context")
     assert "\n" not in out["error"]
