@@ -6,6 +6,7 @@ import copy
 import json
 
 import pytest
+from pydantic import BaseModel
 
 from pytest_gap.skills.registry import catalogue
 from pytest_gap.workflow.schema import WorkflowError, load_workflow, validate_workflow
@@ -244,3 +245,30 @@ def test_every_bound_a_workflow_sets_has_a_hard_cap():
     capped["limits"] = {"max_node_executions": 1000, "max_sim_steps": 5000}
     capped["nodes"]["find"]["max_visits"] = 100
     validate_workflow(capped)  # the caps themselves are allowed
+
+
+def test_a_skill_module_imported_anew_re_registers_but_a_name_clash_is_an_error(monkeypatch):
+    """An in-process pytest session restores sys.modules, so the next one imports the skill
+    modules again: the same functions replace themselves. Another function under a taken name
+    stays an error naming both."""
+    import importlib
+    import sys
+
+    from pytest_gap.skills import registry
+
+    monkeypatch.setattr(registry, "_SKILLS", dict(registry._SKILLS))
+    registry._load_builtin_skills()
+    before = set(registry._SKILLS)
+    monkeypatch.delitem(sys.modules, "pytest_gap.skills.library")
+    importlib.import_module("pytest_gap.skills.library")  # registers every skill again
+    assert set(registry._SKILLS) == before
+
+    def observe(ctx) -> ClashOut:
+        return ClashOut()
+
+    with pytest.raises(ValueError, match=r"skill observe registered twice \(pytest_gap\.skills"):
+        registry.skill(observe)
+
+
+class ClashOut(BaseModel):
+    ok: bool = True

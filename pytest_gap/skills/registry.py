@@ -70,10 +70,21 @@ def skill(fn=None, *, scene: bool = True):
     outputs = hints.get("return")
     if not (isinstance(outputs, type) and issubclass(outputs, BaseModel)):
         raise TypeError(f"skill {fn.__name__} must return a pydantic model")
-    if fn.__name__ in _SKILLS:
-        raise ValueError(f"skill {fn.__name__} registered twice")
+    known = _SKILLS.get(fn.__name__)
+    # The same function defined again (its module imported anew, as a reload or an in-process
+    # pytest session that restores sys.modules does) replaces itself; another function under a
+    # taken name is an error.
+    if known is not None and _where(known.fn) != _where(fn):
+        raise ValueError(
+            f"skill {fn.__name__} registered twice ({_where(known.fn)} and {_where(fn)}); "
+            "give one of them another name"
+        )
     _SKILLS[fn.__name__] = SkillSpec(fn.__name__, fn.__doc__ or "", fn, inputs, outputs, scene)
     return fn
+
+
+def _where(fn) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
 
 
 def _load_builtin_skills() -> None:
