@@ -42,6 +42,7 @@ from pytest_gap.sim.backend import (
     Observation,
     StepResult,
     Variation,
+    state_digest,
 )
 
 N_TASKS = 4
@@ -98,6 +99,10 @@ class FakeEnv:
             init_state=seed % N_INIT_STATES,
             prompt=FakeBackend().task_prompt(self.suite, self.task_id),
             goal=(("moved",), ("reached",)),
+            # the fake's "scene": its suite, task and init state
+            init_state_digest=state_digest(
+                np.array([SUITES.index(self.suite), self.task_id, seed % N_INIT_STATES], float)
+            ),
         )
         return self.observe()
 
