@@ -91,6 +91,7 @@ def test_plan_digest_changes_with_what_runs():
         _grid(variations=["goal"]),
         _grid(modes=["workflow"]),
         {**_grid(), "trials": {"task_timeout_secs": 60}},
+        {**_grid(), "trials": {"max_steps": 20}},
         {**_grid(), "llm": {"model": "another-model"}},
     ]
     digests = [_digest(data) for data in changed]

@@ -313,7 +313,7 @@ def test_a_vla_eval_session_runs_vla_evals_loop_and_records_it(vla_session, serv
         hello = metadata_digest(client.metadata)
     states = get_benchmark_dict()["libero_object"]().get_task_init_states(0)
     for seed, record in records.items():
-        assert record["policy_digest"] == hello and record["backend"] == VLA_EVAL_SHORT
+        assert record["policy_digest"] == hello and record["backend"] == "vla-eval"
         assert record["init_state_digest"] == state_digest(states[seed])
         assert record["packages"]["vla-eval"] == "0.8.0"
         assert record["error"] is None and record["exit_code"] == 0, record
