@@ -413,6 +413,21 @@ def test_run_manifest_records_what_produced_the_run(fake_run, monkeypatch):
     assert len(manifest["sessions"]) == 1
 
 
+def test_the_manifest_names_the_llm_only_where_a_planned_mode_has_it_write_workflows(
+    pytester, tmp_path
+):
+    from pytest_gap.outputs.manifest import run_fields
+
+    config = pytester.parseconfigure()  # a real pytest config: the session's mode table
+
+    def fields(modes: list[str]) -> dict:
+        data = {**_grid(modes=modes), "llm": {"provider": "openai", "model": "gpt-x"}}
+        return run_fields(config, tmp_path / "run", parse_config(data, "grid.yaml", ROOT), {})
+
+    assert fields(["llm_generation", "workflow"])["llm"] == {"provider": "openai", "model": "gpt-x"}
+    assert fields(["workflow", "policy_only"])["llm"] == "not used"
+
+
 def test_no_secret_token_or_signed_url_reaches_the_run_dir(fake_run):
     run_dir = fake_run["run_dir"]
     files = [p for p in run_dir.rglob("*") if p.is_file()]
