@@ -10,8 +10,8 @@ module still loads where pytest-gap is not installed:
     def pytest_gap_write_outputs(run_dir, summary):
         (run_dir / "rate.txt").write_text(f"{summary.gate.success_rate:.3f}\\n")
 
-The harness's own files (summary.tsv, summary.json and cell_result.json, videos/,
-run_manifest.json, the done flags) are implementations of `pytest_gap_write_outputs` in
+The harness's own files (summary.tsv, summary.json and cell_result.json, episodes.parquet,
+videos/, run_manifest.json, the done flags) are implementations of `pytest_gap_write_outputs` in
 `pytest_gap/outputs/`.
 """
 

@@ -45,10 +45,12 @@ class LoadedConfig:
     def __init__(self, path: Path, session: GapSession):
         from pytest_gap.config import load_config
         from pytest_gap.plan import plan
+        from pytest_gap.provenance import plan_digest
 
         self.path = path
         table = session.mode_table
         self.config = load_config(path, mode_table=table)
+        self.plan_digest = plan_digest(self.config)
         self.all_cells = plan(self.config, mode_table=table)
         self.cells = (
             plan(self.config, families=session.families, modes=session.modes, mode_table=table)
@@ -368,12 +370,15 @@ class Controller(_Lead):
         trial = loaded.trials.get(trial_id)
         if trial is None:
             return
+        endpoint = self.endpoints(loaded).get(trial.cell.policy_id or "")
         result = record_crash(
             trial,
             loaded.run_dir,
             nodeid=crashitem,
             config=str(loaded.path),
             detail=str(report.longrepr),
+            plan_digest=loaded.plan_digest,
+            policy_url=endpoint.url if endpoint is not None else None,
         )
         report.gap_result = result.model_dump(mode="json")
         report.gap_run_dir = str(loaded.run_dir)
@@ -622,6 +627,7 @@ class TrialItem(pytest.Item):
             max_validation_retries=self.loaded.config.composition.max_validation_retries,
             mode_table=session.mode_table,
             watchdog=self.watchdog,
+            plan_digest=self.loaded.plan_digest,
         )
         try:
             return run.execute()

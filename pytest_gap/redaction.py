@@ -1,9 +1,10 @@
 """Mask secrets in what the harness writes about a run (manifests, summaries, errors).
 
 A value is secret when its name says so (a word of it is, or ends in, key, token, secret,
-password, auth, credential: `--api-key`, `OPENAI_API_KEY=`, `hf_token`, `Authorization`) or by
-its form (`Authorization: ...`, `Bearer ...`, `Api-Key ...`, a url's `user:password@`, a url
-query parameter with a secret name). The value becomes `***`; the name stays, so the record
+password, auth, credential, signature, or is sig: `--api-key`, `OPENAI_API_KEY=`, `hf_token`,
+`Authorization`, a signed url's `X-Amz-Signature=` or `sig=`) or by its form
+(`Authorization: ...`, `Bearer ...`, `Api-Key ...`, a url's `user:password@`, a url query
+parameter with a secret name). The value becomes `***`; the name stays, so the record
 still says which setting was given. Pure functions; nothing is logged.
 """
 
@@ -14,8 +15,19 @@ import shlex
 from typing import Any
 
 MASK = "***"
-_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "pwd", "auth", "credential")
-_SECRET_ENDINGS = ("key", "token", "secret", "password", "auth", "credentials")
+_SECRET_WORDS = (
+    "key",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "pwd",
+    "auth",
+    "credential",
+    "signature",
+    "sig",  # Azure's shared access signature
+)
+_SECRET_ENDINGS = ("key", "token", "secret", "password", "auth", "credentials", "signature")
 _AUTH_HEADER = re.compile(
     r"(?i)\b((?:proxy-)?authorization\s*[:=]\s*)(?:(bearer|basic|api-key|token)\s+)?[^\s,;'\"]+"
 )

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pytest_gap.redaction import redact_tree
+
 if TYPE_CHECKING:
     from pytest_gap.plan import Trial
 
@@ -217,7 +219,8 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def write_result(trial_dir: Path, result: TrialResult) -> None:
-    write_json(trial_dir / RESULT_FILE, result.model_dump(mode="json"))
+    """result.json, secrets masked (a policy url's password, a key in an error message)."""
+    write_json(trial_dir / RESULT_FILE, redact_tree(result.model_dump(mode="json")))
     (trial_dir / RUNNING_FILE).unlink(missing_ok=True)
 
 

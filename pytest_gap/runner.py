@@ -27,6 +27,7 @@ from pytest_gap.devices import egl_device_for_cell
 from pytest_gap.errors import GapError, InfraFailure
 from pytest_gap.plan import Trial
 from pytest_gap.producers.base import PRODUCED_FILE, produce_for_trial, trial_workflow
+from pytest_gap.provenance import record_fields
 from pytest_gap.results import (
     EXIT_CRASH,
     EXIT_ERROR,
@@ -76,6 +77,14 @@ class _NoWatchdog:
         pass
 
 
+def _start_state(episode) -> dict:
+    """What a record says of the state its episode started from."""
+    return {
+        "init_state": episode.init_state,
+        "init_state_digest": getattr(episode, "init_state_digest", None),
+    }
+
+
 def _reason(run) -> str | None:
     if run.success:
         return None
@@ -93,8 +102,9 @@ class TrialRun:
     `trace_dir` and `video` put the trace and the video elsewhere than the trial dir (result.json
     then records absolute paths); `keep_images` keeps perception images in the trace;
     `reset_options` are extra keyword arguments of the backend env's `reset` (LIBERO's
-    `video_wrist`). After `execute`, `workflow_run` is the executor's result (None when no
-    workflow ran) and `video_frames` the recorded video's frame count."""
+    `video_wrist`); `plan_digest` is the config's (provenance.plan_digest), recorded. After
+    `execute`, `workflow_run` is the executor's result (None when no workflow ran) and
+    `video_frames` the recorded video's frame count."""
 
     def __init__(
         self,
@@ -114,6 +124,7 @@ class TrialRun:
         video: Path | None = None,
         keep_images: bool = False,
         reset_options: dict | None = None,
+        plan_digest: str | None = None,
     ):
         self.trial, self.run_dir, self.pool = trial, run_dir, pool
         self.watchdog = watchdog or _NoWatchdog()
@@ -145,6 +156,12 @@ class TrialRun:
             },
             "started_at": now_iso(),
         }
+        endpoint = self.policies.get(trial.cell.policy_id or "")
+        self._base |= record_fields(
+            trial.cell.backend,
+            plan_digest=plan_digest,
+            policy_url=endpoint.url if endpoint is not None else None,
+        )
 
     # -- the trial ---------------------------------------------------------------------------
     def execute(self) -> TrialResult:
@@ -211,7 +228,7 @@ class TrialRun:
             self.video_frames = env.finish_video()
             produced = json.loads((workflow_dir / PRODUCED_FILE).read_text())
             return {
-                "init_state": env.episode.init_state,
+                **_start_state(env.episode),
                 **prompts,
                 "exit_status": "no_workflow",
                 "reason": "the LLM produced no valid workflow: "
@@ -234,12 +251,14 @@ class TrialRun:
                 "error": run.error,
                 "infra_failure": True,
                 "steps": run.steps,
-                "init_state": env.episode.init_state,
+                **_start_state(env.episode),
                 **prompts,
+                "policy_digest": run.policy_digests.get(cell.policy_id or ""),
             }
         return {
-            "init_state": env.episode.init_state,
+            **_start_state(env.episode),
             **prompts,
+            "policy_digest": run.policy_digests.get(cell.policy_id or ""),
             "success": run.success,
             "completion": run.completion,
             "reward": 1.0 if run.success else 0.0,
@@ -299,8 +318,13 @@ class TrialRun:
         self._eval_t0 = time.perf_counter()
         with self._throttled():
             outcome = env.run_episode(trial.seed, url=endpoint.url)
+        from pytest_gap.policies.wire import metadata_digest
+
+        served = outcome.server_metadata
         return {
             "init_state": outcome.init_state,
+            "init_state_digest": outcome.init_state_digest,
+            "policy_digest": metadata_digest(served) if served is not None else None,
             "prompt": outcome.prompt,
             "env_prompt": outcome.prompt,
             "success": outcome.success,
@@ -405,7 +429,7 @@ class TrialRun:
             episode = None
         if episode is not None and episode.seed == self.trial.seed:
             fields |= {
-                "init_state": episode.init_state,
+                **_start_state(episode),
                 "prompt": episode.prompt,
                 **self._prompts,
                 "steps": env.steps,
@@ -416,11 +440,21 @@ class TrialRun:
         return self._finish(**fields)
 
 
-def record_crash(trial: Trial, run_dir: Path, *, nodeid: str, config: str, detail: str):
+def record_crash(
+    trial: Trial,
+    run_dir: Path,
+    *,
+    nodeid: str,
+    config: str,
+    detail: str,
+    plan_digest: str | None = None,
+    policy_url: str | None = None,
+):
     """The controller's record of a trial whose worker died (the worker wrote nothing).
 
     A trial that had run past its watchdog limit was killed by the watchdog (124); any other
-    death (segfault, OOM kill) is a crash (137), an infrastructure failure.
+    death (segfault, OOM kill) is a crash (137), an infrastructure failure. Its provenance is
+    what the controller knows (no init state digest, no policy digest: the worker had them).
     """
     trial_dir = run_dir / trial.key
     existing = read_result(trial_dir)
@@ -434,6 +468,7 @@ def record_crash(trial: Trial, run_dir: Path, *, nodeid: str, config: str, detai
         pass
     base = {
         **TrialIdentity.of(trial, nodeid=nodeid, config=config).model_dump(),
+        **record_fields(trial.cell.backend, plan_digest=plan_digest, policy_url=policy_url),
         "wall_s": elapsed,
         "finished_at": now_iso(),
     }

@@ -5,7 +5,8 @@ A config names it by import string, `backend: fake_backend:FakeBackend`, with te
 it lands without an edit of pytest_gap, as a third-party backend would. It is deterministic:
 - suites `fake_easy` and `fake_hard`, N_TASKS tasks each; family `fake` with variations `easy`
   and `hard` (suite fake_<variation>), not generated;
-- seed s starts from init state s mod N_INIT_STATES; on fake_easy the episode succeeds iff
+- seed s starts from init state s mod N_INIT_STATES (its `init_state_digest` hashes the suite,
+  task and init state, as a real backend's names its scene); on fake_easy the episode succeeds iff
   s % 3 != 0, once GOAL_STEPS counted steps were taken; on fake_hard it never does. The goal has
   two conjuncts, ("moved",) holding after the first step and ("reached",) on success, so a
   failed episode that moved has completion 0.5;
@@ -42,6 +43,7 @@ from pytest_gap.sim.backend import (
     Observation,
     StepResult,
     Variation,
+    state_digest,
 )
 
 N_TASKS = 4
@@ -98,6 +100,10 @@ class FakeEnv:
             init_state=seed % N_INIT_STATES,
             prompt=FakeBackend().task_prompt(self.suite, self.task_id),
             goal=(("moved",), ("reached",)),
+            # the fake's "scene": its suite, task and init state
+            init_state_digest=state_digest(
+                np.array([SUITES.index(self.suite), self.task_id, seed % N_INIT_STATES], float)
+            ),
         )
         return self.observe()
 

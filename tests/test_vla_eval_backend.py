@@ -302,7 +302,20 @@ def test_a_vla_eval_session_runs_vla_evals_loop_and_records_it(vla_session, serv
     assert "2 failed" in out
     records = _results(run_dir)
     assert sorted(records) == SEEDS
+    # Provenance: the HELLO vla-eval's server sends, the init states vla-eval's adapter sets.
+    from libero.libero.benchmark import get_benchmark_dict
+
+    from pytest_gap.policies.client import VlaEvalClient
+    from pytest_gap.policies.wire import metadata_digest
+    from pytest_gap.sim.backend import state_digest
+
+    with VlaEvalClient(server.url) as client:
+        hello = metadata_digest(client.metadata)
+    states = get_benchmark_dict()["libero_object"]().get_task_init_states(0)
     for seed, record in records.items():
+        assert record["policy_digest"] == hello and record["backend"] == "vla-eval"
+        assert record["init_state_digest"] == state_digest(states[seed])
+        assert record["packages"]["vla-eval"] == "0.8.0"
         assert record["error"] is None and record["exit_code"] == 0, record
         assert (record["init_state"], record["steps"], record["success"]) == (
             seed,

@@ -16,7 +16,9 @@ text frame with the error, then close code 1011.
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
+import json
 import math
 import reprlib
 from collections.abc import Callable
@@ -262,3 +264,38 @@ def unpack_vla(data: bytes) -> dict:
     if not isinstance(message, dict) or message.get("type") not in VLA_TYPES:
         raise WireError(f"not a vla-eval message: {_short(message)}")
     return message
+
+
+# -- identity --------------------------------------------------------------------------------
+def _canonical(obj: Any) -> Any:
+    """JSON-able, order-free: keys as strings; an array as its dtype, shape and sha256 (a
+    server's normalisation statistics can be large); bytes as their sha256."""
+    if isinstance(obj, dict):
+        return {str(k): _canonical(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_canonical(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        data = np.ascontiguousarray(obj).tobytes()
+        return {"ndarray": obj.dtype.str, "shape": list(obj.shape), "sha256": _sha(data)}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return {"bytes_sha256": _sha(bytes(obj))}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return repr(obj)
+    return obj
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def metadata_digest(metadata: Any) -> str:
+    """sha256 (hex) of a server's handshake (openpi's metadata frame, vla-eval's HELLO reply) as
+    canonical JSON (sorted keys, no whitespace): the policy's identity as its server states it.
+    Equal for equal metadata whatever the key order or the process; any changed value (another
+    checkpoint's name, other normalisation statistics) changes it."""
+    text = json.dumps(
+        _canonical(metadata), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+    )
+    return _sha(text.encode())

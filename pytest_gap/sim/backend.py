@@ -16,6 +16,8 @@ Contract every backend keeps (the harness's scores depend on it):
 - seeds are integers >= 0; seed s starts from init state `s mod n_init_states(suite, task)`,
   the same scene in every process, mode and cell;
 - settle steps (the env options' `settle_steps`, run inside `reset`) are not counted in `steps`;
+- `episode.init_state_digest` is `state_digest` of the state the episode starts from (before the
+  settle steps), or None where the backend cannot read its sim state;
 - `success()` is the backend's own goal check, `completion()` the fraction of the goal met
   (1.0 on success); an episode ends at success or after `max_steps` counted steps;
 - errors a user can cause (unknown suite, task id out of range, bad action) are `SimInputError`s
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
 import pkgutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,6 +45,9 @@ if TYPE_CHECKING:
     from pytest_gap.sim.scene import SceneView
 
 SETTLE_STEPS = 10
+# Decimals an init state is rounded to before it is hashed (state_digest): far below any
+# physical difference (a micrometre, a microradian), far above float noise between machines.
+STATE_DIGEST_DECIMALS = 6
 ENTRY_POINT_GROUP = "pytest_gap.backends"
 DEFAULT_BACKEND = "libero"
 # Built-in backends, merged under the entry points: an editable install whose metadata predates
@@ -96,7 +102,11 @@ class StepResult:
 
 @dataclass
 class EpisodeInfo:
-    """The running episode: its seed, the init state that seed chose, its instruction."""
+    """The running episode: its seed, the init state that seed chose, its instruction.
+
+    `init_state_digest` is `state_digest` of the sim state the episode starts from (the init
+    state with the variation's perturbation applied, before any step), or None where the
+    backend cannot read it: two episodes with equal digests start from the same scene."""
 
     seed: int
     init_state: int
@@ -105,6 +115,7 @@ class EpisodeInfo:
     perturbation: Any = None  # how a generated variation changed the scene (backend-specific)
     video: Path | None = None
     video_frames: int = 0
+    init_state_digest: str | None = None
 
 
 @dataclass
@@ -119,6 +130,10 @@ class EpisodeOutcome:
     reason: str | None = None  # why it did not succeed
     # What the backend's harness reported beyond the score: its version, the server url, ...
     info: dict[str, Any] = field(default_factory=dict)
+    init_state_digest: str | None = None  # as EpisodeInfo's
+    # The server's handshake reply (vla-eval's HELLO), for the record's policy identity; not
+    # written anywhere as is (the runner keeps its digest only).
+    server_metadata: dict[str, Any] | None = None
 
 
 @dataclass
@@ -262,6 +277,14 @@ class EpisodeLoopEnv(Protocol):
         """One episode from init state `seed mod n_init_states` against the server at `url`."""
 
 
+def state_digest(state: np.ndarray) -> str:
+    """sha256 (hex) of a sim state vector (MuJoCo's flattened time, qpos, qvel), rounded to
+    STATE_DIGEST_DECIMALS and with -0.0 made 0.0, as little-endian float64 bytes: equal for the
+    same scene in every process, different for different scenes."""
+    vector = np.round(np.asarray(state, dtype=np.float64).reshape(-1), STATE_DIGEST_DECIMALS)
+    return hashlib.sha256((vector + 0.0).astype("<f8").tobytes()).hexdigest()
+
+
 def episode_modes(backend: Backend) -> frozenset[str]:
     """The modes whose trials `backend` runs through its own episode loop (none for most)."""
     return frozenset(getattr(backend, "episode_modes", ()))
@@ -278,6 +301,11 @@ def _registered() -> dict[str, str]:
 
 def known_backends() -> list[str]:
     return sorted(_registered())
+
+
+def backend_target(name: str) -> str:
+    """The import string a backend name resolves to (an import string names itself)."""
+    return _registered().get(name, name)
 
 
 @functools.cache

@@ -36,6 +36,7 @@ from pytest_gap.sim.backend import (  # re-exported: the data types used to live
     Observation,
     Predicate,
     StepResult,
+    state_digest,
 )
 from pytest_gap.sim.gl import ensure_gl_backend, import_robosuite_quietly
 from pytest_gap.sim.render import resolve_camera
@@ -222,7 +223,14 @@ class LiberoEnv:
             if self.options.max_steps is None and perturbation.max_steps:
                 self.max_steps = perturbation.max_steps
         self._episode = EpisodeInfo(
-            seed=seed, init_state=index, prompt=prompt, goal=goal, perturbation=perturbation
+            seed=seed,
+            init_state=index,
+            prompt=prompt,
+            goal=goal,
+            perturbation=perturbation,
+            # The init state as set, perturbation applied, before settling: for an unperturbed
+            # variation this is the init-state file's own vector (what vla-eval's adapter sets).
+            init_state_digest=state_digest(self.raw.sim.get_state().flatten()),
         )
         for _ in range(self.options.settle_steps):
             self._robosuite_obs = self.raw.step(NOOP_ACTION)[0]

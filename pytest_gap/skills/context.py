@@ -34,6 +34,9 @@ class SkillContext:
     # The instruction the workflow was produced for (a suite's task_prompts entry, say); None:
     # the env's own. Skills that read the task or prompt a policy use `instruction`.
     task_prompt: str | None = None
+    # Policy id -> metadata_digest of the handshake its server sent this run (the identity of
+    # the policy that answered), filled as each client connects.
+    served: dict[str, str] = field(default_factory=dict)
     _clients: dict[str, Any] = field(default_factory=dict)
     _frames: dict[tuple[str, int, int, int], CameraFrame] = field(default_factory=dict)
 
@@ -41,6 +44,7 @@ class SkillContext:
         """A connected client for `policy_id` (one per run, closed by `close()`)."""
         from pytest_gap.errors import InfraFailure
         from pytest_gap.policies.client import connect_policy
+        from pytest_gap.policies.wire import metadata_digest
 
         if policy_id not in self._clients:
             endpoint = self.policies.get(policy_id)
@@ -50,7 +54,9 @@ class SkillContext:
                     f"policy {policy_id!r} has no server in this run (servers: {known}); add it "
                     "to the policies: registry and to benchmark.policies"
                 )
-            self._clients[policy_id] = connect_policy(endpoint.url, endpoint.protocol)
+            client = connect_policy(endpoint.url, endpoint.protocol)
+            self._clients[policy_id] = client
+            self.served[policy_id] = metadata_digest(client.metadata)
         return self._clients[policy_id]
 
     def close(self) -> None:

@@ -54,6 +54,9 @@ class RunResult(BaseModel):
     end_node: str | None = None
     error: str | None = None
     infra_failure: bool = False  # a policy server or other infrastructure failed, not the graph
+    # Policy id -> digest of the handshake metadata its server sent (SkillContext.served): which
+    # policy answered, for the record's provenance.
+    policy_digests: dict[str, str] = {}
     outputs: dict[str, Any] = {}
     duration_s: float
     steps: int
@@ -255,6 +258,7 @@ def _run(workflow: Workflow, env: Env, ctx: SkillContext, trace_dir) -> RunResul
         end_node=end_node,
         error=error,
         infra_failure=infra,
+        policy_digests=dict(ctx.served),
         outputs=outputs,
         duration_s=round(time.perf_counter() - t0, 3),
         steps=env.steps,

@@ -50,6 +50,7 @@ from pytest_gap.sim.backend import (
     StepResult,
     Variation,
     WarmUp,
+    state_digest,
 )
 
 NAME = "vla-eval"
@@ -243,6 +244,16 @@ class VlaEvalBackend:
         )
 
 
+def _init_state_digest(bench, task_id: int, episode_idx: int) -> str:
+    """The digest of the init state vector vla-eval's adapter sets (`set_init_state` of its
+    task suite's `get_task_init_states(task_id)[episode_idx]`). Its env's own state is not
+    reachable between that reset and the loop's first action (both happen inside vla-eval's
+    `run_episode`), and this is that state: LIBERO's `set_init_state` copies the vector into the
+    sim as is (time, qpos, qvel), so it equals the libero backend's digest of the same seed."""
+    states = bench._task_suite.get_task_init_states(task_id)
+    return state_digest(states[episode_idx])
+
+
 class VlaEvalEnv:
     """One (suite, task) of vla-eval's LIBERO adapter.
 
@@ -386,8 +397,13 @@ class VlaEvalEnv:
             await conn.close()
         success = bool((result.get("metrics") or {}).get("success"))
         steps = int(result.get("steps", 0))
+        digest = _init_state_digest(bench, self.task_id, task["episode_idx"])
         self._episode = EpisodeInfo(
-            seed=seed, init_state=task["episode_idx"], prompt=task["name"], goal=()
+            seed=seed,
+            init_state=task["episode_idx"],
+            prompt=task["name"],
+            goal=(),
+            init_state_digest=digest,
         )
         self._bench, self._steps = bench, steps
         return EpisodeOutcome(
@@ -396,6 +412,8 @@ class VlaEvalEnv:
             success=success,
             steps=steps,
             completion=1.0 if success else 0.0,
+            init_state_digest=digest,
+            server_metadata=dict(conn.server_info or {}),
             reason=None
             if success
             else f"vla-eval's episode ended unsuccessful after {steps} steps",
@@ -441,7 +459,11 @@ class VlaEvalEnv:
         anyio.run(bench.start_episode, task)
         self._bench, self._steps = bench, 0
         self._episode = EpisodeInfo(
-            seed=seed, init_state=task["episode_idx"], prompt=task["name"], goal=()
+            seed=seed,
+            init_state=task["episode_idx"],
+            prompt=task["name"],
+            goal=(),
+            init_state_digest=_init_state_digest(bench, self.task_id, task["episode_idx"]),
         )
         return self.observe()
 

@@ -1,0 +1,158 @@
+"""episodes.parquet: one row per recorded trial of the run dir, rebuilt from every result.json
+at the end of each session (like the summaries), for pandas, polars, DuckDB and `gap compare`.
+
+Columns (snake_case; types are the explicit pyarrow `SCHEMA`: ints int64, flags bool, numbers
+float64, the rest string; a nullable column is null where the record cannot say):
+
+    run_id              the run dir's name (its YYYYMMDD_HHMMSS stamp)
+    trial_dir           the trial's directory, relative to the run dir
+    plan_digest         provenance.plan_digest of the config (output paths, recording, ... removed)
+    cell_key            the cell's directory: <mode>[/<policy_id>]/<family>/<variation> or
+                        suites/<suite_name>
+    mode                the benchmark mode
+    policy_id           the policy of a policy-axis cell (null: none)
+    server_url          the url of that policy's server, secrets masked (null: none)
+    policy_digest       sha256 of the metadata frame that server sent (null: none connected)
+    backend             the simulator backend (a name or import string)
+    family, variation   the cell's family and variation
+    suite               the backend's suite the trial ran on
+    task_id, seed       the trial (int64)
+    init_state          the init state the seed chose (int64; null: the trial never reset)
+    init_state_digest   sha256 of the sim state the episode started from (null: unknown)
+    prompt              the instruction as given to the workflow (or the policy)
+    success             the simulator's goal check (bool)
+    completion          the fraction of the goal met (float64)
+    reward              1.0 on success (float64)
+    steps               counted control steps (int64)
+    exit_code           0 ran, 1 the harness could not run it, 124 watchdog, 137 worker died
+    exit_status         how the workflow ended (null: it never ran)
+    errored             the harness could not score it (bool; excluded from success rates)
+    is_infra_failure    an infrastructure failure, not the policy's (bool)
+    wall_s              the trial's wall time in seconds (float64)
+    harness_version     pytest-gap's version
+    harness_surface     provenance.harness_surface's digest (code and packages deciding outcomes)
+    packages            the simulator packages' versions, as canonical JSON text of
+                        {distribution: version}: one string column reads the same in every
+                        tool (a map column comes back as a list of pairs in pandas)
+    worker              the xdist worker that ran it (null: a session without xdist)
+    device              the EGL device its env rendered on, else the process's
+                        MUJOCO_EGL_DEVICE_ID, else its CUDA_VISIBLE_DEVICES (null: none pinned)
+
+pandas keeps int64 columns int64 unless they hold nulls (`init_state` before any reset); read
+with `pd.read_parquet(path, dtype_backend="numpy_nullable")` to keep them integers then.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pytest_gap.results import TrialResult
+
+EPISODES = "episodes.parquet"
+
+SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("trial_dir", pa.string(), nullable=False),
+        pa.field("plan_digest", pa.string()),
+        pa.field("cell_key", pa.string(), nullable=False),
+        pa.field("mode", pa.string(), nullable=False),
+        pa.field("policy_id", pa.string()),
+        pa.field("server_url", pa.string()),
+        pa.field("policy_digest", pa.string()),
+        pa.field("backend", pa.string()),
+        pa.field("family", pa.string(), nullable=False),
+        pa.field("variation", pa.string(), nullable=False),
+        pa.field("suite", pa.string(), nullable=False),
+        pa.field("task_id", pa.int64(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+        pa.field("init_state", pa.int64()),
+        pa.field("init_state_digest", pa.string()),
+        pa.field("prompt", pa.string()),
+        pa.field("success", pa.bool_(), nullable=False),
+        pa.field("completion", pa.float64(), nullable=False),
+        pa.field("reward", pa.float64(), nullable=False),
+        pa.field("steps", pa.int64(), nullable=False),
+        pa.field("exit_code", pa.int64(), nullable=False),
+        pa.field("exit_status", pa.string()),
+        pa.field("errored", pa.bool_(), nullable=False),
+        pa.field("is_infra_failure", pa.bool_(), nullable=False),
+        pa.field("wall_s", pa.float64(), nullable=False),
+        pa.field("harness_version", pa.string()),
+        pa.field("harness_surface", pa.string()),
+        pa.field("packages", pa.string()),
+        pa.field("worker", pa.string()),
+        pa.field("device", pa.string()),
+    ]
+)
+
+
+def device_of(devices: dict[str, str]) -> str | None:
+    for key in ("env_egl_device", "MUJOCO_EGL_DEVICE_ID", "CUDA_VISIBLE_DEVICES"):
+        if devices.get(key):
+            return str(devices[key])
+    return None
+
+
+def episode_row(run_id: str, trial_dir: str, r: TrialResult) -> dict:
+    """One record as a row of SCHEMA."""
+    return {
+        "run_id": run_id,
+        "trial_dir": trial_dir,
+        "plan_digest": r.plan_digest,
+        "cell_key": trial_dir.rsplit("/", 2)[0],  # <cell key>/task_NN/seed_NNN
+        "mode": r.mode,
+        "policy_id": r.policy_id,
+        "server_url": r.policy_url,
+        "policy_digest": r.policy_digest,
+        "backend": r.backend,
+        "family": r.family,
+        "variation": r.variation,
+        "suite": r.suite,
+        "task_id": r.task_id,
+        "seed": r.seed,
+        "init_state": r.init_state,
+        "init_state_digest": r.init_state_digest,
+        "prompt": r.prompt,
+        "success": r.success,
+        "completion": r.completion,
+        "reward": r.reward,
+        "steps": r.steps,
+        "exit_code": r.exit_code,
+        "exit_status": r.exit_status,
+        "errored": r.errored,
+        "is_infra_failure": r.infra_failure,
+        "wall_s": r.wall_s,
+        "harness_version": r.harness_version,
+        "harness_surface": r.harness_surface,
+        "packages": json.dumps(r.packages, sort_keys=True, separators=(",", ":"))
+        if r.packages
+        else None,
+        "worker": r.worker,
+        "device": device_of(r.devices),
+    }
+
+
+def episodes_table(run_dir: Path, results: dict[str, TrialResult]) -> pa.Table:
+    rows = [episode_row(run_dir.name, key, r) for key, r in sorted(results.items())]
+    return pa.Table.from_pylist(rows, schema=SCHEMA)
+
+
+def write_episodes(run_dir: Path, results: dict[str, TrialResult]) -> Path:
+    """Write (atomically: temporary file, then rename) episodes.parquet over `results`."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / EPISODES
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(episodes_table(run_dir, results), tmp)
+    tmp.replace(path)
+    return path
+
+
+@pytest.hookimpl
+def pytest_gap_write_outputs(run_dir: Path, results: dict[str, TrialResult]) -> None:
+    write_episodes(run_dir, results)
