@@ -18,9 +18,18 @@ from pytest_gap.sim.backend import EnvOptions, FrameStrip, get_backend
 from pytest_gap.sim.libero import make_env
 from pytest_gap.sim.pool import env_pool
 from pytest_gap.sim.video import STRIP_HEIGHT, WEBP_MAX_SIDE, StripWriter, compose_strip
+from pytest_gap.skills.registry import skill_names
 from tests.fake_session import BACKEND, GIVE_UP, TESTS, write_workflow
 
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _skills_loaded_before_inprocess_sessions():
+    """pytester's in-process sessions drop the modules first imported inside them; the skill
+    modules register into the (kept) registry, so a later import would register them twice."""
+    skill_names()
+
 
 UP = [0, 0, 1, 0, 0, 0, -1]
 
