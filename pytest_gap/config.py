@@ -45,6 +45,7 @@ DEFAULT_GATE_THRESHOLD = 0.90
 # point: the pooled success rate must reach the threshold (the spec's gate); wilson: its 95%
 # Wilson interval must lie above it (below: FAIL; straddling it: INCONCLUSIVE, exit 1).
 GateRule = Literal["point", "wilson"]
+FRAMES_EVERY_HINT = "a whole number N >= 0: every N-th frame into a WebP strip, 0 for none"
 
 
 class ConfigError(GapError, ValueError):
@@ -142,6 +143,16 @@ class TrialsConfig(_Strict):
     # 280, goal 300, libero_10 520). A lower limit is for smoke runs; its rates are not
     # comparable with published ones (the plan digest includes it).
     max_steps: PositiveInt | None = None
+    # A WebP sprite strip of every N-th agentview frame per trial, in <run dir>/frames/
+    # (--gap-frames overrides it). 0 or None: none. A recording flag: not part of the plan.
+    frames_every: int | None = None
+
+    @field_validator("frames_every", mode="before")
+    @classmethod
+    def _frames_every(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return value
+        raise ValueError(FRAMES_EVERY_HINT)
 
 
 class CompositionConfig(_Strict):

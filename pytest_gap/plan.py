@@ -37,6 +37,7 @@ class Cell(BaseModel):
     num_workers: int = 1
     device_offset: int = 0  # suites mode staggers cells over GAP_MUJOCO_EGL_DEVICES
     record_video: bool = False
+    frames_every: int = 0  # a sprite strip of every N-th frame per trial; 0: none
     enable_tracing: bool = True
     task_prompts: dict[int, str] = {}
     objects: dict[str, str] = {}
@@ -219,6 +220,7 @@ def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]
                             max_steps=config.trials.max_steps,
                             num_workers=(override and override.num_workers) or block.num_workers,
                             record_video=record_video,
+                            frames_every=config.trials.frames_every or 0,
                             enable_tracing=config.trials.enable_tracing,
                             error=_grid_cell_error(
                                 config, table, mode, override, policy_id, episode_modes(backend)
@@ -345,6 +347,7 @@ def _suite_cells(config: BenchmarkConfig, source: str, table: ModeTable) -> list
                 num_workers=workers,
                 device_offset=offset,
                 record_video=config.trials.record_video,
+                frames_every=config.trials.frames_every or 0,
                 enable_tracing=config.trials.enable_tracing,
                 task_prompts=entry.task_prompts,
                 objects=entry.objects,

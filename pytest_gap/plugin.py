@@ -17,6 +17,7 @@ pytest's own LFPlugin and LogXML are):
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from pathlib import Path
@@ -50,6 +51,8 @@ class LoadedConfig:
         self.path = path
         table = session.mode_table
         self.config = load_config(path, mode_table=table)
+        if session.frames_every is not None:  # --gap-frames overrides trials.frames_every
+            self.config.trials.frames_every = session.frames_every
         self.plan_digest = plan_digest(self.config)
         self.all_cells = plan(self.config, mode_table=table)
         self.cells = (
@@ -84,6 +87,7 @@ class GapSession:
         self.families = _csv(config.getoption("gap_families"))
         self.modes = _csv(config.getoption("gap_modes"))
         self.gate_on = not config.getoption("gap_no_gate")
+        self.frames_every: int | None = config.getoption("gap_frames")
         # What the preflight found, per config path: services down {"llm" | "policies": why},
         # and the urls of the policy servers it started {policy id: url}.
         self.unavailable: dict[str, dict[str, str]] = {}
@@ -463,12 +467,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--gap-modes", action="append", help="restrict grid configs to these modes")
     group.addoption("--gap-report-json", help="write each config's run dir and gate here")
+    group.addoption(
+        "--gap-frames",
+        type=_frames_every,
+        metavar="N",
+        help="write a WebP strip of every N-th agentview frame of each trial into the run "
+        "dir's frames/ (overrides trials.frames_every; 0 turns it off)",
+    )
     parser.addini(
         "gap_benchmark_dirs",
         type="args",
         default=["benchmarks"],
         help="directories (relative to rootdir) whose YAML files are benchmark configs",
     )
+
+
+def _frames_every(raw: str) -> int:
+    from pytest_gap.config import FRAMES_EVERY_HINT
+
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{raw!r}: {FRAMES_EVERY_HINT}")
+    return value
 
 
 def pytest_configure(config: pytest.Config) -> None:

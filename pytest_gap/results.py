@@ -115,6 +115,7 @@ class TrialResult(BaseModel):
     produce_s: float = 0.0
     eval_s: float = 0.0
     video: str | None = None  # relative to the run dir
+    frames: str | None = None  # the trial's WebP frame strip, relative to the run dir
     trace: str | None = None  # relative to the run dir
     worker: str | None = None
     # What a backend running its own episode loop reported (vla-eval: its version, the server)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from pytest_gap.devices import egl_device_for_cell
-from pytest_gap.errors import GapError, InfraFailure
+from pytest_gap.errors import GapError, InfraFailure, VideoError
 from pytest_gap.plan import Trial
 from pytest_gap.producers.base import PRODUCED_FILE, produce_for_trial, trial_workflow
 from pytest_gap.provenance import record_fields
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from pytest_gap.workflow.executor import RunResult
 
 VIDEO_FILE = "video.mp4"
+FRAMES_DIR = "frames"  # <run dir>/frames/<trial slug>.webp: every trial's strip, side by side
 WARMUP_DIR = "warmup"  # policy servers' warm-up inferences, one file per server and process
 
 
@@ -104,7 +105,11 @@ class TrialRun:
     `reset_options` are extra keyword arguments of the backend env's `reset` (LIBERO's
     `video_wrist`); `plan_digest` is the config's (provenance.plan_digest), recorded. After
     `execute`, `workflow_run` is the executor's result (None when no workflow ran) and
-    `video_frames` the recorded video's frame count."""
+    `video_frames` the recorded video's frame count.
+
+    A cell with `frames_every` N records a sprite strip of every N-th agentview frame to
+    `frames_path` (sim/backend.py FrameStrip); a trial that was asked for one and has none is
+    errored, never recorded without it."""
 
     def __init__(
         self,
@@ -146,8 +151,10 @@ class TrialRun:
         self._eval_t0: float | None = None
         # prompt (what the workflow was given), env_prompt (the env's instruction), workflow
         self._prompts: dict[str, str] = {}
+        identity = TrialIdentity.of(trial, nodeid=nodeid, config=config)
+        self.frames_path = run_dir / FRAMES_DIR / f"{identity.slug}.webp"
         self._base = {
-            **TrialIdentity.of(trial, nodeid=nodeid, config=config).model_dump(),
+            **identity.model_dump(),
             "worker": worker,
             "devices": {
                 k: os.environ[k]
@@ -166,6 +173,7 @@ class TrialRun:
     # -- the trial ---------------------------------------------------------------------------
     def execute(self) -> TrialResult:
         shutil.rmtree(self.dir, ignore_errors=True)  # a re-run starts from a clean trial dir
+        self.frames_path.unlink(missing_ok=True)  # nor may an earlier attempt's strip stand in
         self.dir.mkdir(parents=True)
         self._started = time.time()
         self._write_running()
@@ -192,6 +200,7 @@ class TrialRun:
     def _run(self) -> dict:
         from pytest_gap.sim.backend import (
             EnvOptions,
+            FrameStrip,
             episode_modes,
             get_backend,
             resolve_variation,
@@ -210,11 +219,20 @@ class TrialRun:
         )
         if env.egl_device is not None:
             self._base["devices"]["env_egl_device"] = str(env.egl_device)
+        # Only a trial that asks for frames passes `frames`: backends written before it keep
+        # working for every other trial.
+        recording = (
+            {"frames": FrameStrip(path=self.frames_path, every=cell.frames_every)}
+            if cell.frames_every
+            else {}
+        )
         if cell.mode in episode_modes(backend):
-            return self._run_own_loop(env)
+            return self._run_own_loop(env, recording)
         video = (self._video or self.dir / VIDEO_FILE) if cell.record_video else None
         t_reset = time.perf_counter()
-        obs = env.reset(trial.seed, variation=variation, video=video, **self.reset_options)
+        obs = env.reset(
+            trial.seed, variation=variation, video=video, **recording, **self.reset_options
+        )
         reset_s = time.perf_counter() - t_reset
         try:  # the seed's instruction decides which workflow it runs (see _produce)
             workflow_dir = self._produce(variation, obs.prompt)
@@ -230,6 +248,7 @@ class TrialRun:
             return {
                 **_start_state(env.episode),
                 **prompts,
+                "frames": self._frames_receipt(),
                 "exit_status": "no_workflow",
                 "reason": "the LLM produced no valid workflow: "
                 + "; ".join(produced.get("problems", [])[:3]),
@@ -254,6 +273,7 @@ class TrialRun:
                 **_start_state(env.episode),
                 **prompts,
                 "policy_digest": run.policy_digests.get(cell.policy_id or ""),
+                "frames": self._frames_link(),
             }
         return {
             **_start_state(env.episode),
@@ -266,6 +286,7 @@ class TrialRun:
             "exit_status": run.exit_status,
             "reason": _reason(run),
             "video": self._relative(video) if video else None,
+            "frames": self._frames_receipt(),
             "trace": self._relative(trace_dir / "dag_trace.json") if trace_dir else None,
         }
 
@@ -276,7 +297,25 @@ class TrialRun:
             return path.relative_to(self.run_dir.absolute()).as_posix()
         return str(path)
 
-    def _run_own_loop(self, env) -> dict:
+    def _frames_link(self) -> str | None:
+        """The trial's strip as result.json records it, None if there is none."""
+        path = self.frames_path
+        return self._relative(path) if path.is_file() and path.stat().st_size else None
+
+    def _frames_receipt(self) -> str | None:
+        """`_frames_link`, and for a trial that was asked for frames, proof that it has them:
+        a strip that is missing or empty errors the trial (VideoError)."""
+        every = self.trial.cell.frames_every
+        link = self._frames_link()
+        if every and link is None:
+            raise VideoError(
+                f"frames: this trial was asked for a frame strip (frames_every {every}, from "
+                "trials.frames_every or --gap-frames) but none was written to "
+                f"{self._relative(self.frames_path)}"
+            )
+        return link
+
+    def _run_own_loop(self, env, recording: dict) -> dict:
         """The trial of a backend that runs bare-policy trials itself (sim/backend.py
         EpisodeLoopEnv, e.g. vla-eval): its episode loop against the cell's policy server, no
         workflow. The server's warm-up inference (once per server and process) is charged to no
@@ -317,7 +356,7 @@ class TrialRun:
             )
         self._eval_t0 = time.perf_counter()
         with self._throttled():
-            outcome = env.run_episode(trial.seed, url=endpoint.url)
+            outcome = env.run_episode(trial.seed, url=endpoint.url, **recording)
         from pytest_gap.policies.wire import metadata_digest
 
         served = outcome.server_metadata
@@ -334,6 +373,7 @@ class TrialRun:
             # The executor's names: the simulator's goal check passed, or the step limit came.
             "exit_status": "task_success" if outcome.success else "step_limit",
             "reason": outcome.reason,
+            "frames": self._frames_receipt(),
             "backend_info": outcome.info,
         }
 
@@ -437,6 +477,7 @@ class TrialRun:
             }
             with contextlib.suppress(GapError):
                 env.finish_video()
+            fields["frames"] = self._frames_link()
         return self._finish(**fields)
 
 

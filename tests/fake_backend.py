@@ -22,7 +22,9 @@ Records, for tests that check what each process did:
 - GAP_FAKE_ENVS: a file each make_env appends a JSON line to: the pid, suite, task, the EGL
   device the env was built for, and the process's CUDA_VISIBLE_DEVICES/MUJOCO_EGL_DEVICE_ID then;
 - with a `video` path, reset starts a recording and finish_video writes one placeholder frame
-  per step to it (not an mp4: the harness only links and names the file).
+  per step to it (not an mp4: the harness only links and names the file);
+- with `frames`, every `frames.every`-th frame goes to the harness's own StripWriter (a real
+  WebP): 16x16 grey tiles, frame i (the settled scene 0, then one per step) of shade 10 * i.
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ from pytest_gap.errors import EpisodeError, SimInputError
 from pytest_gap.sim.backend import (
     EnvOptions,
     EpisodeInfo,
+    FrameStrip,
     Observation,
     StepResult,
     Variation,
     state_digest,
 )
+from pytest_gap.sim.video import StripWriter
 
 N_TASKS = 4
 N_INIT_STATES = 5
@@ -68,6 +72,7 @@ class FakeEnv:
         self._steps = 0
         self._goal_at: int | None = None
         self._video: Path | None = None
+        self._strip: tuple[StripWriter, int] | None = None
         self._hang = False
         self.closed = False
 
@@ -82,7 +87,12 @@ class FakeEnv:
         return self._steps
 
     def reset(
-        self, seed: int, *, variation: Variation | None = None, video: str | Path | None = None
+        self,
+        seed: int,
+        *,
+        variation: Variation | None = None,
+        video: str | Path | None = None,
+        frames: FrameStrip | None = None,
     ) -> Observation:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise SimInputError(f"seed {seed!r}: seeds are integers >= 0")
@@ -93,6 +103,7 @@ class FakeEnv:
         self._hang = (self.task_id, seed) in _pairs("GAP_FAKE_HANG")
         self._episode, self._steps = None, 0
         self._video = Path(video) if video is not None else None
+        self._strip = (StripWriter(frames.path), frames.every) if frames is not None else None
         succeeds = self.suite == "fake_easy" and seed % 3 != 0
         self._goal_at = GOAL_STEPS if succeeds else None
         self._episode = EpisodeInfo(
@@ -105,6 +116,7 @@ class FakeEnv:
                 np.array([SUITES.index(self.suite), self.task_id, seed % N_INIT_STATES], float)
             ),
         )
+        self._record()
         return self.observe()
 
     def step(self, action: Any) -> StepResult:
@@ -118,6 +130,7 @@ class FakeEnv:
             time.sleep(0.05)
         self._pause()
         self._steps += 1
+        self._record()
         success = self.success()
         return StepResult(
             obs=self.observe(),
@@ -147,8 +160,16 @@ class FakeEnv:
         status = self.goal_status()
         return sum(status) / len(status)
 
+    def _record(self) -> None:
+        if self._strip is not None and self._steps % self._strip[1] == 0:
+            self._strip[0].append(np.full((16, 16, 3), min(10 * self._steps, 255), np.uint8))
+
     def finish_video(self) -> int:
-        """Close the recording reset started: one placeholder line per step; 0 without one."""
+        """Close the recordings reset started: the strip, and the video (one placeholder line
+        per step); the video's frame count, 0 without one."""
+        if self._strip is not None:
+            strip, self._strip = self._strip[0], None
+            strip.close()
         if self._video is None:
             return 0
         frames = self._steps + 1  # the reset frame, then one per step

@@ -73,6 +73,18 @@ class EnvOptions(BaseModel):
     settle_steps: int = Field(SETTLE_STEPS, ge=0)
 
 
+class FrameStrip(BaseModel):
+    """A sprite strip of one episode to record (`Env.reset(frames=...)`): every `every`-th frame
+    of the agentview camera, the first being the scene after settling (as a video's first frame
+    is), left to right in one WebP at `path` (sim/video.py StripWriter). Recording must not
+    change the episode, and rendering is its cost: an env renders only the frames it records."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    every: int = Field(ge=1)
+
+
 @dataclass
 class Observation:
     images: dict[str, np.ndarray]
@@ -184,10 +196,17 @@ class Env(Protocol):
         """Counted control steps since the reset (settle steps excluded)."""
 
     def reset(
-        self, seed: int, *, variation: Variation | None = None, video: str | Path | None = None
+        self,
+        seed: int,
+        *,
+        variation: Variation | None = None,
+        video: str | Path | None = None,
+        frames: FrameStrip | None = None,
     ) -> Observation:
         """Start an episode from init state `seed mod n_init_states`, with the variation applied,
-        after the settle steps; with `video`, record this episode to that mp4."""
+        after the settle steps; with `video`, record this episode to that mp4; with `frames`,
+        to that sprite strip (a backend that cannot record raises SimInputError naming the
+        setting to turn off). The runner passes `frames` only when a trial asks for it."""
 
     def step(self, action: Any) -> StepResult:
         """One counted control step; SimInputError for an action the env cannot take."""
@@ -205,7 +224,8 @@ class Env(Protocol):
         """Whether each of the episode's goal conjuncts holds now."""
 
     def finish_video(self) -> int:
-        """Finalise the episode's video, if one is recorded; its frame count (else 0)."""
+        """Finalise the episode's recordings (video, frame strip), those that are recorded; the
+        video's frame count (else 0)."""
 
     def close(self) -> None:
         """Release the env (idempotent)."""
@@ -273,8 +293,11 @@ class EpisodeLoopEnv(Protocol):
     def warm_up(self, url: str, seed: int) -> WarmUp | None:
         """One inference on `url` unless this process already sent one there (then None)."""
 
-    def run_episode(self, seed: int, *, url: str) -> EpisodeOutcome:
-        """One episode from init state `seed mod n_init_states` against the server at `url`."""
+    def run_episode(
+        self, seed: int, *, url: str, frames: FrameStrip | None = None
+    ) -> EpisodeOutcome:
+        """One episode from init state `seed mod n_init_states` against the server at `url`;
+        `frames` as in `Env.reset` (passed only when the trial asks for a strip)."""
 
 
 def state_digest(state: np.ndarray) -> str:

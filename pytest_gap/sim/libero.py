@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import contextlib
 import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pytest_gap.errors import EpisodeError, SimInputError
+from pytest_gap.errors import EpisodeError, SimInputError, VideoError
 from pytest_gap.sim.backend import (  # re-exported: the data types used to live here
     SETTLE_STEPS,
     EnvOptions,
     EpisodeInfo,
+    FrameStrip,
     Observation,
     Predicate,
     StepResult,
@@ -42,7 +44,7 @@ from pytest_gap.sim.gl import ensure_gl_backend, import_robosuite_quietly
 from pytest_gap.sim.render import resolve_camera
 from pytest_gap.sim.scene import SceneView
 from pytest_gap.sim.suites import SuiteSpec, TaskSpec, get_suite
-from pytest_gap.sim.video import VideoWriter
+from pytest_gap.sim.video import StripWriter, VideoWriter
 
 if TYPE_CHECKING:
     from pytest_gap.sim.variations import Perturbation, Variation
@@ -101,6 +103,17 @@ def _scene_observable(raw):
     return Observable(name=SAMPLED_SCENE, sensor=sampled_scene, sampling_rate=raw.control_freq)
 
 
+@dataclass
+class _Recording:
+    """One sink of the episode's frames: which cameras it records side by side, and how often.
+    Frame i is the scene after i counted steps (0: after settling); it is recorded when
+    i % every == 0."""
+
+    sink: VideoWriter | StripWriter
+    cameras: dict[str, int]  # name -> MuJoCo camera id
+    every: int = 1
+
+
 def _quiet():
     """LIBERO and robosuite print progress to stdout; keep it out of test and bench output."""
     return contextlib.redirect_stdout(io.StringIO())
@@ -141,8 +154,7 @@ class LiberoEnv:
         self._cameras = {c: resolve_camera(model, c) for c in self.options.cameras}
         self._steps = 0
         self._episode: EpisodeInfo | None = None
-        self._video: VideoWriter | None = None
-        self._video_cameras: dict[str, str] = {}
+        self._recordings: list[_Recording] = []
         # robosuite's observation dict from the last set_init_state / step. robosuite samples
         # its observables once per control step, one physics substep before the step's end, from
         # kinematics computed before that substep's integration: what LIBERO hands a policy lags
@@ -177,12 +189,15 @@ class LiberoEnv:
         variation: Variation | None = None,
         video: str | Path | None = None,
         video_wrist: bool = False,
+        frames: FrameStrip | None = None,
     ) -> Observation:
         """Start an episode: init state for `seed`, the variation's perturbation, settle steps.
 
         With `video`, an mp4 of this episode only is written there: the first frame shows the
-        scene after settling, then one frame per control step; it is finalised by the next
-        reset, `finish_video()` or `close()`.
+        scene after settling, then one frame per control step. With `frames`, a sprite strip of
+        every `frames.every`-th of those agentview frames (sim/backend.py FrameStrip); only
+        those steps render for it. Both are finalised by the next reset, `finish_video()` or
+        `close()`.
         """
         self._check_open()
         if variation is not None and variation.suite != self.task.suite:
@@ -235,12 +250,16 @@ class LiberoEnv:
         for _ in range(self.options.settle_steps):
             self._robosuite_obs = self.raw.step(NOOP_ACTION)[0]
         self._steps = 0
+        model = self.raw.sim.model._model
         if video is not None:
-            model = self.raw.sim.model._model
             names = ("agentview", "wrist") if video_wrist else ("agentview",)
-            self._video_cameras = {c: resolve_camera(model, c) for c in names}
-            self._video = VideoWriter(video, fps=CONTROL_HZ)
-            self._episode.video = self._video.path
+            writer = VideoWriter(video, fps=CONTROL_HZ)
+            cameras = {c: resolve_camera(model, c) for c in names}
+            self._recordings.append(_Recording(writer, cameras))
+            self._episode.video = writer.path
+        if frames is not None:
+            cameras = {"agentview": resolve_camera(model, "agentview")}
+            self._recordings.append(_Recording(StripWriter(frames.path), cameras, frames.every))
         return self._observe_and_record()
 
     def _apply(self, perturbation: Perturbation) -> None:
@@ -351,24 +370,36 @@ class LiberoEnv:
 
     def _observe_and_record(self) -> Observation:
         obs = self.observe()
-        if self._video is not None:
-            frames = []
-            for name, mj in self._video_cameras.items():
-                image = obs.images.get(name)
-                if image is None:  # render once per step, shared with the observation
-                    image = self.scene.renderer.rgb(mj, self.options.height, self.options.width)
-                frames.append(image)
-            self._video.append(np.concatenate(frames, axis=1))
+        due = [r for r in self._recordings if self._steps % r.every == 0]
+        rendered = dict(obs.images)  # each camera renders once per step, for every sink
+        for recording in due:
+            frame = []
+            for name, mj in recording.cameras.items():
+                if name not in rendered:
+                    rendered[name] = self.scene.renderer.rgb(
+                        mj, self.options.height, self.options.width
+                    )
+                frame.append(rendered[name])
+            recording.sink.append(np.concatenate(frame, axis=1))
         return obs
 
     def finish_video(self) -> int:
-        """Finalise the episode's video, if one is being recorded; return its frame count."""
-        if self._video is None:
-            return 0
-        frames = self._video.close()
-        self._video = None
-        if self._episode is not None:
+        """Finalise the episode's recordings (video, frame strip); return the video's frame
+        count (0 without one). Every recording is closed; the first that fails is raised."""
+        recordings, self._recordings = self._recordings, []
+        frames, failure = 0, None
+        for recording in recordings:
+            try:
+                count = recording.sink.close()
+            except VideoError as exc:
+                failure = failure or exc
+                continue
+            if isinstance(recording.sink, VideoWriter):
+                frames = count
+        if self._episode is not None and self._episode.video is not None:
             self._episode.video_frames = frames
+        if failure is not None:
+            raise failure
         return frames
 
     # -- lifetime ----------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from pytest_gap.sim.backend import (
     EpisodeInfo,
     EpisodeOutcome,
     Family,
+    FrameStrip,
     Observation,
     StepResult,
     Variation,
@@ -57,6 +58,10 @@ NAME = "vla-eval"
 CONNECT_RETRIES = 1  # the session's preflight already found the server up; fail fast after
 ACT_TIMEOUT_S = 30.0  # vla-eval's own default per-reply timeout (ServerConfig.timeout)
 VLA_EVAL_SEED = 7  # LIBEROBenchmark's default env seed, passed explicitly as vla-eval advises
+FRAMES_REFUSED = (
+    "trials.frames_every / --gap-frames: the vla-eval backend records no frames yet; set "
+    "frames_every: 0 or drop --gap-frames"
+)
 
 
 @dataclass(frozen=True)
@@ -366,9 +371,15 @@ class VlaEvalEnv:
         finally:
             await conn.close()
 
-    def run_episode(self, seed: int, *, url: str) -> EpisodeOutcome:
-        """One episode through vla-eval's SyncEpisodeRunner against the server at `url`."""
+    def run_episode(
+        self, seed: int, *, url: str, frames: FrameStrip | None = None
+    ) -> EpisodeOutcome:
+        """One episode through vla-eval's SyncEpisodeRunner against the server at `url`.
+        `frames` is refused (SimInputError): vla-eval's loop renders its own observations."""
         import anyio
+
+        if frames is not None:
+            raise SimInputError(FRAMES_REFUSED)
 
         try:
             return anyio.run(self._run_episode, seed, url)
@@ -440,7 +451,12 @@ class VlaEvalEnv:
         return self._steps
 
     def reset(
-        self, seed: int, *, variation: Variation | None = None, video: str | Path | None = None
+        self,
+        seed: int,
+        *,
+        variation: Variation | None = None,
+        video: str | Path | None = None,
+        frames: FrameStrip | None = None,
     ) -> Observation:
         import anyio
 
@@ -453,6 +469,8 @@ class VlaEvalEnv:
             raise SimInputError(
                 "record_video: the vla-eval backend does not record videos yet; turn it off"
             )
+        if frames is not None:
+            raise SimInputError(FRAMES_REFUSED)
         # Direct stepping: the adapter with vla-eval's defaults plus the wrist image and state.
         bench = self._benchmark({"send_wrist_image": True, "send_state": True})
         task = self._task(bench, seed)
