@@ -347,14 +347,16 @@ def plan_problems(
 ) -> tuple[list[str], list[str]]:
     """(refusals, notes) about the plans the paired records ran under.
 
-    A record's plan_digest hashes its whole benchmark config, policies included. So:
+    A record's plan_digest hashes its benchmark config without the policies, outputs,
+    recording, concurrency and the gate (provenance.plan_digest), but with the grid's extent
+    and modes. So:
     - each side's paired records must carry one plan digest (a run resumed with a changed
       config mixes two);
     - two rows of one run: both sides' digest must be the same (they are, unless the run was
       resumed with a changed config);
     - two runs: the same digest means the same plan (e.g. one config run twice, each run
-      selecting its policy with -k). Two runs that planned different policies (or grids) have
-      different digests by construction, so their configs (the summary.json echo) are compared
+      selecting its policy with -k, or two configs that differ only in their policies). Two
+      runs that planned different grids or modes have different digests, so their configs (the summary.json echo) are compared
       on the paired part only (`paired_plan`): a difference there is refused, naming the keys.
     """
     sides = {}
