@@ -83,7 +83,14 @@ def _in(module: str, *prefixes: str) -> bool:
 
 
 UPPER = ("pytest_gap.plugin", "pytest_gap.hookspecs", "pytest_gap.outputs", "pytest_gap.cli")
-SESSION = ("pytest_gap.benchmark", "pytest_gap.preflight", "pytest_gap.runner", "pytest_gap.report")
+SESSION = (
+    "pytest_gap.benchmark",
+    "pytest_gap.preflight",
+    "pytest_gap.runner",
+    "pytest_gap.report",
+    "pytest_gap.provenance",
+    "pytest_gap.compare",
+)
 BENCHMARK = ("pytest_gap.config", "pytest_gap.plan", "pytest_gap.modes", "pytest_gap.producers")
 
 # (who, what it must never reach, transitively). `pytest` stands for the pytest package.
