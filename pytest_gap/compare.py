@@ -356,8 +356,9 @@ def plan_problems(
       resumed with a changed config);
     - two runs: the same digest means the same plan (e.g. one config run twice, each run
       selecting its policy with -k, or two configs that differ only in their policies). Two
-      runs that planned different grids or modes have different digests, so their configs (the summary.json echo) are compared
-      on the paired part only (`paired_plan`): a difference there is refused, naming the keys.
+      runs that planned different grids or modes have different digests, so their configs
+      (the summary.json echo) are compared on the paired part only (`paired_plan`): a
+      difference there is refused, naming the keys.
     """
     sides = {}
     for name, records in (("A", [p.a for p in pairs]), ("B", [p.b for p in pairs])):

@@ -49,14 +49,17 @@ def worker_devices(devices: list[str], index: int, n_workers: int) -> list[str]:
     return [devices[index % len(devices)]]
 
 
-def pin(environ: MutableMapping[str, str], worker_id: str | None) -> dict[str, str]:
+def pin(
+    environ: MutableMapping[str, str], worker_id: str | None, n_workers: int | None = None
+) -> dict[str, str]:
     """Export the worker's devices into `environ`; return what was set ({} without the variable).
 
-    The worker count comes from PYTEST_XDIST_WORKER_COUNT (1 without xdist)."""
+    `n_workers` is the session's worker count (xdist's workerinput); None reads
+    PYTEST_XDIST_WORKER_COUNT (1 without xdist)."""
     devices = parse_devices(environ.get(DEVICES_VAR))
     if not devices:
         return {}
-    n_workers = int(environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    n_workers = n_workers or int(environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
     own = worker_devices(devices, worker_index(worker_id), n_workers)
     pinned = {"CUDA_VISIBLE_DEVICES": ",".join(own), "MUJOCO_EGL_DEVICE_ID": own[0]}
     environ.update(pinned)

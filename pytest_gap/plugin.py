@@ -78,7 +78,9 @@ class GapSession:
 
     def __init__(self, config: pytest.Config, stamp: str):
         self.config = config
-        self.worker = os.environ.get("PYTEST_XDIST_WORKER")
+        # From xdist's workerinput, not the environment: a session started inside an xdist
+        # worker (a test of a pytest plugin, a subprocess) inherits PYTEST_XDIST_WORKER.
+        self.worker: str | None = getattr(config, "workerinput", {}).get("workerid")
         self.stamp = stamp
         self.resume = config.getoption("gap_resume")
         self.reuse_latest = self.resume or bool(config.getoption("lf", False))
@@ -136,12 +138,12 @@ class GapSession:
         return endpoints_for(loaded.config, self.policy_urls.get(str(loaded.path), {}))
 
 
-def _pin(worker: str | None) -> None:
+def _pin(worker: str | None, n_workers: int | None) -> None:
     """Give this process its devices, before anything imports the simulator."""
     from pytest_gap.devices import pin
 
     try:
-        pin(os.environ, worker)
+        pin(os.environ, worker, n_workers)
     except GapError as exc:
         raise pytest.UsageError(str(exc)) from None
 
@@ -154,7 +156,7 @@ class Worker(GapSession):
         super().__init__(config, handed.get("gap_stamp") or new_stamp())
         self.unavailable = handed.get("gap_unavailable", {})
         self.policy_urls = handed.get("gap_policy_urls", {})
-        _pin(self.worker)
+        _pin(self.worker, handed.get("workercount"))
 
 
 class _Lead(GapSession):
@@ -321,7 +323,7 @@ class SingleProcess(_Lead):
 
     def __init__(self, config: pytest.Config):
         super().__init__(config)
-        _pin(None)
+        _pin(None, 1)  # one process owns every device
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """The session's plan: what collection kept after -k, -m, --lf and other deselection."""
