@@ -34,18 +34,23 @@ def write_workflow(directory: Path, graph: dict) -> Path:
     return directory
 
 
+# The tail test workflows end with: ask the goal check (node `check`), end in success or failure.
+CHECK_TAIL = {
+    "check": {"type": "tool", "skill": "check_success", "next": "route"},
+    "route": {
+        "type": "router",
+        "routes": [{"when": {"ref": "check.success", "op": "eq", "value": True}, "next": "ok"}],
+        "default": "failed",
+    },
+    "ok": {"type": "end", "status": "success"},
+    "failed": {"type": "end", "status": "failure"},
+}
+
 # idle a few steps, then ask the goal check: succeeds (during idle) on seeds the fake says so.
 IDLE_THEN_CHECK = workflow(
     {
         "idle": {"type": "tool", "skill": "idle", "inputs": {"steps": 4}, "next": "check"},
-        "check": {"type": "tool", "skill": "check_success", "next": "route"},
-        "route": {
-            "type": "router",
-            "routes": [{"when": {"ref": "check.success", "op": "eq", "value": True}, "next": "ok"}],
-            "default": "failed",
-        },
-        "ok": {"type": "end", "status": "success"},
-        "failed": {"type": "end", "status": "failure"},
+        **CHECK_TAIL,
     },
     "idle",
 )

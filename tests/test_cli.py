@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.fake_session import CHECK_TAIL
+
 PICK_PLACE = Path(__file__).resolve().parent.parent / "examples/workflows/pick_place"
 GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
 
@@ -125,16 +127,7 @@ CHECK_ONLY = {
     "name": "check_only",
     "description": "checks {{target}}",
     "start": "check",
-    "nodes": {
-        "check": {"type": "tool", "skill": "check_success", "next": "route"},
-        "route": {
-            "type": "router",
-            "routes": [{"when": {"ref": "check.success", "op": "eq", "value": True}, "next": "ok"}],
-            "default": "failed",
-        },
-        "ok": {"type": "end", "status": "success"},
-        "failed": {"type": "end", "status": "failure"},
-    },
+    "nodes": CHECK_TAIL,
 }
 
 

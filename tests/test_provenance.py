@@ -35,7 +35,14 @@ from pytest_gap.provenance import (
 from pytest_gap.results import read_result
 from pytest_gap.runner import record_crash
 from pytest_gap.sim.backend import state_digest
-from tests.fake_session import CONFTEST, GIVE_UP, IDLE_THEN_CHECK, workflow, write_workflow
+from tests.fake_session import (
+    CHECK_TAIL,
+    CONFTEST,
+    GIVE_UP,
+    IDLE_THEN_CHECK,
+    workflow,
+    write_workflow,
+)
 
 pytest_plugins = ["pytester"]
 
@@ -238,14 +245,7 @@ RUN_POLICY = workflow(
             "inputs": {"policy": "{{policy_id}}", "max_windows": 2, "replan_every": 4},
             "next": "check",
         },
-        "check": {"type": "tool", "skill": "check_success", "next": "route"},
-        "route": {
-            "type": "router",
-            "routes": [{"when": {"ref": "check.success", "op": "eq", "value": True}, "next": "ok"}],
-            "default": "failed",
-        },
-        "ok": {"type": "end", "status": "success"},
-        "failed": {"type": "end", "status": "failure"},
+        **CHECK_TAIL,
     },
     "act",
     "run_policy",
