@@ -161,6 +161,19 @@ def _check_ids(source: str, key: str, ids: list[int], n_tasks: int, what: str) -
     return []
 
 
+def _check_init_states(key: str, ids: list[int], backend, suite: str, what: str) -> list[str]:
+    """Tasks whose suite ships no init state cannot start an episode (seed s runs init state
+    s mod n): a config error, not a crash in every trial. (LIBERO-PRO's libero_10_with_milk
+    tasks 3 and 4 ship none.)"""
+    empty = [i for i in ids if backend.n_init_states(suite, i) == 0]
+    if empty:
+        return [
+            f"{key}: task ids {empty} of {what} ({suite}) ship no init states and cannot run; "
+            "leave them out of task_ids"
+        ]
+    return []
+
+
 def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]:
     from pytest_gap.sim.backend import episode_modes, get_backend, resolve_variation
 
@@ -205,6 +218,14 @@ def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]
                         )
                     else:
                         task_ids = list(range(min(block.n_tasks, n_tasks)))
+                    if not problems:
+                        problems += _check_init_states(
+                            "benchmark.task_ids",
+                            task_ids,
+                            backend,
+                            resolved.suite,
+                            f"{family}/{variation}",
+                        )
                     cells.append(
                         Cell(
                             mode=mode,
@@ -323,6 +344,10 @@ def _suite_cells(config: BenchmarkConfig, source: str, table: ModeTable) -> list
             or list(range(n_tasks))
         )
         problems += _check_ids(source, f"suites.{i}", task_ids, n_tasks, entry.suite_name)
+        if not problems:
+            problems += _check_init_states(
+                f"suites.{i}.task_ids", task_ids, backend, variation.suite, entry.suite_name
+            )
         seen[entry.suite_name] = seen.get(entry.suite_name, 0) + 1
         name = entry.suite_name.replace("/", "__")
         if seen[entry.suite_name] > 1:

@@ -178,3 +178,23 @@ def test_policy_modes_need_a_template_and_a_policy():
         )
     )[0]
     assert ready.error is None and ready.row == "policy_only@molmo"
+
+
+def test_tasks_that_ship_no_init_states_are_a_config_error(tmp_path):
+    """LIBERO-PRO's libero_10_with_milk lists 10 tasks, but tasks 3 and 4 ship no init state:
+    planned, every trial of theirs would crash; the plan names them instead."""
+    from pytest_gap.config import ConfigError, parse_config
+    from pytest_gap.plan import plan
+
+    def suites(**entry):
+        wf = ROOT / "examples/workflows/pick_place"
+        data = {"suites": [{"suite_name": "libero_10_with_milk", "workflow_dir": str(wf), **entry}]}
+        return parse_config(data, "bench.yaml", tmp_path)
+
+    with pytest.raises(ConfigError) as info:
+        plan(suites())
+    assert info.value.problems == [
+        "suites.0.task_ids: task ids [3, 4] of libero_10_with_milk (libero_10_with_milk) ship no "
+        "init states and cannot run; leave them out of task_ids"
+    ]
+    assert [c.task_ids for c in plan(suites(task_ids=[0, 5]))] == [(0, 5)]
