@@ -1,7 +1,7 @@
 """Success and completion of the reference graphs, per family/variation, on real LIBERO.
 
     python bench/graph_success.py [--tasks 0-9] [--seeds 5] [--first-seed 0] [--workers 2]
-                                  [--only pick_place]
+                                  [--only pick_place] [--family libero_pro]
 
 Targets (issue 3): pick_place on libero/object >= 0.95 and on each posvar variation >= 0.90;
 pack_all on grocery_packing completion >= 0.95. Trials of one task share one env; tasks are
@@ -27,6 +27,11 @@ PLAN = [
     ("pick_place", "posvar", "all", "success", 0.90),
     ("pack_all", "grocery_packing", "object", "completion", 0.95),
     ("pack_all", "grocery_packing", "permutation", "completion", 0.95),
+    # Issue 16: libero_object's LIBERO-PRO variants (paraphrased instructions, swapped models).
+    ("pack_all", "libero_pro", "object_lan", "success", 0.90),
+    ("pack_all", "libero_pro", "object_object", "success", 0.90),
+    ("pack_all", "libero_pro", "object_swap", "success", 0.90),
+    ("pack_all", "libero_pro", "object_task", "success", 0.90),
 ]
 
 
@@ -83,10 +88,13 @@ def main() -> int:
     parser.add_argument("--first-seed", type=int, default=0, help="held-out seeds start later")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--only", choices=["pick_place", "pack_all"])
+    parser.add_argument(
+        "--family", help="only this family's cells, e.g. libero_pro (default: every cell)"
+    )
     parser.add_argument("--out", help="write every trial as JSON here")
     args = parser.parse_args()
 
-    plan = [p for p in PLAN if args.only in (None, p[0])]
+    plan = [p for p in PLAN if args.only in (None, p[0]) and args.family in (None, p[1])]
     cells = [(g, f, v) for g, f, v, _, _ in plan]
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     jobs = [(t, seeds, cells) for t in _ids(args.tasks)]

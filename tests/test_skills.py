@@ -209,3 +209,19 @@ def test_skills_read_the_instruction_the_workflow_was_given(object_env):
         run = run_workflow(workflow, object_env, policies=endpoints)
         assert run.outputs["task"]["items"] == ["alphabet soup"]
         assert recorder.prompts[-1] == object_env.episode.prompt
+
+
+@pytest.mark.parametrize(("variant", "task_id"), [("object_lan", 0), ("object_object", 6)])
+def test_libero_pro_instructions_find_their_objects(variant, task_id):
+    """LIBERO-PRO's paraphrase ("grab alphabet soup and put it into basket") and its swapped-in
+    models (green_butter_1, red_basket_1) are read and seen: the instruction's item is
+    the goal's object and its container the goal region's owner."""
+    variation = resolve("libero_pro", variant)
+    with make_env(variation.suite, task_id, EnvOptions(max_steps=50)) as env:
+        env.reset(0, variation=variation)
+        ctx = SkillContext(env)
+        task = skills.read_task(ctx)
+        [(_, target, region)] = env.scene.goal_state()
+        item, container = (skills.locate(ctx, p) for p in (*task.items, task.container))
+        assert item.name == target and item.pixels > 50
+        assert region.startswith(container.name) and container.pixels > 50

@@ -387,7 +387,10 @@ def read_task(ctx: SkillContext) -> TaskInfo:
     prompt = ctx.instruction
     parsed = parse_instruction(prompt)
     if parsed is None:
-        raise SkillFailure(f"cannot read items and container from the instruction {prompt!r}")
+        raise SkillFailure(
+            f"cannot read items and container from the instruction {prompt!r}; write it as "
+            "'pick up the X and place it in the Y' or 'pack A, B and C into the Y'"
+        )
     return TaskInfo(prompt=prompt, items=parsed.items, container=parsed.container)
 
 

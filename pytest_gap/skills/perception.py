@@ -7,11 +7,9 @@ categories ("the alphabet soup" -> alphabet_soup_1).
 
 from __future__ import annotations
 
-import difflib
-import re
-
 import numpy as np
 
+from pytest_gap.instructions import PhraseError, resolve_phrase
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import Box, box_from_points, min_area_yaw
 from pytest_gap.skills.registry import SkillFailure
@@ -21,31 +19,15 @@ MIN_PIXELS = 8
 RIM_BAND = 0.02  # a container's rim: its points this close to its top
 
 
-def _normal(text: str) -> str:
-    text = re.sub(r"^(the|a|an)\s+", "", text.strip().lower())
-    return re.sub(r"[\s\-]+", "_", text)
-
-
 def ground_name(ctx: SkillContext, name: str) -> str:
-    """The scene object a user- or LLM-given name refers to."""
+    """The scene object a user- or LLM-given name refers to (`instructions.resolve_phrase`
+    over the scene's names and categories): "the basket" -> red_basket_1, "milk carton" ->
+    milk_1."""
     objects = ctx.env.scene.objects(include_fixtures=False)
-    key = _normal(name)
-    exact = [o.name for o in objects if o.name == key]
-    if exact:
-        return exact[0]
-    by_category = [o.name for o in objects if o.category == key]
-    if len(by_category) == 1:
-        return by_category[0]
-    if len(by_category) > 1:
-        raise SkillFailure(
-            f"{name!r} is ambiguous here: {', '.join(by_category)}; name one of them exactly"
-        )
-    categories = sorted({o.category for o in objects})
-    spoken = ", ".join(c.replace("_", " ") for c in categories)
-    close = difflib.get_close_matches(key, categories, n=1, cutoff=0.75)
-    if close:
-        return ground_name(ctx, close[0])
-    raise SkillFailure(f"no object called {name!r} in this scene; it has {spoken}")
+    try:
+        return resolve_phrase(name, [(o.name, o.category) for o in objects])
+    except PhraseError as exc:
+        raise SkillFailure(str(exc)) from None
 
 
 def object_points(ctx: SkillContext, scene_name: str) -> tuple[np.ndarray, int]:
