@@ -122,3 +122,24 @@ def test_no_surface_seen_around_means_no_support():
     points = _square_faces(0.0265, 0.0, 0.13) + np.array([0.0, 0.0, 0.2])
     assert support_height(points, np.zeros((0, 3))) is None
     assert box_from_points(points, floor=None).bottom == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    "what", ["a container's wall fills most of the ring", "the floor shows past the table's edge"]
+)
+def test_the_support_is_the_surface_not_a_neighbour_nor_the_floor_below(what):
+    """A carton on a table 0.9 m up, right by a tall basket wall (which covers most of what is
+    seen around it) or at the table's edge (the floor 0.9 m below shows beyond it)."""
+    points = _square_faces(0.0265, 0.0, 0.13) + np.array([0.0, 0.0, 0.9])
+    around = _surface(0.9, r=0.08)
+    if what.startswith("a container"):  # a wall face and rim 4-8 cm high, taking 3/4 round
+        angle = np.arctan2(around[:, 1] + 0.2, around[:, 0] - 0.1)
+        around[angle > -np.pi / 2, 2] = (
+            0.9 + 0.04 + 0.04 * np.random.default_rng(0).random(int((angle > -np.pi / 2).sum()))
+        )
+    else:
+        around[around[:, 0] > 0.16, 2] = 0.0
+    assert support_height(points, around) == pytest.approx(0.9, abs=0.003)
+    assert box_from_points(points, floor=support_height(points, around)).bottom == pytest.approx(
+        0.9, abs=0.003
+    )

@@ -88,7 +88,8 @@ def box_from_points(
     mid = (lo + hi) / 2
     center_xy = mean + _rot_z(yaw)[:2, :2] @ mid
     z_lo, z_hi = float(points[:, 2].min()), float(points[:, 2].max())
-    if floor is not None and z_lo - floor < 0.03:
+    # A support above the lowest point seen is not under it (a neighbour's top): ignore it.
+    if floor is not None and -0.005 < z_lo - floor < 0.03:
         z_lo = floor
     return Box(
         center=(float(center_xy[0]), float(center_xy[1]), (z_lo + z_hi) / 2),
@@ -100,19 +101,32 @@ def box_from_points(
 def support_height(
     points: np.ndarray, around: np.ndarray, gap: float = 0.01, ring: float = 0.04
 ) -> float | None:
-    """The height of the surface an object stands on: the median z of what is seen around
-    its footprint (`around`: points of everything but the object and the robot), in a ring
-    from `gap` to `gap + ring` outside its outline's bounding circle, no higher than its top.
+    """The height of the surface an object stands on, from what is seen around its footprint
+    (`around`: points of everything but the object and the robot) in a ring from `gap` to
+    `gap + ring` outside its outline's bounding circle, below its top: the lowest level (1 cm
+    thick) that holds a quarter of those points, its median.
 
-    The median is the surface itself while it shows in most of the ring; a neighbour or a wall
-    behind covers less. None when nothing is seen there (the object is held up in the air
-    with nothing near, say)."""
+    Lowest: a neighbour or the wall of a container next to it stands above the surface, and
+    may fill most of the ring. A quarter: beyond a table's edge the floor far below shows in a
+    few points. None when too little is seen there (held up in the air with nothing near)."""
     center = np.median(points[:, :2], axis=0)
     radius = float(np.max(np.linalg.norm(points[:, :2] - center, axis=1)))
-    dist = np.linalg.norm(around[:, :2] - center, axis=1) if len(around) else np.zeros(0)
-    near = (dist > radius + gap) & (dist < radius + gap + ring)
-    below = near & (around[:, 2] < points[:, 2].max()) if len(around) else near
-    return float(np.median(around[below, 2])) if below.sum() >= 20 else None
+    if not len(around):
+        return None
+    dist = np.linalg.norm(around[:, :2] - center, axis=1)
+    near = (
+        (dist > radius + gap) & (dist < radius + gap + ring) & (around[:, 2] < points[:, 2].max())
+    )
+    z = np.sort(around[near, 2])
+    if len(z) < 20:
+        return None
+    # Points within 5 mm of each: the lowest that has a quarter of the ring's about it.
+    counts = np.searchsorted(z, z + 0.005) - np.searchsorted(z, z - 0.005)
+    dense = np.nonzero(counts >= 0.25 * len(z))[0]
+    if not len(dense):
+        return float(np.median(z))
+    level = z[dense[0]]
+    return float(np.median(z[np.abs(z - level) < 0.005]))
 
 
 def container_frame(
