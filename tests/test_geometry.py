@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pytest_gap.skills.geometry import box_from_points, fit_yaw, wrap_angle, wrap_half_turn
+from pytest_gap.skills.geometry import (
+    box_from_points,
+    container_frame,
+    fit_yaw,
+    support_height,
+    wrap_angle,
+    wrap_half_turn,
+)
 
 
 def _square_faces(half: float, yaw: float, height: float, n: int = 40) -> np.ndarray:
@@ -55,3 +62,84 @@ def test_angles_wrap():
     assert wrap_angle(-np.pi) == pytest.approx(-np.pi)
     assert wrap_half_turn(np.pi) == pytest.approx(0.0, abs=1e-12)
     assert wrap_half_turn(-np.pi / 2) == pytest.approx(np.pi / 2)
+
+
+def _basket(yaw: float, base: float, half=(0.079, 0.0835), height=0.14, n=50) -> np.ndarray:
+    """Points of an open rectangular container turned by `yaw`, standing on a surface at
+    `base`, its longer side along its own y: the rim all round, the outer walls the cameras
+    see (front and one side) from 1 cm up, and its floor inside. Centre (0.1, -0.2)."""
+    hx, hy = half
+    u, v = np.linspace(-hx, hx, n), np.linspace(-hy, hy, n)
+    zs = np.linspace(0.01, height, n)
+    rim = [[a, s * hy, height] for a in u for s in (-1, 1)]
+    rim += [[s * hx, b, height] for b in v for s in (-1, 1)]
+    walls = [[a, -hy, z] for a in u for z in zs] + [[hx, b, z] for b in v for z in zs]
+    floor = [[a, b, 0.017] for a in u[5:-5:3] for b in v[5:-5:3]]
+    pts = np.array(rim + walls + floor)
+    c, s = np.cos(yaw), np.sin(yaw)
+    xy = pts[:, :2] @ np.array([[c, s], [-s, c]])
+    return np.column_stack([xy + np.array([0.1, -0.2]), pts[:, 2] + base])
+
+
+def _surface(base: float, r: float = 0.2, n: int = 80) -> np.ndarray:
+    """A flat surface at `base` around (0.1, -0.2), with a taller neighbour in one corner."""
+    g = np.linspace(-r, r, n)
+    pts = np.array([[0.1 + a, -0.2 + b, base] for a in g for b in g])
+    pts[(pts[:, 0] > 0.2) & (pts[:, 1] > -0.12), 2] = base + 0.08
+    return pts
+
+
+@pytest.mark.parametrize("yaw_deg", [0, 30, 90, 135, -90, 200])
+@pytest.mark.parametrize("base", [0.0, 0.9])
+def test_a_containers_frame_follows_its_body_at_any_yaw(yaw_deg, base):
+    """Frame y along the longer side, whatever the yaw: up to the half turn a symmetric
+    container cannot show. (The old frame was the least-area yaw in [0, 90) degrees turned
+    half round, whatever way the container stood.)"""
+    yaw = np.deg2rad(yaw_deg)
+    points = _basket(yaw, base)
+    rim = points[points[:, 2] > points[:, 2].max() - 0.02]
+    floor = support_height(points, _surface(base))
+    frame = container_frame(points, rim[:, :2], floor=floor, turn=np.pi)
+    assert wrap_half_turn(frame.yaw - yaw) == pytest.approx(0.0, abs=np.deg2rad(1.5))
+    assert frame.half_extents[:2] == pytest.approx((0.079, 0.0835), abs=0.002)
+    assert frame.center[:2] == pytest.approx((0.1, -0.2), abs=0.002)
+    assert frame.bottom == pytest.approx(base) and frame.top == pytest.approx(base + 0.14)
+
+
+def test_an_object_on_a_raised_surface_stands_on_it():
+    """A carton on a table 0.9 m up: its box reaches down to the table, not to z = 0 and not
+    to the lowest point the cameras saw on its sides."""
+    points = _square_faces(0.0265, 0.3, 0.13)
+    points = points[points[:, 2] > 0.015] + np.array([0.0, 0.0, 0.9])
+    support = support_height(points, _surface(0.9))
+    assert support == pytest.approx(0.9)
+    box = box_from_points(points, floor=support)
+    assert box.bottom == pytest.approx(0.9) and box.top == pytest.approx(1.03)
+
+
+def test_no_surface_seen_around_means_no_support():
+    """Held up with nothing near: the box starts where the points do."""
+    points = _square_faces(0.0265, 0.0, 0.13) + np.array([0.0, 0.0, 0.2])
+    assert support_height(points, np.zeros((0, 3))) is None
+    assert box_from_points(points, floor=None).bottom == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    "what", ["a container's wall fills most of the ring", "the floor shows past the table's edge"]
+)
+def test_the_support_is_the_surface_not_a_neighbour_nor_the_floor_below(what):
+    """A carton on a table 0.9 m up, right by a tall basket wall (which covers most of what is
+    seen around it) or at the table's edge (the floor 0.9 m below shows beyond it)."""
+    points = _square_faces(0.0265, 0.0, 0.13) + np.array([0.0, 0.0, 0.9])
+    around = _surface(0.9, r=0.08)
+    if what.startswith("a container"):  # a wall face and rim 4-8 cm high, taking 3/4 round
+        angle = np.arctan2(around[:, 1] + 0.2, around[:, 0] - 0.1)
+        around[angle > -np.pi / 2, 2] = (
+            0.9 + 0.04 + 0.04 * np.random.default_rng(0).random(int((angle > -np.pi / 2).sum()))
+        )
+    else:
+        around[around[:, 0] > 0.16, 2] = 0.0
+    assert support_height(points, around) == pytest.approx(0.9, abs=0.003)
+    assert box_from_points(points, floor=support_height(points, around)).bottom == pytest.approx(
+        0.9, abs=0.003
+    )

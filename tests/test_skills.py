@@ -9,9 +9,9 @@ from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.sim.variations import resolve
 from pytest_gap.skills import library as skills
-from pytest_gap.skills import motion
+from pytest_gap.skills import motion, perception
 from pytest_gap.skills.context import SkillContext
-from pytest_gap.skills.geometry import quat_xyzw_to_matrix
+from pytest_gap.skills.geometry import quat_xyzw_to_matrix, wrap_half_turn
 from pytest_gap.skills.registry import SkillFailure
 from pytest_gap.workflow.executor import run_workflow
 from pytest_gap.workflow.schema import load_workflow
@@ -225,3 +225,33 @@ def test_libero_pro_instructions_find_their_objects(variant, task_id):
         item, container = (skills.locate(ctx, p) for p in (*task.items, task.container))
         assert item.name == target and item.pixels > 50
         assert region.startswith(container.name) and container.pixels > 50
+
+
+def _turn_basket(env, degrees: float) -> float:
+    """Turn the basket about its own vertical axis where it stands; its body yaw after."""
+    joint = env.raw.objects_dict["basket_1"].joints[-1]
+    qpos = env.raw.sim.data.get_joint_qpos(joint).copy()
+    w, x, y, z = qpos[3:]
+    yaw = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)) + np.deg2rad(degrees)
+    qpos[3:] = (np.cos(yaw / 2), 0.0, 0.0, np.sin(yaw / 2))
+    env.raw.sim.data.set_joint_qpos(joint, qpos)
+    env.raw.sim.forward()
+    return float(yaw)
+
+
+@pytest.mark.parametrize("degrees", [90, -90])
+def test_pick_place_fills_a_basket_turned_by_a_quarter(env, degrees):
+    """The basket's frame comes from what the cameras see, not from how it stands in the
+    stock scene: turned by a quarter in a posvar layout, its frame turns with it (up to the
+    half turn its symmetric mesh hides) and the pick_place graph still puts the item in."""
+    obs = env.reset(1, variation=resolve("posvar", "all"))
+    body_yaw = _turn_basket(env, degrees)
+    ctx = SkillContext(env)
+    frame = perception.locate_container(ctx, "basket_1")
+    # In the stock scene the body stands at +90 degrees and the frame at 180 (longer side
+    # along y, `calibration.CONTAINER_TURN`): the frame is the body turned by +90.
+    assert wrap_half_turn(frame.yaw - body_yaw - np.pi / 2) == pytest.approx(0.0, abs=0.05)
+    assert frame.half_extents[1] > frame.half_extents[0]
+    graph = load_workflow("examples/workflows/pick_place", task_placeholders(obs.prompt))
+    result = run_workflow(graph, env)
+    assert result.success, result.error

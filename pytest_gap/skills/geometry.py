@@ -69,12 +69,15 @@ def fit_yaw(xy: np.ndarray) -> float:
     return tight if _rect_area(xy, tight) < 0.9 * _rect_area(xy, pca) else pca
 
 
-def box_from_points(points: np.ndarray, floor: float = 0.0, yaw: float | None = None) -> Box:
+def box_from_points(
+    points: np.ndarray, floor: float | None = None, yaw: float | None = None
+) -> Box:
     """Upright OBB of a point cloud: turned by `fit_yaw` in the table plane (or the given
-    `yaw`), z from the floor to the top.
+    `yaw`), z from the support to the top.
 
-    The underside of a resting object is never seen, so the box extends down to `floor`
-    when the lowest visible point is within 3 cm of it.
+    The underside of a resting object is never seen, so the box extends down to `floor` (the
+    height of the surface around it, `support_height`) when the lowest visible point is within
+    3 cm of it; without a floor it starts at the lowest visible point.
     """
     xy = points[:, :2]
     mean = xy.mean(axis=0)
@@ -85,13 +88,66 @@ def box_from_points(points: np.ndarray, floor: float = 0.0, yaw: float | None = 
     mid = (lo + hi) / 2
     center_xy = mean + _rot_z(yaw)[:2, :2] @ mid
     z_lo, z_hi = float(points[:, 2].min()), float(points[:, 2].max())
-    if z_lo - floor < 0.03:
+    # A support above the lowest point seen is not under it (a neighbour's top): ignore it.
+    if floor is not None and -0.005 < z_lo - floor < 0.03:
         z_lo = floor
     return Box(
         center=(float(center_xy[0]), float(center_xy[1]), (z_lo + z_hi) / 2),
         half_extents=(float((hi - lo)[0] / 2), float((hi - lo)[1] / 2), (z_hi - z_lo) / 2),
         yaw=yaw,
     )
+
+
+def support_height(
+    points: np.ndarray, around: np.ndarray, gap: float = 0.01, ring: float = 0.04
+) -> float | None:
+    """The height of the surface an object stands on, from what is seen around its footprint
+    (`around`: points of everything but the object and the robot) in a ring from `gap` to
+    `gap + ring` outside its outline's bounding circle, below its top: the lowest level (1 cm
+    thick) that holds a quarter of those points, its median.
+
+    Lowest: a neighbour or the wall of a container next to it stands above the surface, and
+    may fill most of the ring. A quarter: beyond a table's edge the floor far below shows in a
+    few points. None when too little is seen there (held up in the air with nothing near)."""
+    center = np.median(points[:, :2], axis=0)
+    radius = float(np.max(np.linalg.norm(points[:, :2] - center, axis=1)))
+    if not len(around):
+        return None
+    dist = np.linalg.norm(around[:, :2] - center, axis=1)
+    near = (
+        (dist > radius + gap) & (dist < radius + gap + ring) & (around[:, 2] < points[:, 2].max())
+    )
+    z = np.sort(around[near, 2])
+    if len(z) < 20:
+        return None
+    # Points within 5 mm of each: the lowest that has a quarter of the ring's about it.
+    counts = np.searchsorted(z, z + 0.005) - np.searchsorted(z, z - 0.005)
+    dense = np.nonzero(counts >= 0.25 * len(z))[0]
+    if not len(dense):
+        return float(np.median(z))
+    level = z[dense[0]]
+    return float(np.median(z[np.abs(z - level) < 0.005]))
+
+
+def container_frame(
+    points: np.ndarray, rim_xy: np.ndarray, floor: float | None = None, turn: float = 0.0
+) -> Box:
+    """A container's box in its own frame, from its points and those of its rim: yaw from the
+    least-area rectangle around the rim, turned so the frame's y axis runs along the longer
+    side (the convention `packing` fills rows by), then by `turn` (an asset's half turn,
+    `calibration`).
+
+    The rim alone: what stands inside hides parts of the walls, and the rest can turn the
+    least-area box by tens of degrees. A rectangle's yaw is known up to a quarter turn; the
+    longer side settles that to a half turn, so a container at any yaw gets the same frame
+    on its own body, up to a half turn."""
+    yaw = min_area_yaw(rim_xy)
+    c, s = np.cos(yaw), np.sin(yaw)
+    if np.ptp(rim_xy @ np.array([c, s])) > np.ptp(rim_xy @ np.array([-s, c])):
+        yaw += np.pi / 2
+    box = box_from_points(points, floor=floor, yaw=wrap_angle(yaw))
+    # A half turn leaves an upright box's centre and extents as they are.
+    return box.model_copy(update={"yaw": wrap_angle(box.yaw + turn)})
 
 
 def wrap_angle(angle: float) -> float:

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from pytest_gap.instructions import parse_instruction
 from pytest_gap.skills import motion, packing, perception
+from pytest_gap.skills.calibration import INSIDE_MARGIN
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import Box, wrap_half_turn
 from pytest_gap.skills.registry import SkillFailure, skill
@@ -179,7 +180,7 @@ def grasp_candidates(ctx: SkillContext, box: Box) -> GraspCandidates:
     z = max(box.top - depth, box.bottom + 0.01)
     cands = []
     for dz in (0.0, -0.01):
-        position = [box.center[0], box.center[1], max(z + dz, 0.008)]
+        position = [box.center[0], box.center[1], max(z + dz, box.bottom + 0.008)]
         cands.append(Grasp(position=position, yaw=yaw, width=2 * narrow))
     return GraspCandidates(candidates=cands, best=cands[0])
 
@@ -216,7 +217,7 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
         attempts = attempt + 1
         box, _ = perception.locate_box(ctx, scene_name)
         grasp = grasp_candidates(ctx, box).candidates[min(attempt, 1)]
-        above = [*grasp.position[:2], max(box.top + 0.08, 0.15)]
+        above = [*grasp.position[:2], max(box.top + 0.08, box.bottom + 0.15)]
         yaw = motion.grip_yaw(ctx, grasp.position, grasp.yaw)
         if yaw is None:
             raise SkillFailure(
@@ -248,12 +249,8 @@ def place(ctx: SkillContext, container: str) -> Placed:
     The slot comes from the container's inside as seen now (`packing.plan_slots`): room for
     the item and the fingers, the hand square to the walls, as low as what is there allows."""
     scene_name = perception.ground_name(ctx, container)
-    box, _ = perception.locate_box(ctx, scene_name, tight=True)
-    # Rows fill from the container frame's -y wall and +x end. LIBERO's basket, as it stands
-    # in every scene, has its collision walls about 3 mm towards world +y and 2 mm towards -x
-    # of the middle of what the cameras see: turned half round, the rows start from the
-    # walls with room to spare, and the tight sides fill last, if at all.
-    box = box.model_copy(update={"yaw": box.yaw + np.pi})
+    # Its frame from perception, at whatever yaw it stands (`calibration.CONTAINER_TURN`).
+    box = perception.locate_container(ctx, scene_name)
     held = ctx.memory.get("held")
     item = _held_item(ctx, held)
     slot, yaw = _plan(ctx, scene_name, box, held, item)
@@ -371,7 +368,7 @@ def _inside(obj: Box, container: Box, height: float | None) -> bool:
     x, y, z = obj.center
     if height is not None:
         z = obj.top - height / 2
-    within = container.contains([x, y, container.center[2]], margin=-0.025)
+    within = container.contains([x, y, container.center[2]], margin=-INSIDE_MARGIN)
     return bool(within and z < container.top - 0.01)
 
 

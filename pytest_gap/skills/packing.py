@@ -19,17 +19,13 @@ import numpy as np
 from pydantic import BaseModel
 
 from pytest_gap.skills import floorplan
+
+# The container's walls and floor: measured on LIBERO's basket (see `calibration`).
+from pytest_gap.skills.calibration import FLOOR, REACH, RIM_DIP, WALL, WALL_SLANT
 from pytest_gap.skills.geometry import Box, wrap_half_turn
 
-# The box is the outer hull; LIBERO's basket (15.8 x 16.7 cm outside) is 11.8 x 12.7 cm inside
-# at the floor, its collision walls leaning out to 12.4 x 13.3 cm at the rim: walls and a 4 mm
-# margin take 2.4 cm a side. (Its outer hull from depth is a few mm off either way.)
-WALL = 0.024
-WALL_SLANT = 0.004  # the walls lean out: the inside is this much wider at the rim
-# Fingers reaching over a wall may dip this far below its rim: the pads are thin and the walls
-# lean out (measured: released 2 cm under the rim, standing things were placed cleanly).
-RIM_DIP = 0.025
-REACH = 0.045  # the goal region ends about 6 cm from the centre: keep centres within this
+# WALL, WALL_SLANT, RIM_DIP, REACH, FLOOR: the container's walls and floor, measured on
+# LIBERO's basket (`calibration`).
 GRID = 0.01
 MARGIN = 0.003  # clearance kept between the item and what is already there
 FINGER_DEPTH = 0.017  # fingers stand this far out beyond the held item along the closing axis
@@ -38,7 +34,6 @@ FINGER_BELOW_SITE = 0.012  # fingertips reach this far below the grip site
 HAND_HALF = (0.035, 0.105)  # the hand's body around the grip site: along x, along closing
 HAND_ABOVE_SITE = 0.045  # the hand's body starts this far above the grip site
 CLEAR = 0.005
-FLOOR = 0.017  # the basket's floor stands this high above its bottom
 DROP = 0.015  # release the item this far above its support
 FLAT, SHORT = 0.04, 0.09  # heights: flat things lie, short ones stand low, tall ones tip
 # A standing thing dropped further may tip; a can dropped 6-7 cm rolls across the floor. The

@@ -10,8 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 from pytest_gap.instructions import PhraseError, resolve_phrase
+from pytest_gap.skills.calibration import CONTAINER_TURN
 from pytest_gap.skills.context import SkillContext
-from pytest_gap.skills.geometry import Box, box_from_points, min_area_yaw
+from pytest_gap.skills.geometry import (
+    Box,
+    box_from_points,
+    container_frame,
+    support_height,
+)
 from pytest_gap.skills.registry import SkillFailure
 
 CAMERAS = ("agentview", "birdview")
@@ -49,21 +55,40 @@ def object_points(ctx: SkillContext, scene_name: str) -> tuple[np.ndarray, int]:
     return points[dist <= np.percentile(dist, 98) + 0.005], pixels
 
 
-def locate_box(ctx: SkillContext, scene_name: str, tight: bool = False) -> tuple[Box, int]:
+def locate_box(ctx: SkillContext, scene_name: str) -> tuple[Box, int]:
     """Box of the named object from the cameras' depth and segmentation; (box, pixels).
 
-    `tight`: turn the box to hug its rim (least area) rather than by `fit_yaw`; for square-ish
-    containers, whose walls the slots are planned against. Only the rim: what stands inside
-    hides parts of the walls, and the rest can turn the least-area box by tens of degrees."""
+    It stands on the surface seen around it (`support_height`): the floor, a table, a plate."""
     points, pixels = object_points(ctx, scene_name)
-    yaw = None
-    if tight:
-        rim = points[points[:, 2] > points[:, 2].max() - RIM_BAND]
-        yaw = min_area_yaw(rim[:, :2])
-    box = box_from_points(points, yaw=yaw)
-    if box.bottom == 0.0:  # standing on the table, seen whole: remember how tall it is
+    support = support_height(points, surroundings(ctx, scene_name))
+    box = box_from_points(points, floor=support)
+    if support is not None and box.bottom == support:
+        # standing on its support, seen whole: remember how tall it is
         ctx.memory.setdefault("heights", {})[scene_name] = 2 * box.half_extents[2]
     return box, pixels
+
+
+def locate_container(ctx: SkillContext, scene_name: str) -> Box:
+    """A container's frame as the slots are planned in (`geometry.container_frame`): centre
+    and extent of what the cameras see, yaw from its rim, the longer side along y."""
+    points, _ = object_points(ctx, scene_name)
+    support = support_height(points, surroundings(ctx, scene_name))
+    return container_frame(points, _rim(points)[:, :2], floor=support, turn=CONTAINER_TURN)
+
+
+def _rim(points: np.ndarray) -> np.ndarray:
+    return points[points[:, 2] > points[:, 2].max() - RIM_BAND]
+
+
+def surroundings(ctx: SkillContext, scene_name: str) -> np.ndarray:
+    """Points (N, 3) of everything the cameras see but the object and the robot: the surface
+    it stands on among them."""
+    clouds = [np.zeros((0, 3))]
+    for camera in CAMERAS:
+        frame = ctx.render(camera)
+        ids = [i for i, n in frame.labels.items() if n in (scene_name, "robot")]
+        clouds.append(frame.points(~np.isin(frame.segmentation, ids)))
+    return np.concatenate(clouds)
 
 
 def visible_objects(ctx: SkillContext, camera: str = "agentview") -> list[str]:

@@ -1,0 +1,34 @@
+"""The constants that were measured on one asset, in one place, each with its measurement.
+
+Everything else the skills know about a scene (the surface an object stands on, a container's
+centre, extent and yaw) comes from perception. What is here cannot: it is collision geometry
+the cameras do not see (they see the visual meshes), measured on LIBERO's basket
+(`basket_1`, libero_object and the posvar/grocery families).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# -- LIBERO's basket, in the container frame `geometry.container_frame` gives (its longer side
+# along y) -----------------------------------------------------------------------------------
+# Outside 15.8 x 16.7 cm, inside 11.8 x 12.7 cm at the floor, its collision walls leaning out
+# to 12.4 x 13.3 cm at the rim: walls and a 4 mm margin take 2.4 cm a side. (Its outer hull
+# from depth is a few mm off either way.)
+WALL = 0.024
+WALL_SLANT = 0.004  # the walls lean out: the inside is this much wider at the rim
+# Fingers reaching over a wall may dip this far below its rim: the pads are thin and the walls
+# lean out (measured: released 2 cm under the rim, standing things were placed cleanly).
+RIM_DIP = 0.025
+REACH = 0.045  # the goal region ends about 6 cm from the centre: keep centres within this
+FLOOR = 0.017  # the basket's floor stands this high above its bottom
+# The walls plus a margin, for "is it inside": the centre of what is in is this far in.
+INSIDE_MARGIN = 0.025
+# Slots fill rows from the container frame's -y wall and +x end. The basket's collision walls
+# sit about 3 mm towards its frame's -y and 2 mm towards +x of the middle of what the cameras
+# see (measured with the basket as it stands in libero_object: 3 mm towards world +y, 2 mm
+# towards -x, its frame turned by this): turned half round, the rows start from the walls
+# with room to spare, and the tight sides fill last. The visual mesh is symmetric, so which
+# of the two ends is which is not seen: the frame is right up to this half turn, and a basket
+# turned by a half turn from its usual pose fills from the tight walls (3 mm less room).
+CONTAINER_TURN = np.pi
