@@ -161,10 +161,15 @@ def _check_ids(source: str, key: str, ids: list[int], n_tasks: int, what: str) -
     return []
 
 
+def _runnable(ids: list[int], backend, suite: str) -> list[int]:
+    """The tasks of a default task list that can start an episode: a task whose suite ships no
+    init state is not one (LIBERO-PRO lists libero_10_with_milk tasks 3 and 4, with none)."""
+    return [i for i in ids if backend.n_init_states(suite, i) > 0]
+
+
 def _check_init_states(key: str, ids: list[int], backend, suite: str, what: str) -> list[str]:
-    """Tasks whose suite ships no init state cannot start an episode (seed s runs init state
-    s mod n): a config error, not a crash in every trial. (LIBERO-PRO's libero_10_with_milk
-    tasks 3 and 4 ship none.)"""
+    """Tasks named in a config whose suite ships no init state cannot start an episode (seed s
+    runs init state s mod n): a config error, not a crash in every trial."""
     empty = [i for i in ids if backend.n_init_states(suite, i) == 0]
     if empty:
         return [
@@ -217,7 +222,9 @@ def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]
                             f"{family}/{variation}",
                         )
                     else:
-                        task_ids = list(range(min(block.n_tasks, n_tasks)))
+                        task_ids = _runnable(
+                            list(range(min(block.n_tasks, n_tasks))), backend, resolved.suite
+                        )
                     if not problems:
                         problems += _check_init_states(
                             "benchmark.task_ids",
@@ -341,7 +348,7 @@ def _suite_cells(config: BenchmarkConfig, source: str, table: ModeTable) -> list
             entry.task_ids
             or sorted(entry.task_prompts)
             or config.trials.task_ids
-            or list(range(n_tasks))
+            or _runnable(list(range(n_tasks)), backend, variation.suite)
         )
         problems += _check_ids(source, f"suites.{i}", task_ids, n_tasks, entry.suite_name)
         if not problems:

@@ -182,7 +182,7 @@ def test_policy_modes_need_a_template_and_a_policy():
 
 def test_tasks_that_ship_no_init_states_are_a_config_error(tmp_path):
     """LIBERO-PRO's libero_10_with_milk lists 10 tasks, but tasks 3 and 4 ship no init state:
-    planned, every trial of theirs would crash; the plan names them instead."""
+    a default task list leaves them out; naming them is a config error, not a crash."""
     from pytest_gap.config import ConfigError, parse_config
     from pytest_gap.plan import plan
 
@@ -191,8 +191,9 @@ def test_tasks_that_ship_no_init_states_are_a_config_error(tmp_path):
         data = {"suites": [{"suite_name": "libero_10_with_milk", "workflow_dir": str(wf), **entry}]}
         return parse_config(data, "bench.yaml", tmp_path)
 
+    assert [c.task_ids for c in plan(suites())] == [(0, 1, 2, 5, 6, 7, 8, 9)]  # by default
     with pytest.raises(ConfigError) as info:
-        plan(suites())
+        plan(suites(task_ids=[2, 3, 4]))
     assert info.value.problems == [
         "suites.0.task_ids: task ids [3, 4] of libero_10_with_milk (libero_10_with_milk) ship no "
         "init states and cannot run; leave them out of task_ids"
