@@ -227,6 +227,22 @@ def test_libero_pro_instructions_find_their_objects(variant, task_id):
         assert region.startswith(container.name) and container.pixels > 50
 
 
+def test_pick_refuses_an_object_wider_than_the_fingers_open_without_moving():
+    """LIBERO-PRO's object_object task 0 swaps in a 9.4 cm soup can: the Panda's fingers open
+    8 cm (their joint ranges), so pick says so before it spends a step."""
+    variation = resolve("libero_pro", "object_object")
+    with make_env(variation.suite, 0, EnvOptions(max_steps=50)) as env:
+        env.reset(0, variation=variation)
+        assert env.scene.gripper().max_width == pytest.approx(0.08)
+        ctx = SkillContext(env)
+        (item,) = skills.read_task(ctx).items
+        with pytest.raises(
+            SkillFailure, match=r"across its narrower side and the fingers open 0\.080 m"
+        ):
+            skills.pick(ctx, item)
+        assert env.steps == 0
+
+
 def _turn_basket(env, degrees: float) -> float:
     """Turn the basket about its own vertical axis where it stands; its body yaw after."""
     joint = env.raw.objects_dict["basket_1"].joints[-1]

@@ -52,6 +52,7 @@ class GripperState:
     hand_quat_xyzw: np.ndarray  # hand body; its y axis is the fingers' closing axis
     finger_qpos: np.ndarray  # (left, right), each about +-0.04 when open
     width: float  # distance between the fingers
+    max_width: float = 0.08  # the widest the fingers open (their joint ranges; Panda: 0.08 m)
 
     @property
     def closed(self) -> bool:
@@ -179,11 +180,13 @@ class SceneView:
         hand = self._model.body(robot.robot_model.eef_name).id
         wxyz = self._data.xquat[hand]
         fingers = self._data.qpos[robot._ref_gripper_joint_pos_indexes].copy()
+        left, right = (self._model.joint(name).range for name in robot.gripper.joints[:2])
         return GripperState(
             eef_pos=self._data.site_xpos[robot.eef_site_id].copy(),
             hand_quat_xyzw=np.array([wxyz[1], wxyz[2], wxyz[3], wxyz[0]]),
             finger_qpos=fingers,
             width=float(fingers[0] - fingers[1]),
+            max_width=float(left[1] - right[0]),
         )
 
     # -- contacts ----------------------------------------------------------------------------

@@ -32,3 +32,8 @@ INSIDE_MARGIN = 0.025
 # of the two ends is which is not seen: the frame is right up to this half turn, and a basket
 # turned by a half turn from its usual pose fills from the tight walls (3 mm less room).
 CONTAINER_TURN = np.pi
+
+# -- perception of widths ------------------------------------------------------------------------
+# A box fitted to a point cloud encloses every point seen, so it reads a few mm wide of the
+# object; a grasp is refused as too wide for the fingers only beyond this much over their reach.
+WIDTH_SLACK = 0.005

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from pytest_gap.instructions import parse_instruction
 from pytest_gap.skills import motion, packing, perception
-from pytest_gap.skills.calibration import INSIDE_MARGIN
+from pytest_gap.skills.calibration import INSIDE_MARGIN, WIDTH_SLACK
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import Box, wrap_half_turn
 from pytest_gap.skills.registry import SkillFailure, skill
@@ -210,8 +210,10 @@ def lift(ctx: SkillContext, height: float = 0.2) -> Motion:
 
 @skill
 def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
-    """Locate, approach from above, grasp and lift an object; retry once if it did not rise."""
+    """Locate, approach from above, grasp and lift an object; retry once if it did not rise.
+    Fails at once on an object wider than the fingers open, naming both widths."""
     scene_name = perception.ground_name(ctx, name)
+    _fits_the_fingers(ctx, scene_name)
     attempts = 0
     for attempt in range(retries + 1):
         attempts = attempt + 1
@@ -240,6 +242,19 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
             return Picked(holding=True, attempts=attempts, lifted_by=rose)
         _gripper(ctx, OPEN)
     return Picked(holding=False, attempts=attempts, lifted_by=0.0)
+
+
+def _fits_the_fingers(ctx: SkillContext, scene_name: str) -> None:
+    """Fail at once on an object whose narrower side is wider than the fingers open, instead
+    of spending the episode's steps on grasps that cannot close on it."""
+    box, _ = perception.locate_box(ctx, scene_name)
+    width = grasp_candidates(ctx, box).best.width
+    reach = ctx.env.scene.gripper().max_width
+    if width > reach + WIDTH_SLACK:
+        raise SkillFailure(
+            f"{scene_name} is {width:.3f} m across its narrower side and the fingers open "
+            f"{reach:.3f} m: it cannot be grasped from above"
+        )
 
 
 @skill
