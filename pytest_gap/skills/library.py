@@ -213,11 +213,11 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
     """Locate, approach from above, grasp and lift an object; retry once if it did not rise.
     Fails at once on an object wider than the fingers open, naming both widths."""
     scene_name = perception.ground_name(ctx, name)
-    _fits_the_fingers(ctx, scene_name)
+    seen = _fits_the_fingers(ctx, scene_name)  # the first attempt's box: no second render
     attempts = 0
     for attempt in range(retries + 1):
         attempts = attempt + 1
-        box, _ = perception.locate_box(ctx, scene_name)
+        box = seen if attempt == 0 else perception.locate_box(ctx, scene_name)[0]
         grasp = grasp_candidates(ctx, box).candidates[min(attempt, 1)]
         above = [*grasp.position[:2], max(box.top + 0.08, box.bottom + 0.15)]
         yaw = motion.grip_yaw(ctx, grasp.position, grasp.yaw)
@@ -244,9 +244,10 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
     return Picked(holding=False, attempts=attempts, lifted_by=0.0)
 
 
-def _fits_the_fingers(ctx: SkillContext, scene_name: str) -> None:
-    """Fail at once on an object whose narrower side is wider than the fingers open, instead
-    of spending the episode's steps on grasps that cannot close on it."""
+def _fits_the_fingers(ctx: SkillContext, scene_name: str) -> Box:
+    """The object's box as seen now; fails at once on an object whose narrower side is wider
+    than the fingers open, instead of spending the episode's steps on grasps that cannot
+    close on it."""
     box, _ = perception.locate_box(ctx, scene_name)
     width = grasp_candidates(ctx, box).best.width
     reach = ctx.env.scene.gripper().max_width
@@ -255,6 +256,7 @@ def _fits_the_fingers(ctx: SkillContext, scene_name: str) -> None:
             f"{scene_name} is {width:.3f} m across its narrower side and the fingers open "
             f"{reach:.3f} m: it cannot be grasped from above"
         )
+    return box
 
 
 @skill
