@@ -33,6 +33,7 @@ from pytest_gap.modes import BUILTIN, ModeTable
 
 # Defined beside the policy client (the policy layer imports nothing of config); named here too.
 from pytest_gap.policies.endpoint import PROTOCOL_OBS_FORMATS, ObsFormatName
+from pytest_gap.redaction import redact_tree
 
 # The built-in rows of the mode table (pytest_gap/modes.py), for the Python API; validation
 # reads the table it is given, so a session knows the modes its plugins add too.
@@ -264,7 +265,8 @@ class BenchmarkConfig(_Strict):
         data = self.model_dump(mode="json", exclude_none=True)
         data.get("llm", {}).pop("api_key", None)
         for entry in data.get("policies", {}).values():
-            entry.pop("env", None)  # env values may hold tokens
+            # the names say how a server was started; values under secret names are masked
+            entry["env"] = redact_tree(entry.get("env", {}))
         return data
 
 

@@ -16,6 +16,7 @@ from pytest_gap.producers.chat import (
     ChatClient,
     LLMConfigError,
     LLMUnavailable,
+    cache_key,
     resolve_settings,
 )
 from pytest_gap.producers.llm import extract_json, generate_workflow
@@ -94,6 +95,18 @@ def test_another_endpoint_misses_the_cache(tmp_path):
         text, cached = _client(second, tmp_path).complete(messages)
         assert (text, cached) == ("from the second server", False)
         assert len(first.requests) == 1 and len(second.requests) == 1
+
+
+def test_the_cache_key_names_the_provider_and_the_endpoint(tmp_path):
+    """A proxy can route one URL and model name to several providers: each keeps its answers."""
+    messages = [{"role": "user", "content": "same prompt"}]
+    with ChatDouble() as double:
+        settings = _settings(double, tmp_path)
+    key = cache_key(settings, messages)
+    assert key == cache_key(settings.model_copy(), messages)
+    assert key != cache_key(settings.model_copy(update={"provider": "openrouter"}), messages)
+    moved = settings.model_copy(update={"base_url": "http://127.0.0.1:1/v1"})
+    assert key != cache_key(moved, messages)
 
 
 def test_preflight_passes_a_good_key_and_model_with_one_uncached_token(tmp_path):
@@ -415,7 +428,8 @@ def _give_up_echoing_the_task(request: dict) -> str:
 
 def test_llm_generation_writes_one_workflow_per_distinct_instruction(pytester, monkeypatch):
     """grocery_packing's instruction lists the seed's items: seeds 0 and 4 of task 0 ask for the
-    same items, seed 1 for others. Two generations, and every seed runs the one for its items."""
+    same items, seed 1 for others. Two generations across two workers, and every seed runs the
+    one for its items."""
     import yaml
 
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
@@ -433,7 +447,7 @@ def test_llm_generation_writes_one_workflow_per_distinct_instruction(pytester, m
             },
         }
         (pytester.path / "grid.yaml").write_text(yaml.safe_dump(config))
-        result = pytester.runpytest_inprocess("grid.yaml")
+        result = pytester.runpytest_subprocess("grid.yaml", "-n", "2", timeout=300)
         assert result.ret == 0, result.stdout.str()
         writer_tasks = sorted(
             r["body"]["messages"][1]["content"].splitlines()[0]

@@ -300,7 +300,10 @@ def test_the_manifest_and_summary_mask_keys_given_on_the_command_line(pytester):
         },
         "policies": {  # registered, not used: echoed in summary.json's grid
             "remote": {"url": "ws://gap:sk-live-url@127.0.0.1:9"},
-            "local": {"command": "serve --hf-token sk-live-cmd --port {port}"},
+            "local": {
+                "command": "serve --hf-token sk-live-cmd --port {port}",
+                "env": {"HF_TOKEN": "sk-live-env", "CUDA_VISIBLE_DEVICES": "0"},
+            },
         },
     }
     (pytester.path / "grid.yaml").write_text(yaml.safe_dump(config))
@@ -333,6 +336,7 @@ def test_the_manifest_and_summary_mask_keys_given_on_the_command_line(pytester):
     grid = json.loads((run_dir / "summary.json").read_text())["grid"]
     assert grid["policies"]["remote"]["url"] == "ws://gap:***@127.0.0.1:9"
     assert grid["policies"]["local"]["command"] == "serve --hf-token *** --port {port}"
+    assert grid["policies"]["local"]["env"] == {"HF_TOKEN": "***", "CUDA_VISIBLE_DEVICES": "0"}
     for path in run_dir.rglob("*"):
         if path.is_file() and path.suffix in (".json", ".tsv", ".txt"):
             assert "sk-live" not in path.read_text(), path
