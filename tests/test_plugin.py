@@ -490,33 +490,34 @@ IDLE_20 = workflow(
 
 @pytest.mark.parametrize("method", ["signal", "thread"])
 def test_waiting_for_a_num_workers_slot_is_not_charged_to_the_watchdog(fake, method):
-    """A 10 s watchdog; the suite's only slot is held for 7 s after the trial starts, and the
-    trial's own work takes 5 s (20 steps of 0.25 s) once it has the slot: 12 s in all, yet only
-    its own time counts towards the watchdog (the wait is bounded by the budget on its own)."""
-    fake.config(_slotted(10, fake.workflow("idle_20", IDLE_20), seed=0))  # seed 0: no success
+    """A 4 s watchdog; the suite's only slot is held for 3 s after the trial starts, and the
+    trial's own work takes 1.5 s (20 steps of 0.075 s) once it has the slot: 4.5 s in all, yet
+    only its own time counts towards the watchdog (the wait is bounded by the budget on its
+    own). Charging the wait would time the trial out (124) at 4 s, before its last steps."""
+    fake.config(_slotted(4, fake.workflow("idle_20", IDLE_20), seed=0))  # seed 0: no success
     trial = fake.path / FIXED_RUN / "suites/fake_easy/task_01/seed_000"
-    holder = _hold_slot_until(fake.path / FIXED_RUN / SLOT, trial / "running.json", 7)
+    holder = _hold_slot_until(fake.path / FIXED_RUN / SLOT, trial / "running.json", 3)
     result = fake.run(
         "bench.yaml",
         "-n",
         "2",
         f"--timeout-method={method}",
         "--gap-resume",
-        GAP_FAKE_STEP_S="0.25",
+        GAP_FAKE_STEP_S="0.075",
     )
     holder.join(timeout=TIMEOUT)
     record = json.loads((trial / "result.json").read_text())
     assert record["exit_code"] == 0 and record["exit_status"] == "end_success", record
     assert record["steps"] == 20
-    assert record["slot_wait_s"] > 5, record  # it really queued behind the holder
-    assert record["wall_s"] > 10, record  # longer than the watchdog, counting the wait
+    assert record["slot_wait_s"] > 2.5, record  # it really queued behind the holder
+    assert record["wall_s"] > 4, record  # longer than the watchdog, counting the wait
     assert result.ret == 0, result.stdout.str()
 
 
 def test_a_trial_that_gets_no_slot_within_its_budget_is_an_errored_trial(fake):
     """Another process holds the suite's only slot for the whole session: the trial waits its
-    3 s budget, then is recorded as an infrastructure failure, not as a 124 timeout."""
-    fake.config(_slotted(3))
+    2 s budget, then is recorded as an infrastructure failure, not as a 124 timeout."""
+    fake.config(_slotted(2))
     slot = fake.path / FIXED_RUN / SLOT
     slot.parent.mkdir(parents=True)
     with slot.open("w") as held:
@@ -525,10 +526,10 @@ def test_a_trial_that_gets_no_slot_within_its_budget_is_an_errored_trial(fake):
     record = fake.results(fake.path / FIXED_RUN)["suites/fake_easy/task_01/seed_001"]
     assert record["exit_code"] == 1 and record["infra_failure"], record
     assert record["error"].startswith(
-        "no num_workers slot of suite fake_easy came free within the trial's 3 s budget "
+        "no num_workers slot of suite fake_easy came free within the trial's 2 s budget "
         "(num_workers 1"
     )
-    assert record["slot_wait_s"] >= 3
+    assert record["slot_wait_s"] >= 2
     assert result.ret == 1  # an errored trial errors its cell: the gate fails
     assert "infrastructure failure: task 1 seed 1" in result.stdout.str()
 
@@ -554,13 +555,13 @@ def _hang_and_control(timeout_s: float) -> dict:
 
 
 def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(fake):
-    fake.config(_hang_and_control(3))
+    fake.config(_hang_and_control(2))
     result = fake.run("bench.yaml", GAP_FAKE_HANG="0:0")
     result.assert_outcomes(passed=1, failed=1)
     results = fake.results(fake.run_dir())
     stalled = results["suites/fake_easy/task_00/seed_000"]
     assert stalled["exit_code"] == 124 and not stalled["infra_failure"]
-    assert "timed out after 3 s" in stalled["reason"]
+    assert "timed out after 2 s" in stalled["reason"]
     assert stalled["init_state"] == 0
     assert results["suites/fake_easy_02/task_01/seed_001"]["exit_code"] == 0
     assert result.ret == 0  # timeouts are failed trials, not errored cells; 0.0 gate passes
