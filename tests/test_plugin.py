@@ -74,6 +74,12 @@ def _run(pytester, *args, **env):
     return pytester.runpytest_subprocess(*args, timeout=TIMEOUT)
 
 
+def _collect(pytester, *args):
+    """A session that stops at collection or at its config: in-process (nothing of it is
+    process-level, and a fresh interpreter per session cost ~1 s each)."""
+    return pytester.runpytest_inprocess(*args)
+
+
 def _results(run_dir: Path) -> dict[str, dict]:
     return {
         p.parent.relative_to(run_dir).as_posix(): json.loads(p.read_text())
@@ -110,7 +116,7 @@ def test_collection_ids_keywords_and_markers(pytester):
             "policies": {"pi05-libero": {"url": "ws://127.0.0.1:9"}},
         },
     )
-    result = _run(pytester, "grid.yaml", "--collect-only", "-q")
+    result = _collect(pytester, "grid.yaml", "--collect-only", "-q")
     ids = [line for line in result.outlines if line.startswith("grid.yaml::")]
     assert ids == [
         f"grid.yaml::{mode}::{fv}::task03::seed00{s}"
@@ -118,11 +124,13 @@ def test_collection_ids_keywords_and_markers(pytester):
         for fv in ("libero/object", "posvar/pos_var")
         for s in (0, 1)
     ]
-    picked = _run(pytester, "grid.yaml", "--collect-only", "-q", "-k", "posvar and policy_only")
+    picked = _collect(pytester, "grid.yaml", "--collect-only", "-q", "-k", "posvar and policy_only")
     assert [x for x in picked.outlines if x.startswith("grid.yaml::")] == ids[6:]
-    marked = _run(pytester, "grid.yaml", "--collect-only", "-q", "-m", "gap_mode(name='workflow')")
+    marked = _collect(
+        pytester, "grid.yaml", "--collect-only", "-q", "-m", "gap_mode(name='workflow')"
+    )
     assert [x for x in marked.outlines if x.startswith("grid.yaml::")] == ids[:4]
-    by_family = _run(pytester, "grid.yaml", "--collect-only", "-q", "--gap-families=libero")
+    by_family = _collect(pytester, "grid.yaml", "--collect-only", "-q", "--gap-families=libero")
     assert len([x for x in by_family.outlines if x.startswith("grid.yaml::")]) == 4
 
 
@@ -146,7 +154,7 @@ def test_collection_ids_keywords_and_markers(pytester):
 )
 def test_config_errors_exit_2_with_the_message(pytester, data, args, message):
     _config(pytester, "bad.yaml", data)
-    result = _run(pytester, "bad.yaml", *args)
+    result = _collect(pytester, "bad.yaml", *args)
     assert result.ret == 2
     assert message in result.stdout.str()
     assert "Traceback" not in result.stdout.str()
@@ -155,7 +163,7 @@ def test_config_errors_exit_2_with_the_message(pytester, data, args, message):
 def test_two_configs_sharing_a_run_dir_is_a_config_error(pytester):
     for name in ("a.yaml", "b.yaml"):
         _config(pytester, name, {"benchmark": {"families": ["libero"], "variations": ["object"]}})
-    result = _run(pytester, "a.yaml", "b.yaml", "--collect-only", "-q")
+    result = _collect(pytester, "a.yaml", "b.yaml", "--collect-only", "-q")
     assert result.ret == 2
     assert "a.yaml writes to the same run dir" in result.stdout.str()
 
@@ -568,16 +576,16 @@ def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(fake):
 
 
 def test_a_worker_killed_by_the_thread_watchdog_is_recorded_as_124(fake):
-    """The watchdog counts the item's setup too (here 1.5 s of a 3 s limit): the controller
+    """The watchdog counts the item's setup too (here 1 s of a 2 s limit): the controller
     judges the dead worker by the same clock, so the kill is a timeout, not a crash."""
-    fake.config(_hang_and_control(3))
+    fake.config(_hang_and_control(2))
     result = fake.run(
         "bench.yaml",
         "-n",
         "2",
         "--timeout-method=thread",
         GAP_FAKE_HANG="0:0",
-        GAP_FAKE_SETUP_S="1.5",
+        GAP_FAKE_SETUP_S="1",
     )
     results = fake.results(fake.run_dir())
     stalled = results["suites/fake_easy/task_00/seed_000"]
