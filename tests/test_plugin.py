@@ -247,6 +247,10 @@ def test_a_real_libero_session_records_results_junit_and_the_gate(pytester):
 
 
 def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
+    """The first three sessions run in-process (this process may have loaded a simulator, so
+    they record no modules); the last, a resume that replays every record, is a process of its
+    own and shows that no simulator was imported for it."""
+    fake.setenv(GAP_FAKE_MODULES=None)
     base = {
         "backend": BACKEND,
         "trials": {"output_dir": "runs"},
@@ -257,7 +261,7 @@ def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
         "gate_threshold": 0.5,
     }
     fake.config(base)
-    first = fake.run("bench.yaml")
+    first = fake.run_inprocess("bench.yaml")
     first.assert_outcomes(passed=1, failed=1)
     assert first.ret == 0 and "gate PASS: success_rate=0.500" in first.stdout.str()
     run_dir = fake.run_dir()
@@ -267,13 +271,13 @@ def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
 
     # --lf re-runs only the failed trial, into the same run dir; the summary keeps both.
     failed_record = run_dir / "suites/fake_easy_02/task_00/seed_000/result.json"
-    written = failed_record.stat().st_mtime_ns
-    second = fake.run("bench.yaml", "--lf")
+    os.utime(failed_record, (1, 1))  # an old record: sessions here are well under 1 s apart
+    second = fake.run_inprocess("bench.yaml", "--lf")
     second.assert_outcomes(failed=1, deselected=1)
     assert fake.run_dir() == run_dir
     again = fake.results(run_dir)
     assert again["suites/fake_easy/task_00/seed_001"] == ok
-    assert failed_record.stat().st_mtime_ns > written  # re-run (timestamps have 1 s steps)
+    assert failed_record.stat().st_mtime > 1  # re-run (written anew)
     assert "gate PASS: success_rate=0.500" in second.stdout.str()
     tsv = (run_dir / "summary.tsv").read_text().splitlines()
     assert [row.split("\t")[4:6] for row in tsv[1:3]] == [
@@ -286,7 +290,7 @@ def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
     corrupt = run_dir / "suites/fake_easy_02/task_00/seed_000/result.json"
     corrupt.write_text('{"version": 1, "nodeid": ')
     fake.config({**base, "gate_threshold": 0.9})
-    third = fake.run("bench.yaml", "--gap-resume")
+    third = fake.run_inprocess("bench.yaml", "--gap-resume")
     out = third.stdout.str()
     assert third.ret == 1
     assert "gate FAIL: success_rate=0.500 threshold=0.900" in out
@@ -294,7 +298,7 @@ def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
     assert "recorded by an earlier session, not re-run" not in out  # the failed one re-ran
     assert fake.results(run_dir)["suites/fake_easy/task_00/seed_001"] == ok  # not re-run
     assert json.loads(corrupt.read_text())["seed"] == 0
-    fourth = fake.run("bench.yaml", "--gap-resume", "--gap-no-gate")
+    fourth = fake.run("bench.yaml", "--gap-resume", "--gap-no-gate", GAP_FAKE_MODULES=fake.modules)
     assert fourth.ret == 1  # pytest's own status: a trial failed
     assert "recorded by an earlier session, not re-run" in fourth.stdout.str()
     assert "[--gap-no-gate: not deciding the exit status]" in fourth.stdout.str()
@@ -320,7 +324,7 @@ def test_cells_without_their_producer_fail_as_errored(fake):
         },
         "grid.yaml",
     )
-    result = fake.run("grid.yaml")
+    result = fake.run_inprocess("grid.yaml")
     assert result.ret == 1
     out = result.stdout.str()
     assert "not run: task 0 seed 0" in out and "llm.model is not set" in out
