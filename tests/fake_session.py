@@ -92,6 +92,14 @@ class FakeSession:
         self.setenv(**env)
         return self.pytester.runpytest_subprocess(*args, timeout=timeout)
 
+    def run_inprocess(self, *args, **env):
+        """The session in this process: for what is not process-level (no xdist, kills,
+        signals or exit of the interpreter), without a fresh interpreter's ~1 s start. The
+        fake backend is found on sys.path here (PYTHONPATH only reaches subprocesses)."""
+        self.setenv(**env)
+        self.pytester._monkeypatch.syspath_prepend(str(TESTS))
+        return self.pytester.runpytest_inprocess(*args)
+
     def run_dir(self, output: str = "runs") -> Path:
         dirs = sorted(p for p in (self.path / output).iterdir() if p.is_dir())
         assert len(dirs) == 1, dirs

@@ -39,7 +39,7 @@ def test_the_wilson_gate_decides_pass_fail_or_inconclusive(fake):
     the point rule would pass) the Wilson rule cannot tell and says so (exit 1), with the trials
     that would decide it; against 0.3 it passes, against 0.9 it fails."""
     fake.config(_grid([0, 1], 9, gate_threshold=0.6, gate_rule="wilson"))
-    unsure = fake.run("bench.yaml")
+    unsure = fake.run_inprocess("bench.yaml")
     out = unsure.stdout.str()
     unsure.assert_outcomes(passed=12, failed=6)
     assert unsure.ret == 1, out
@@ -65,7 +65,7 @@ def test_the_wilson_gate_decides_pass_fail_or_inconclusive(fake):
         (0.9, "FAIL", 1, " (interval below threshold (12/18))"),
     ]:
         fake.config(_grid([0, 1], 9, gate_threshold=threshold, gate_rule="wilson"))
-        again = fake.run("bench.yaml", "--gap-resume")
+        again = fake.run_inprocess("bench.yaml", "--gap-resume")
         out = again.stdout.str()
         assert again.ret == status, out
         assert (
@@ -76,7 +76,7 @@ def test_the_wilson_gate_decides_pass_fail_or_inconclusive(fake):
 
 def test_coverage_counts_deselected_trials_out_and_earlier_records_in(fake):
     fake.config(_grid([0, 1], 3, gate_threshold=0.5))  # 6 trials; seed 0 fails
-    picked = fake.run("bench.yaml", "-k", "seed001 or seed002")
+    picked = fake.run_inprocess("bench.yaml", "-k", "seed001 or seed002")
     picked.assert_outcomes(passed=4, deselected=2)
     assert picked.ret == 0, picked.stdout.str()
     assert "gate PASS: success_rate=1.000 threshold=0.500; recorded 4/4 planned, 2 deselected" in (
@@ -85,9 +85,9 @@ def test_coverage_counts_deselected_trials_out_and_earlier_records_in(fake):
     # The same run dir: a resumed full session records the other two; --lf then re-runs the two
     # failures and deselects the four passes, which earlier sessions recorded: all six are
     # planned and recorded, none is "deselected".
-    full = fake.run("bench.yaml", "--gap-resume")
+    full = fake.run_inprocess("bench.yaml", "--gap-resume")
     assert "recorded 6/6 planned" in full.stdout.str() and full.ret == 0
-    last_failed = fake.run("bench.yaml", "--lf")
+    last_failed = fake.run_inprocess("bench.yaml", "--lf")
     last_failed.assert_outcomes(failed=2, deselected=4)
     out = last_failed.stdout.str()
     assert "gate PASS: success_rate=0.667 threshold=0.500; recorded 6/6 planned" in out
@@ -98,7 +98,7 @@ def test_a_selected_trial_without_a_record_fails_the_gate(fake):
     """-x stops the session at the first failed trial: the trials it never ran have no record,
     and a lenient threshold must not let the one recorded trial pass the gate."""
     fake.config(_grid([0, 1], 3, gate_threshold=0.0))
-    stopped = fake.run("bench.yaml", "-x")
+    stopped = fake.run_inprocess("bench.yaml", "-x")
     stopped.assert_outcomes(failed=1)
     out = stopped.stdout.str()
     assert stopped.ret == 1, out

@@ -71,9 +71,10 @@ def _run(env_gl: str | None, patch: str = "", script: str = _SCRIPT) -> dict:
 
 
 def test_unset_mujoco_gl_defaults_to_egl_and_is_exported_to_children():
-    out = _run(None)
+    # The one-box model: rendering a LIBERO scene under EGL is test_an_env_renders_on_the_egl_...
+    out = _run(None, script=_TINY_SCRIPT)
     assert out["chosen"] == out["exported"] == "egl"
-    assert out["shape"] == [32, 32, 3]
+    assert out["shape"] == [32, 32, 3] and out["red"]
 
 
 def test_a_users_mujoco_gl_is_respected():

@@ -74,6 +74,12 @@ def _run(pytester, *args, **env):
     return pytester.runpytest_subprocess(*args, timeout=TIMEOUT)
 
 
+def _collect(pytester, *args):
+    """A session that stops at collection or at its config: in-process (nothing of it is
+    process-level, and a fresh interpreter per session cost ~1 s each)."""
+    return pytester.runpytest_inprocess(*args)
+
+
 def _results(run_dir: Path) -> dict[str, dict]:
     return {
         p.parent.relative_to(run_dir).as_posix(): json.loads(p.read_text())
@@ -110,7 +116,7 @@ def test_collection_ids_keywords_and_markers(pytester):
             "policies": {"pi05-libero": {"url": "ws://127.0.0.1:9"}},
         },
     )
-    result = _run(pytester, "grid.yaml", "--collect-only", "-q")
+    result = _collect(pytester, "grid.yaml", "--collect-only", "-q")
     ids = [line for line in result.outlines if line.startswith("grid.yaml::")]
     assert ids == [
         f"grid.yaml::{mode}::{fv}::task03::seed00{s}"
@@ -118,11 +124,13 @@ def test_collection_ids_keywords_and_markers(pytester):
         for fv in ("libero/object", "posvar/pos_var")
         for s in (0, 1)
     ]
-    picked = _run(pytester, "grid.yaml", "--collect-only", "-q", "-k", "posvar and policy_only")
+    picked = _collect(pytester, "grid.yaml", "--collect-only", "-q", "-k", "posvar and policy_only")
     assert [x for x in picked.outlines if x.startswith("grid.yaml::")] == ids[6:]
-    marked = _run(pytester, "grid.yaml", "--collect-only", "-q", "-m", "gap_mode(name='workflow')")
+    marked = _collect(
+        pytester, "grid.yaml", "--collect-only", "-q", "-m", "gap_mode(name='workflow')"
+    )
     assert [x for x in marked.outlines if x.startswith("grid.yaml::")] == ids[:4]
-    by_family = _run(pytester, "grid.yaml", "--collect-only", "-q", "--gap-families=libero")
+    by_family = _collect(pytester, "grid.yaml", "--collect-only", "-q", "--gap-families=libero")
     assert len([x for x in by_family.outlines if x.startswith("grid.yaml::")]) == 4
 
 
@@ -146,7 +154,7 @@ def test_collection_ids_keywords_and_markers(pytester):
 )
 def test_config_errors_exit_2_with_the_message(pytester, data, args, message):
     _config(pytester, "bad.yaml", data)
-    result = _run(pytester, "bad.yaml", *args)
+    result = _collect(pytester, "bad.yaml", *args)
     assert result.ret == 2
     assert message in result.stdout.str()
     assert "Traceback" not in result.stdout.str()
@@ -155,7 +163,7 @@ def test_config_errors_exit_2_with_the_message(pytester, data, args, message):
 def test_two_configs_sharing_a_run_dir_is_a_config_error(pytester):
     for name in ("a.yaml", "b.yaml"):
         _config(pytester, name, {"benchmark": {"families": ["libero"], "variations": ["object"]}})
-    result = _run(pytester, "a.yaml", "b.yaml", "--collect-only", "-q")
+    result = _collect(pytester, "a.yaml", "b.yaml", "--collect-only", "-q")
     assert result.ret == 2
     assert "a.yaml writes to the same run dir" in result.stdout.str()
 
@@ -239,6 +247,10 @@ def test_a_real_libero_session_records_results_junit_and_the_gate(pytester):
 
 
 def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
+    """The first three sessions run in-process (this process may have loaded a simulator, so
+    they record no modules); the last, a resume that replays every record, is a process of its
+    own and shows that no simulator was imported for it."""
+    fake.setenv(GAP_FAKE_MODULES=None)
     base = {
         "backend": BACKEND,
         "trials": {"output_dir": "runs"},
@@ -249,7 +261,7 @@ def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
         "gate_threshold": 0.5,
     }
     fake.config(base)
-    first = fake.run("bench.yaml")
+    first = fake.run_inprocess("bench.yaml")
     first.assert_outcomes(passed=1, failed=1)
     assert first.ret == 0 and "gate PASS: success_rate=0.500" in first.stdout.str()
     run_dir = fake.run_dir()
@@ -259,13 +271,13 @@ def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
 
     # --lf re-runs only the failed trial, into the same run dir; the summary keeps both.
     failed_record = run_dir / "suites/fake_easy_02/task_00/seed_000/result.json"
-    written = failed_record.stat().st_mtime_ns
-    second = fake.run("bench.yaml", "--lf")
+    os.utime(failed_record, (1, 1))  # an old record: sessions here are well under 1 s apart
+    second = fake.run_inprocess("bench.yaml", "--lf")
     second.assert_outcomes(failed=1, deselected=1)
     assert fake.run_dir() == run_dir
     again = fake.results(run_dir)
     assert again["suites/fake_easy/task_00/seed_001"] == ok
-    assert failed_record.stat().st_mtime_ns > written  # re-run (timestamps have 1 s steps)
+    assert failed_record.stat().st_mtime > 1  # re-run (written anew)
     assert "gate PASS: success_rate=0.500" in second.stdout.str()
     tsv = (run_dir / "summary.tsv").read_text().splitlines()
     assert [row.split("\t")[4:6] for row in tsv[1:3]] == [
@@ -278,7 +290,7 @@ def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
     corrupt = run_dir / "suites/fake_easy_02/task_00/seed_000/result.json"
     corrupt.write_text('{"version": 1, "nodeid": ')
     fake.config({**base, "gate_threshold": 0.9})
-    third = fake.run("bench.yaml", "--gap-resume")
+    third = fake.run_inprocess("bench.yaml", "--gap-resume")
     out = third.stdout.str()
     assert third.ret == 1
     assert "gate FAIL: success_rate=0.500 threshold=0.900" in out
@@ -286,7 +298,7 @@ def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
     assert "recorded by an earlier session, not re-run" not in out  # the failed one re-ran
     assert fake.results(run_dir)["suites/fake_easy/task_00/seed_001"] == ok  # not re-run
     assert json.loads(corrupt.read_text())["seed"] == 0
-    fourth = fake.run("bench.yaml", "--gap-resume", "--gap-no-gate")
+    fourth = fake.run("bench.yaml", "--gap-resume", "--gap-no-gate", GAP_FAKE_MODULES=fake.modules)
     assert fourth.ret == 1  # pytest's own status: a trial failed
     assert "recorded by an earlier session, not re-run" in fourth.stdout.str()
     assert "[--gap-no-gate: not deciding the exit status]" in fourth.stdout.str()
@@ -312,7 +324,7 @@ def test_cells_without_their_producer_fail_as_errored(fake):
         },
         "grid.yaml",
     )
-    result = fake.run("grid.yaml")
+    result = fake.run_inprocess("grid.yaml")
     assert result.ret == 1
     out = result.stdout.str()
     assert "not run: task 0 seed 0" in out and "llm.model is not set" in out
@@ -490,33 +502,34 @@ IDLE_20 = workflow(
 
 @pytest.mark.parametrize("method", ["signal", "thread"])
 def test_waiting_for_a_num_workers_slot_is_not_charged_to_the_watchdog(fake, method):
-    """A 10 s watchdog; the suite's only slot is held for 7 s after the trial starts, and the
-    trial's own work takes 5 s (20 steps of 0.25 s) once it has the slot: 12 s in all, yet only
-    its own time counts towards the watchdog (the wait is bounded by the budget on its own)."""
-    fake.config(_slotted(10, fake.workflow("idle_20", IDLE_20), seed=0))  # seed 0: no success
+    """A 4 s watchdog; the suite's only slot is held for 3 s after the trial starts, and the
+    trial's own work takes 1.5 s (20 steps of 0.075 s) once it has the slot: 4.5 s in all, yet
+    only its own time counts towards the watchdog (the wait is bounded by the budget on its
+    own). Charging the wait would time the trial out (124) at 4 s, before its last steps."""
+    fake.config(_slotted(4, fake.workflow("idle_20", IDLE_20), seed=0))  # seed 0: no success
     trial = fake.path / FIXED_RUN / "suites/fake_easy/task_01/seed_000"
-    holder = _hold_slot_until(fake.path / FIXED_RUN / SLOT, trial / "running.json", 7)
+    holder = _hold_slot_until(fake.path / FIXED_RUN / SLOT, trial / "running.json", 3)
     result = fake.run(
         "bench.yaml",
         "-n",
         "2",
         f"--timeout-method={method}",
         "--gap-resume",
-        GAP_FAKE_STEP_S="0.25",
+        GAP_FAKE_STEP_S="0.075",
     )
     holder.join(timeout=TIMEOUT)
     record = json.loads((trial / "result.json").read_text())
     assert record["exit_code"] == 0 and record["exit_status"] == "end_success", record
     assert record["steps"] == 20
-    assert record["slot_wait_s"] > 5, record  # it really queued behind the holder
-    assert record["wall_s"] > 10, record  # longer than the watchdog, counting the wait
+    assert record["slot_wait_s"] > 2.5, record  # it really queued behind the holder
+    assert record["wall_s"] > 4, record  # longer than the watchdog, counting the wait
     assert result.ret == 0, result.stdout.str()
 
 
 def test_a_trial_that_gets_no_slot_within_its_budget_is_an_errored_trial(fake):
     """Another process holds the suite's only slot for the whole session: the trial waits its
-    3 s budget, then is recorded as an infrastructure failure, not as a 124 timeout."""
-    fake.config(_slotted(3))
+    2 s budget, then is recorded as an infrastructure failure, not as a 124 timeout."""
+    fake.config(_slotted(2))
     slot = fake.path / FIXED_RUN / SLOT
     slot.parent.mkdir(parents=True)
     with slot.open("w") as held:
@@ -525,10 +538,10 @@ def test_a_trial_that_gets_no_slot_within_its_budget_is_an_errored_trial(fake):
     record = fake.results(fake.path / FIXED_RUN)["suites/fake_easy/task_01/seed_001"]
     assert record["exit_code"] == 1 and record["infra_failure"], record
     assert record["error"].startswith(
-        "no num_workers slot of suite fake_easy came free within the trial's 3 s budget "
+        "no num_workers slot of suite fake_easy came free within the trial's 2 s budget "
         "(num_workers 1"
     )
-    assert record["slot_wait_s"] >= 3
+    assert record["slot_wait_s"] >= 2
     assert result.ret == 1  # an errored trial errors its cell: the gate fails
     assert "infrastructure failure: task 1 seed 1" in result.stdout.str()
 
@@ -554,29 +567,29 @@ def _hang_and_control(timeout_s: float) -> dict:
 
 
 def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(fake):
-    fake.config(_hang_and_control(3))
+    fake.config(_hang_and_control(2))
     result = fake.run("bench.yaml", GAP_FAKE_HANG="0:0")
     result.assert_outcomes(passed=1, failed=1)
     results = fake.results(fake.run_dir())
     stalled = results["suites/fake_easy/task_00/seed_000"]
     assert stalled["exit_code"] == 124 and not stalled["infra_failure"]
-    assert "timed out after 3 s" in stalled["reason"]
+    assert "timed out after 2 s" in stalled["reason"]
     assert stalled["init_state"] == 0
     assert results["suites/fake_easy_02/task_01/seed_001"]["exit_code"] == 0
     assert result.ret == 0  # timeouts are failed trials, not errored cells; 0.0 gate passes
 
 
 def test_a_worker_killed_by_the_thread_watchdog_is_recorded_as_124(fake):
-    """The watchdog counts the item's setup too (here 1.5 s of a 3 s limit): the controller
+    """The watchdog counts the item's setup too (here 1 s of a 2 s limit): the controller
     judges the dead worker by the same clock, so the kill is a timeout, not a crash."""
-    fake.config(_hang_and_control(3))
+    fake.config(_hang_and_control(2))
     result = fake.run(
         "bench.yaml",
         "-n",
         "2",
         "--timeout-method=thread",
         GAP_FAKE_HANG="0:0",
-        GAP_FAKE_SETUP_S="1.5",
+        GAP_FAKE_SETUP_S="1",
     )
     results = fake.results(fake.run_dir())
     stalled = results["suites/fake_easy/task_00/seed_000"]

@@ -71,7 +71,7 @@ def test_policy_only_runs_a_managed_server_through_run_policy(pytester):
         max_steps=HOLD_STEPS,
     )
     # under xdist: the server started by the controller reaches the worker (workerinput)
-    result = pytester.runpytest_subprocess("grid.yaml", "-n", "2", timeout=TIMEOUT)
+    result = pytester.runpytest_subprocess("grid.yaml", "-n", "1", timeout=TIMEOUT)
     out = result.stdout.str()
     assert result.ret == 0, out  # the trial failed (holding still), the 0.0 gate passes
     record = _only_result(pytester)

@@ -30,6 +30,8 @@ from pytest_gap.sim.vla_eval.backend import VlaEvalBackend
 from pytest_gap.sim.vla_eval.claims import CLAIMS
 from tests.test_vla_eval import Served
 
+pytest_plugins = ["pytester"]
+
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 # Episodes cut short by the config (trials.max_steps): a whole 280-step vla-eval LIBERO episode
@@ -367,7 +369,7 @@ def test_a_resumed_vla_eval_session_replays_its_records_without_the_server(vla_s
 
 
 def test_the_same_seed_reaches_the_same_first_observation_in_both_backends(
-    vla_session, server, tmp_path
+    vla_session, server, pytester
 ):
     """policy_only through vla-eval's loop (the shared session, seeds 3 and 7), and
     policy_only_bare (run_policy from the settled init state) on the libero backend with the
@@ -375,9 +377,14 @@ def test_the_same_seed_reaches_the_same_first_observation_in_both_backends(
     and a different one for another seed."""
     before = len(server.episodes)
     bare = {"mode_overrides": {"policy_only": {"template": "policy_only_bare"}}}
-    result = _session(tmp_path, _grid("libero", server.url, seeds=[3], **bare))
-    assert result.returncode == 0, result.stdout
-    records = _results(next((tmp_path / "runs").iterdir()))
+    # The libero backend's session runs in-process (no vla-eval code runs in it, and this
+    # process's LIBERO is warm); the server sees it over loopback as any other client.
+    (pytester.path / "bench.yaml").write_text(
+        yaml.safe_dump(_grid("libero", server.url, seeds=[3], **bare))
+    )
+    result = pytester.runpytest_inprocess("bench.yaml")
+    assert result.ret == 0, result.stdout.str()
+    records = _results(next((pytester.path / "runs").iterdir()))
     assert sorted(records) == [3] and records[3]["error"] is None
     assert (records[3]["init_state"], records[3]["steps"]) == (3, SHORT_STEPS)  # trials.max_steps
     (ours,) = _measured(server.episodes[before:])
