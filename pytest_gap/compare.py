@@ -462,13 +462,25 @@ def refusals(
     plan_reasons, plan_notes = plan_problems(pairs, run_a, run_b)
     reasons += plan_reasons
     notes += plan_notes
-    same = sorted(
-        {p.a.policy_url for p in pairs if p.a.policy_url and p.a.policy_url == p.b.policy_url}
-    )
+    shared = [p for p in pairs if p.a.policy_url and p.a.policy_url == p.b.policy_url]
+    # One url may serve two checkpoints at different times (a loopback port reused between
+    # runs); the servers' own digests tell them apart. Equal or unrecorded digests cannot.
+    told_apart = [
+        p
+        for p in shared
+        if p.a.policy_digest and p.b.policy_digest and p.a.policy_digest != p.b.policy_digest
+    ]
+    same = sorted({p.a.policy_url for p in shared if p not in told_apart})
     if same:
         reasons.append(
-            f"both sides were answered by {_first(same)}: a policy compared with itself; "
-            "serve each side on its own url"
+            f"both sides were answered by {_first(same)} with no different policy digest: a "
+            "policy compared with itself; serve each side on its own url, or record both runs "
+            "with servers that send their metadata"
+        )
+    elif told_apart:
+        notes.append(
+            f"both sides used {_first(sorted({p.a.policy_url for p in told_apart}))}, told apart "
+            "by their policy digests"
         )
     records = [r for p in pairs if not p.excluded for r in (p.a, p.b)]
     unknown = [

@@ -353,9 +353,27 @@ def test_one_server_answering_both_sides_is_refused(tmp_path, capsys):
     records = _pairs(_table(a_only=2, b_only=2), b_extra={"policy_url": "ws://127.0.0.1:9100"})
     (line,) = _refused(capsys, _run(tmp_path / "run", records), "--a", BASE, "--b", CAND)
     assert line == (
-        "both sides were answered by ws://127.0.0.1:9100: a policy compared with itself; serve "
-        "each side on its own url"
+        "both sides were answered by ws://127.0.0.1:9100 with no different policy digest: a "
+        "policy compared with itself; serve each side on its own url, or record both runs with "
+        "servers that send their metadata"
     )
+    same_server = {"policy_url": "ws://127.0.0.1:9100", "policy_digest": "sha256:ckpt1"}
+    records = _pairs(_table(a_only=2, b_only=2), a_extra=same_server, b_extra=same_server)
+    (line,) = _refused(capsys, _run(tmp_path / "same", records), "--a", BASE, "--b", CAND)
+    assert line.startswith("both sides were answered by ws://127.0.0.1:9100 with no different")
+
+
+def test_one_url_serving_two_checkpoints_in_turn_is_compared(tmp_path, capsys):
+    """Two runs days apart on the same loopback port: the servers' digests tell them apart."""
+    url = "ws://127.0.0.1:9100"
+    records = _pairs(
+        _table(a_only=6, tasks=3),
+        a_extra={"policy_url": url, "policy_digest": "sha256:ckpt1"},
+        b_extra={"policy_url": url, "policy_digest": "sha256:ckpt2"},
+    )
+    code, data = _json(capsys, _run(tmp_path / "run", records), "--a", BASE, "--b", CAND)
+    assert code == 1  # compared: B lost all six
+    assert data["notes"] == [f"both sides used {url}, told apart by their policy digests"]
 
 
 def test_no_paired_trials_is_refused(tmp_path, capsys):
