@@ -162,11 +162,14 @@ _DRAWER = re.compile(
 _LEVELS = {"top": "top", "upper": "top", "middle": "middle", "bottom": "bottom", "lower": "bottom"}
 # Two candidates whose distances to the reference point differ by less than this are a tie.
 TIE = 0.01  # m
-# "On A": its bottom no lower than this under A's top (a bowl sinks into a stove's rings and
-# tilts on a ramekin's rim) ...
-SUPPORT_BELOW = 0.04  # m
-# ... and no higher than this above it.
+# "On A": its bottom no higher than this above A's top ...
 SUPPORT_ABOVE = 0.015  # m
+# ... and above the surface A stands on; or, tilted over A's edge (a bowl on a ramekin dips its
+# rim to 8 mm above the table), its top this far above A's.
+TILTED_ABOVE = 0.04  # m
+# Its centre within this of A's footprint: a bowl on a ramekin tilts 6 cm off its centre, 2 cm
+# beyond its edge; one on the table beside A may reach over A's edge with its rim only.
+SUPPORT_REACH = 0.05  # m
 
 
 class Reference(BaseModel):
@@ -235,13 +238,22 @@ def parse_reference(phrase: str) -> Reference:
     return Reference(noun=noun, relation=relation, anchors=[_phrase(anchor)])
 
 
-def supported_by(thing: Thing, anchor: Thing) -> bool:
-    """Whether `thing` stands on or in `anchor`: their footprints overlap and its bottom is
-    above the surface `anchor` stands on and not above `anchor`'s top."""
+def supported_by(thing: Thing, anchor: Thing, tilted: bool = False) -> bool:
+    """Whether `thing` stands on or in `anchor`: its centre over `anchor`'s footprint (within
+    SUPPORT_REACH), its bottom not above `anchor`'s top and above the surface `anchor` stands
+    on; with `tilted`, also when its top is TILTED_ABOVE over `anchor`'s (leaning on its edge)."""
+    inside = all(
+        abs(thing.center[i] - anchor.center[i]) < anchor.half_extents[i] + SUPPORT_REACH
+        for i in (0, 1)
+    )
+    raised = thing.bottom > anchor.bottom + 0.01 or (
+        tilted and thing.top > anchor.top + TILTED_ABOVE
+    )
     return (
         thing.name != anchor.name
-        and thing.overlaps(anchor)
-        and anchor.bottom + 0.01 < thing.bottom <= anchor.top + SUPPORT_ABOVE
+        and inside
+        and raised
+        and thing.bottom <= anchor.top + SUPPORT_ABOVE
     )
 
 
@@ -252,7 +264,7 @@ def resolve_reference(
 
     between A and B: the candidate nearest the midpoint of A's and B's centres; next to A: the
     nearest to A that does not stand on A; on A: the one standing on A and sticking out above
-    its top (SUPPORT_BELOW, SUPPORT_ABOVE); in A: the one within A (a drawer: the top, middle
+    its top (`supported_by`); in A: the one within A (a drawer: the top, middle
     or bottom third of A's height by where its bottom is); table center: the nearest to
     `table_center` (x, y). Names are never read for order (`bowl_1` is not "the first bowl").
     Raises PhraseError naming the candidates when none fits or two fit equally well."""
@@ -282,9 +294,9 @@ def resolve_reference(
             raise PhraseError(f"{phrase!r} fits two equally well: {dists}; say which")
         return ranked[0].name
     anchor = anchors[0]
-    held = [c for c in cands if supported_by(c, anchor)]
+    held = [c for c in cands if supported_by(c, anchor, tilted=ref.relation == "on")]
     if ref.relation == "on":
-        fits = [c for c in held if c.top > anchor.top and c.bottom >= anchor.top - SUPPORT_BELOW]
+        fits = [c for c in held if c.top > anchor.top]
     else:
         fits = [c for c in held if c.top <= anchor.top + SUPPORT_ABOVE]
         if ref.level is not None:

@@ -29,7 +29,7 @@ HAND_BELOW_RIM = 0.035
 # from the outer edge seen, and this far under the rim, one finger inside the wall, one
 # outside. The akita bowl's collision wall is 2-3 mm thick, its outer edge 5 mm in from its
 # box from depth at the rim (measured on libero_spatial's bowls).
-RIM_IN, RIM_DOWN = 0.008, 0.02
+RIM_IN, RIM_DOWN = 0.008, 0.026
 FINGER_REACH = 0.045  # the open fingers' outer faces, from the grip site along the closing axis
 # Lowering that stops this far above the release height is blocked, not done: plan again,
 # keeping these clearances in turn.
@@ -293,24 +293,27 @@ def _rim_grasps(ctx: SkillContext, scene_name: str, box: Box) -> list[Grasp]:
     The outer finger needs the room: beside a neighbour or a drawer's wall it would land on
     it. Which radius is free is read from the points around, not assumed."""
     radius = min(box.half_extents[:2]) - RIM_IN
-    z = box.top - RIM_DOWN
+    points, _ = perception.object_points(ctx, scene_name)
     around = perception.surroundings(ctx, scene_name)
-    around = around[around[:, 2] > z - 0.03]
     center = np.asarray(box.center[:2])
     options = []
     for angle in np.deg2rad(np.arange(-180.0, 180.0, 22.5)):
         radial = np.array([np.cos(angle), np.sin(angle)])
         grip = center + radius * radial
+        # The rim's height there: a bowl leaning on something has its rim higher on one side.
+        near = points[np.linalg.norm(points[:, :2] - grip, axis=1) < 0.015]
+        z = (float(near[:, 2].max()) if len(near) else box.top) - RIM_DOWN
         outer = center + (radius + FINGER_REACH) * radial
-        room = float(np.min(np.linalg.norm(around[:, :2] - outer, axis=1))) if len(around) else 1.0
+        low = around[around[:, 2] > z - 0.03]
+        room = float(np.min(np.linalg.norm(low[:, :2] - outer, axis=1))) if len(low) else 1.0
         # Prefer the near rim (towards the robot, -x) when the room is alike.
-        options.append((round(min(room, 0.05), 2), -radial[0], grip, angle))
+        options.append((round(min(room, 0.05), 2), -radial[0], [*grip, z], angle))
     options.sort(key=lambda o: (o[0], o[1]), reverse=True)
     grasps = []
     for room, _, grip, angle in options:
         # The fingers close along hand y, world -y at yaw 0: turn it onto the radius.
         yaw = wrap_half_turn(angle + np.pi / 2)
-        position = [float(grip[0]), float(grip[1]), z]
+        position = [float(v) for v in grip]
         if motion.grip_yaw(ctx, position, yaw) is None:
             continue
         ctx.note("rim grasp", angle=round(float(np.rad2deg(angle))), room=room)

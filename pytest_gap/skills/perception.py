@@ -58,25 +58,30 @@ def ground_name(ctx: SkillContext, name: str) -> str:
 
 def seen_things(ctx: SkillContext, reference) -> list:
     """The reference's candidates and anchors as the cameras see them (`instructions.Thing`):
-    each one's box, axis-aligned in the table plane."""
+    the axis-aligned box around each one's points.
+
+    A candidate's bottom is its lowest point seen: a bowl on a cookie box hides the box from
+    the ring around it, and `locate_box` would stand it on the table. An anchor's bottom is
+    where it stands (`locate_box`): its own lowest points are hidden by what is on it."""
     objects = [(o.name, o.category) for o in ctx.env.scene.objects()]
-    names = phrase_candidates(reference.noun, objects)
-    names += [resolve_phrase(a, objects) for a in reference.anchors]
+    nouns = phrase_candidates(reference.noun, objects)
+    anchors = [resolve_phrase(a, objects) for a in reference.anchors]
     categories = dict(objects)
     things = []
-    for scene_name in dict.fromkeys(names):
+    for scene_name in dict.fromkeys(nouns + anchors):
         try:
-            box, _ = locate_box(ctx, scene_name)
+            points, _ = object_points(ctx, scene_name)
         except SkillFailure:  # unseen: it can be neither the answer nor the anchor
             continue
-        c, s = abs(np.cos(box.yaw)), abs(np.sin(box.yaw))
-        hx, hy, hz = box.half_extents
+        lo, hi = points.min(axis=0), points.max(axis=0)
+        if scene_name in anchors:
+            lo[2] = min(lo[2], locate_box(ctx, scene_name)[0].bottom)
         things.append(
             Thing(
                 name=scene_name,
                 category=categories[scene_name],
-                center=box.center,
-                half_extents=(c * hx + s * hy, s * hx + c * hy, hz),
+                center=tuple(float(v) for v in (lo + hi) / 2),
+                half_extents=tuple(float(v) for v in (hi - lo) / 2),
             )
         )
     return things
