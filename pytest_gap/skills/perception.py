@@ -113,6 +113,25 @@ def safe_height(ctx: SkillContext, exclude: str | None = None) -> float:
     return ctx.memory["safe_z"]
 
 
+def tallest_along(ctx: SkillContext, start, end, exclude: str | None = None, width: float = 0.08):
+    """The height of the tallest thing seen within `width` of the straight path from `start`
+    to `end` (x, y): what a hand carrying something along it must clear. The support under
+    it when nothing stands there."""
+    names = {o.name for o in ctx.env.scene.objects()} - {exclude}
+    clouds = [np.zeros((0, 3))]
+    for camera in CAMERAS:
+        frame = ctx.render(camera)
+        ids = [i for i, n in frame.labels.items() if n in names]
+        clouds.append(frame.points(np.isin(frame.segmentation, ids)))
+    points = np.concatenate(clouds)
+    a, b = np.asarray(start, float)[:2], np.asarray(end, float)[:2]
+    seg = b - a
+    t = np.clip((points[:, :2] - a) @ seg / max(float(seg @ seg), 1e-9), 0.0, 1.0)
+    dist = np.linalg.norm(points[:, :2] - (a + t[:, None] * seg), axis=1)
+    near = points[dist < width, 2]
+    return float(near.max()) if len(near) else float(ctx.memory.get("support_z", 0.0))
+
+
 def is_hollow(points: np.ndarray, box: Box) -> bool:
     """Whether an object is open at the top (a bowl): what is seen near the middle of its
     footprint lies well below its rim."""
