@@ -229,8 +229,12 @@ def lift(ctx: SkillContext, height: float = 0.2) -> Motion:
 
 @skill
 def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
-    """Locate, approach from above, grasp and lift an object; retry once if it did not rise.
-    Fails at once on an object wider than the fingers open, naming both widths."""
+    """Grasp and lift an object; `name` may be a phrase ("the black bowl next to the plate").
+
+    A referring phrase is resolved from where the cameras see things
+    (`perception.ground_name`); one it cannot resolve fails naming the candidates. An object
+    open at the top and wider than the fingers open (a bowl) is gripped by its rim. Fails at
+    once on a closed object wider than the fingers open, naming both widths."""
     scene_name = perception.ground_name(ctx, name)
     seen, rim = _fits_the_fingers(ctx, scene_name)  # the first attempt's box: no second render
     perception.safe_height(ctx)
@@ -339,11 +343,12 @@ def _rim_grasps(ctx: SkillContext, scene_name: str, box: Box) -> list[Grasp]:
 
 @skill
 def place(ctx: SkillContext, container: str, relation: Literal["in", "on"] = "in") -> Placed:
-    """Carry what is held above a free slot in a container, lower it in, release, back off up;
-    with relation "on", centre it over the container (a plate) and lower it onto the top.
+    """Put what is held "in" a container (a free slot) or "on" a support (centred on its top).
 
-    The slot comes from the container's inside as seen now (`packing.plan_slots`): room for
-    the item and the fingers, the hand square to the walls, as low as what is there allows."""
+    It is released there and the hand backs off up. "in": the slot comes from the container's
+    inside as seen now (`packing.plan_slots`): room for the item and the fingers, the hand
+    square to the walls, as low as what is there allows. "on" (`_place_on`): the held object's
+    offset from the hand and how far it hangs are read from a look at it in the hand."""
     scene_name = perception.ground_name(ctx, container)
     if relation == "on":
         return _place_on(ctx, scene_name)
