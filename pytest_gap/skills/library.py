@@ -10,7 +10,13 @@ from pydantic import BaseModel
 
 from pytest_gap.instructions import parse_instruction
 from pytest_gap.skills import motion, packing, perception
-from pytest_gap.skills.calibration import INSIDE_MARGIN, WIDTH_SLACK
+from pytest_gap.skills.calibration import (
+    INSIDE_MARGIN,
+    RIM_DOWN,
+    RIM_HOLD_WIDTH,
+    RIM_IN,
+    WIDTH_SLACK,
+)
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import Box, wrap_half_turn
 from pytest_gap.skills.registry import SkillFailure, skill
@@ -18,19 +24,10 @@ from pytest_gap.skills.registry import SkillFailure, skill
 HOME_XY = (-0.15, 0.0)  # above the near half of the table, the arm's comfortable middle
 OPEN, CLOSE = -1.0, 1.0
 HOLD_WIDTH = 0.004  # fingers stopped this far apart: something is between them
-# On a bowl's 2.6 mm wall the fingers stop 8 mm apart, and squeeze to 3.4 mm as it is lifted
-# (measured on libero_spatial's akita bowl): any gap at all holds it, what rose tells.
-RIM_HOLD_WIDTH = 0.0015
 BOX_BIAS = 0.005  # boxes from depth run wide by the points on silhouette edges
 # The hand's body starts about 4.5 cm above the grip site: the grip site may go this far
 # below a container's rim with the body still 1 cm above it.
 HAND_BELOW_RIM = 0.035
-# A rim grasp (an open object wider than the fingers open, a bowl): the grip site this far in
-# from the outer edge seen, and this far under the rim, one finger inside the wall, one
-# outside. The akita bowl's collision wall is 2.6 mm thick and leans out about 19 degrees.
-# Measured on libero_spatial tasks 0, 3, 4, 7, 9 seeds 0-2, one grasp each: 2 cm under the rim
-# held 15/15, 2.6 cm 10/15, 3.2 cm 13/15 (deeper, the wall is thinner between the pads).
-RIM_IN, RIM_DOWN = 0.008, 0.02
 LIFT_ABOVE = 0.15  # a picked object is lifted until the grip site is this far over its top was
 TILT = 0.015  # a rim whose height varies this much around is tilted
 # A held object's bottom passes this far over what stands on its way.
