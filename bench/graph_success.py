@@ -2,6 +2,7 @@
 
     python bench/graph_success.py [--tasks 0-9] [--seeds 5] [--first-seed 0] [--workers 2]
                                   [--only pick_place] [--family libero_pro]
+                                  [--variation spatial]
 
 Targets (issue 3): pick_place on libero/object >= 0.95 and on each posvar variation >= 0.90;
 pack_all on grocery_packing completion >= 0.95. Trials of one task share one env; tasks are
@@ -32,6 +33,10 @@ PLAN = [
     ("pack_all", "libero_pro", "object_object", "success", 0.90),
     ("pack_all", "libero_pro", "object_swap", "success", 0.90),
     ("pack_all", "libero_pro", "object_task", "success", 0.90),
+    # Issue 16: tabletop suites; the pick target is a referring phrase ("the black bowl next to
+    # the plate"), placed "on" the plate.
+    ("pick_place_on", "libero", "spatial", "success", 0.95),
+    ("pick_place_on", "libero_pro", "spatial_swap", "success", 0.85),
 ]
 
 
@@ -87,14 +92,21 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=5, help="how many seeds per task")
     parser.add_argument("--first-seed", type=int, default=0, help="held-out seeds start later")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--only", choices=["pick_place", "pack_all"])
+    parser.add_argument("--only", choices=sorted({p[0] for p in PLAN}))
     parser.add_argument(
         "--family", help="only this family's cells, e.g. libero_pro (default: every cell)"
     )
+    parser.add_argument("--variation", help="only this variation's cells, e.g. spatial")
     parser.add_argument("--out", help="write every trial as JSON here")
     args = parser.parse_args()
 
-    plan = [p for p in PLAN if args.only in (None, p[0]) and args.family in (None, p[1])]
+    plan = [
+        p
+        for p in PLAN
+        if args.only in (None, p[0])
+        and args.family in (None, p[1])
+        and args.variation in (None, p[2])
+    ]
     cells = [(g, f, v) for g, f, v, _, _ in plan]
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     jobs = [(t, seeds, cells) for t in _ids(args.tasks)]

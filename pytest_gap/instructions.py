@@ -15,6 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel
 
 DEFAULT_CONTAINER = "basket"
@@ -95,16 +96,17 @@ def _tokens(text: str) -> frozenset[str]:
     return frozenset(w for w in words if w and w not in _STOPWORDS and not w.isdigit())
 
 
-def resolve_phrase(phrase: str, objects: Sequence[tuple[str, str]]) -> str:
-    """The one scene object (name, category) a phrase names; its name.
+def phrase_candidates(phrase: str, objects: Sequence[tuple[str, str]]) -> list[str]:
+    """Every scene object (name, category) a phrase may name, in scene order.
 
     In order: its exact name; its category; a category whose words contain the phrase's or are
     contained in them ("basket" -> red_basket, "milk carton" -> milk), the closest overlap
-    winning; a near spelling. Raises PhraseError naming the candidates when none or several fit."""
+    winning; a near spelling. Raises PhraseError naming the candidates when no object fits, or
+    several categories fit equally well."""
     key = re.sub(r"[\s\-]+", "_", _phrase(phrase.lower()))
     names = [n for n, _ in objects]
     if key in names:
-        return key
+        return [key]
     by_category = [n for n, c in objects if c == key]
     if not by_category:
         words = _tokens(phrase)
@@ -124,11 +126,196 @@ def resolve_phrase(phrase: str, objects: Sequence[tuple[str, str]]) -> str:
             close = difflib.get_close_matches(key, categories, n=2, cutoff=0.8)
             if len(close) == 1:
                 by_category = [n for n, c in objects if c == close[0]]
-    if len(by_category) == 1:
-        return by_category[0]
     if by_category:
-        raise PhraseError(
-            f"{phrase!r} is ambiguous here: {', '.join(by_category)}; name one of them exactly"
-        )
+        return by_category
     spoken = ", ".join(sorted({c.replace("_", " ") for _, c in objects}))
     raise PhraseError(f"no object called {phrase!r} in this scene; it has {spoken}")
+
+
+def resolve_phrase(phrase: str, objects: Sequence[tuple[str, str]]) -> str:
+    """The one scene object (name, category) a phrase names; its name (`phrase_candidates`).
+    Raises PhraseError naming the candidates when none or several fit."""
+    found = phrase_candidates(phrase, objects)
+    if len(found) > 1:
+        raise PhraseError(
+            f"{phrase!r} is ambiguous here: {', '.join(found)}; name one of them exactly"
+        )
+    return found[0]
+
+
+# -- referring expressions -----------------------------------------------------------------------
+# "the black bowl between the plate and the ramekin", "... next to the cookie box", "... on the
+# stove", "... in the top drawer of the wooden cabinet", "... from table center".
+_CENTER = re.compile(
+    r"^(?P<noun>.+?)\s+(?:that\s+is\s+|which\s+is\s+)?(?:from|at|in|on)\s+"
+    r"(?:the\s+)?(?:(?:table\s+(?:center|centre|middle))|(?:(?:center|centre|middle)\s+of\s+"
+    r"(?:the\s+)?table))$"
+)
+_RELATION = re.compile(
+    r"^(?P<noun>.+?)\s+(?:that\s+is\s+|which\s+is\s+|sitting\s+|standing\s+|lying\s+)?"
+    r"(?P<rel>between|next\s+to|beside|near|by|close\s+to|on\s+top\s+of|on|atop|from|"
+    r"inside(?:\s+of)?|in)\s+(?P<anchor>.+)$"
+)
+_DRAWER = re.compile(
+    r"^(?:the\s+)?(?P<level>top|upper|middle|bottom|lower)\s+drawer\s+(?:of|in)\s+(?P<anchor>.+)$"
+)
+_LEVELS = {"top": "top", "upper": "top", "middle": "middle", "bottom": "bottom", "lower": "bottom"}
+# Two candidates whose distances to the reference point differ by less than this are a tie.
+TIE = 0.01  # m
+# "On A": its bottom no higher than this above A's top ...
+SUPPORT_ABOVE = 0.015  # m
+# ... and above the surface A stands on; or, tilted over A's edge (a bowl on a ramekin dips its
+# rim to 8 mm above the table), its top this far above A's.
+TILTED_ABOVE = 0.04  # m
+# Its centre within this of A's footprint: a bowl on a ramekin tilts 6 cm off its centre, 2 cm
+# beyond its edge; one on the table beside A may reach over A's edge with its rim only.
+SUPPORT_REACH = 0.05  # m
+
+
+class Reference(BaseModel):
+    """A referring phrase read: which kind of thing, and where it is relative to what."""
+
+    noun: str
+    relation: Literal["between", "next_to", "on", "in", "center"] | None = None
+    anchors: list[str] = []
+    level: Literal["top", "middle", "bottom"] | None = None  # "in the top drawer of A"
+
+
+class Thing(BaseModel):
+    """An object as seen: name, category, and its upright box (centre and half extents, m)."""
+
+    name: str
+    category: str
+    center: tuple[float, float, float]
+    half_extents: tuple[float, float, float]
+
+    @property
+    def top(self) -> float:
+        return self.center[2] + self.half_extents[2]
+
+    @property
+    def bottom(self) -> float:
+        return self.center[2] - self.half_extents[2]
+
+    def xy_distance(self, point: Sequence[float]) -> float:
+        return float(np.hypot(self.center[0] - point[0], self.center[1] - point[1]))
+
+    def overlaps(self, other: Thing) -> bool:
+        """Whether the footprints (axis-aligned in the table plane) overlap."""
+        return all(
+            abs(self.center[i] - other.center[i]) < self.half_extents[i] + other.half_extents[i]
+            for i in (0, 1)
+        )
+
+
+def parse_reference(phrase: str) -> Reference:
+    """Read "<noun phrase> <relation> <anchor(s)>"; a phrase with no relation is all noun."""
+    text = re.sub(r"\s+", " ", phrase.strip().lower())
+    text = _ARTICLE.sub("", text)
+    center = _CENTER.fullmatch(text)
+    if center:
+        return Reference(noun=_phrase(center["noun"]), relation="center")
+    match = _RELATION.fullmatch(text)
+    if not match:
+        return Reference(noun=_phrase(text))
+    noun, rel, anchor = _phrase(match["noun"]), match["rel"], match["anchor"]
+    if rel == "between":
+        parts = re.split(r"\s+and\s+", anchor, maxsplit=1)
+        if len(parts) != 2:
+            raise PhraseError(f"{phrase!r}: 'between' needs two things, 'between A and B'")
+        return Reference(noun=noun, relation="between", anchors=[_phrase(p) for p in parts])
+    if rel.startswith(("next", "beside", "near", "by", "close")):
+        return Reference(noun=noun, relation="next_to", anchors=[_phrase(anchor)])
+    drawer = _DRAWER.fullmatch(anchor)
+    if drawer:
+        return Reference(
+            noun=noun,
+            relation="in",
+            anchors=[_phrase(drawer["anchor"])],
+            level=_LEVELS[drawer["level"]],
+        )
+    relation = "in" if rel.startswith(("in", "inside")) else "on"
+    return Reference(noun=noun, relation=relation, anchors=[_phrase(anchor)])
+
+
+def supported_by(thing: Thing, anchor: Thing, tilted: bool = False) -> bool:
+    """Whether `thing` stands on or in `anchor`: its centre over `anchor`'s footprint (within
+    SUPPORT_REACH), its bottom not above `anchor`'s top and above the surface `anchor` stands
+    on; with `tilted`, also when its top is TILTED_ABOVE over `anchor`'s (leaning on its edge)."""
+    inside = all(
+        abs(thing.center[i] - anchor.center[i]) < anchor.half_extents[i] + SUPPORT_REACH
+        for i in (0, 1)
+    )
+    raised = thing.bottom > anchor.bottom + 0.01 or (
+        tilted and thing.top > anchor.top + TILTED_ABOVE
+    )
+    return (
+        thing.name != anchor.name
+        and inside
+        and raised
+        and thing.bottom <= anchor.top + SUPPORT_ABOVE
+    )
+
+
+def resolve_reference(
+    phrase: str, things: Sequence[Thing], table_center: Sequence[float] = (0.0, 0.0)
+) -> str:
+    """The one object a referring phrase names, from where things are (`parse_reference`).
+
+    between A and B: the candidate nearest the midpoint of A's and B's centres; next to A: the
+    nearest to A that does not stand on A; on A: the one standing on A and sticking out above
+    its top (`supported_by`); in A: the one within A (a drawer: the top, middle
+    or bottom third of A's height by where its bottom is); table center: the nearest to
+    `table_center` (x, y). Names are never read for order (`bowl_1` is not "the first bowl").
+    Raises PhraseError naming the candidates when none fits or two fit equally well."""
+    objects = [(t.name, t.category) for t in things]
+    ref = parse_reference(phrase)
+    names = phrase_candidates(ref.noun, objects)
+    if ref.relation is None:
+        return resolve_phrase(ref.noun, objects)
+    by_name = {t.name: t for t in things}
+    anchors = [by_name[resolve_phrase(a, objects)] for a in ref.anchors]
+    cands = [by_name[n] for n in names if n not in {a.name for a in anchors}]
+    listed = ", ".join(c.name for c in cands) or "none"
+    if ref.relation in ("between", "next_to", "center"):
+        if ref.relation == "between":
+            a, b = anchors
+            point = [(a.center[i] + b.center[i]) / 2 for i in (0, 1)]
+        elif ref.relation == "next_to":
+            point = anchors[0].center[:2]
+            cands = [c for c in cands if not supported_by(c, anchors[0])]
+        else:
+            point = table_center
+        ranked = sorted(cands, key=lambda c: c.xy_distance(point))
+        if not ranked:
+            raise PhraseError(f"{phrase!r}: no {ref.noun} here besides the anchors")
+        if len(ranked) > 1 and ranked[1].xy_distance(point) - ranked[0].xy_distance(point) < TIE:
+            dists = ", ".join(f"{c.name} {c.xy_distance(point):.3f} m" for c in ranked[:2])
+            raise PhraseError(f"{phrase!r} fits two equally well: {dists}; say which")
+        return ranked[0].name
+    anchor = anchors[0]
+    held = [c for c in cands if supported_by(c, anchor, tilted=ref.relation == "on")]
+    if ref.relation == "on":
+        fits = [c for c in held if c.top > anchor.top]
+    else:
+        fits = [c for c in held if c.top <= anchor.top + SUPPORT_ABOVE]
+        if ref.level is not None:
+            fits = [c for c in fits if _level(c, anchor) == ref.level]
+    if len(fits) != 1:
+        where = (
+            "on"
+            if ref.relation == "on"
+            else f"in the {ref.level or ''} drawer of".replace("  ", " ")
+        )
+        raise PhraseError(
+            f"{phrase!r}: {len(fits)} {ref.noun}(s) {where} {anchor.name} "
+            f"({', '.join(c.name for c in fits) or 'none'}); candidates: {listed}"
+        )
+    return fits[0].name
+
+
+def _level(thing: Thing, anchor: Thing) -> str:
+    """Which third of `anchor`'s height `thing`'s bottom is in: a drawer's level."""
+    height = max(anchor.top - anchor.bottom, 1e-6)
+    frac = (thing.bottom - anchor.bottom) / height
+    return "top" if frac >= 2 / 3 else "middle" if frac >= 1 / 3 else "bottom"

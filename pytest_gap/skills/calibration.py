@@ -3,7 +3,7 @@
 Everything else the skills know about a scene (the surface an object stands on, a container's
 centre, extent and yaw) comes from perception. What is here cannot: it is collision geometry
 the cameras do not see (they see the visual meshes), measured on LIBERO's basket
-(`basket_1`, libero_object and the posvar/grocery families).
+(`basket_1`, libero_object and the posvar/grocery families), and on the akita bowl.
 """
 
 from __future__ import annotations
@@ -32,6 +32,17 @@ INSIDE_MARGIN = 0.025
 # of the two ends is which is not seen: the frame is right up to this half turn, and a basket
 # turned by a half turn from its usual pose fills from the tight walls (3 mm less room).
 CONTAINER_TURN = np.pi
+
+# -- LIBERO's akita black bowl (libero_spatial, libero_goal), gripped by its rim ----------------
+# It is 10.7 cm across, wider than the fingers open: one finger goes inside the wall, one
+# outside. Its collision wall is 2.6 mm thick and leans out about 19 degrees; the grip site goes
+# this far in from the outer edge seen, and this far under the rim (measured on libero_spatial
+# tasks 0, 3, 4, 7, 9 seeds 0-2, one grasp each: 2 cm under the rim held 15/15, 2.6 cm 10/15,
+# 3.2 cm 13/15).
+RIM_IN, RIM_DOWN = 0.008, 0.02
+# On the wall the fingers stop 8 mm apart and squeeze to 3.4 mm as it is lifted: any gap at
+# all holds it (whether it rose tells).
+RIM_HOLD_WIDTH = 0.0015
 
 # -- perception of widths ------------------------------------------------------------------------
 # A box fitted to a point cloud encloses every point seen, so it reads a few mm wide of the

@@ -21,7 +21,7 @@ from pytest_gap.skills.registry import SkillFailure
 
 POS_GAIN = 15.0
 ROT_GAIN = 2.0
-SAFE_Z = 0.25  # above every object of LIBERO's tabletop scenes (tallest about 0.15 m)
+SAFE_Z = 0.25  # before anything was seen: above every object of a floor scene (libero_object)
 IK_TOLERANCE = 0.01  # m: an IK residual above this means the pose is out of reach
 IK_TURN_TOLERANCE = 0.05  # rad: and so does an orientation left this far off
 WRIST_EASY = np.pi / 2 + 0.4  # rad of hand yaw either side of LIBERO's start pose
@@ -90,10 +90,13 @@ def travel(
     yaw: float,
     gripper: float,
     *,
-    safe_z: float = SAFE_Z,
+    safe_z: float | None = None,
     tolerance: float = 0.008,
 ) -> float:
-    """Up to `safe_z`, across, then down to `position`; return the final error (m)."""
+    """Up to `safe_z` (default `travel_height(ctx)`), across, then down to `position`; return
+    the final error (m)."""
+    if safe_z is None:
+        safe_z = travel_height(ctx)
     target = np.asarray(position, float)
     pos, _ = hand_pose(ctx)
     if np.linalg.norm(target[:2] - pos[:2]) > 0.03:
@@ -102,6 +105,11 @@ def travel(
             servo(ctx, [pos[0], pos[1], cruise], hand_yaw(ctx), gripper, tolerance=0.02)
         servo(ctx, [target[0], target[1], cruise], yaw, gripper, tolerance=0.015)
     return servo(ctx, target, yaw, gripper, tolerance=tolerance, max_steps=80)
+
+
+def travel_height(ctx: SkillContext) -> float:
+    """The travel height `perception.safe_height` last measured in this run; SAFE_Z before."""
+    return float(ctx.memory.get("safe_z", SAFE_Z))
 
 
 def solve_ik(ctx: SkillContext, position, yaw: float, iterations: int = 200) -> float:

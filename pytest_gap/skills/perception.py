@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from pytest_gap.instructions import PhraseError, resolve_phrase
+from pytest_gap.instructions import (
+    PhraseError,
+    Thing,
+    parse_reference,
+    phrase_candidates,
+    resolve_phrase,
+    resolve_reference,
+)
 from pytest_gap.skills.calibration import CONTAINER_TURN
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import (
@@ -23,17 +30,115 @@ from pytest_gap.skills.registry import SkillFailure
 CAMERAS = ("agentview", "birdview")
 MIN_PIXELS = 8
 RIM_BAND = 0.02  # a container's rim: its points this close to its top
+# Travel height: this far above the surface the scene stands on (LIBERO's tallest movable
+# things stand about 0.15 m), and this far above the tallest thing seen (a bowl on a cabinet).
+SAFE_ABOVE_SUPPORT, SAFE_ABOVE_TALLEST = 0.25, 0.08
 
 
 def ground_name(ctx: SkillContext, name: str) -> str:
     """The scene object a user- or LLM-given name refers to (`instructions.resolve_phrase`
     over the scene's names and categories): "the basket" -> red_basket_1, "milk carton" ->
-    milk_1."""
-    objects = ctx.env.scene.objects(include_fixtures=False)
+    milk_1. A referring phrase ("the black bowl next to the plate") is resolved from where the
+    cameras see things (`instructions.resolve_reference`), once: the answer is remembered, as
+    the object moves when it is picked."""
+    resolved = ctx.memory.setdefault("referents", {})
+    if name in resolved:
+        return resolved[name]
     try:
-        return resolve_phrase(name, [(o.name, o.category) for o in objects])
+        reference = parse_reference(name)
+        if reference.relation is None:
+            objects = ctx.env.scene.objects(include_fixtures=False)
+            return resolve_phrase(name, [(o.name, o.category) for o in objects])
+        resolved[name] = resolve_reference(name, seen_things(ctx, reference), table_center(ctx))
+        ctx.note("reference resolved", phrase=name, object=resolved[name])
+        return resolved[name]
     except PhraseError as exc:
         raise SkillFailure(str(exc)) from None
+
+
+def seen_things(ctx: SkillContext, reference) -> list:
+    """The reference's candidates and anchors as the cameras see them (`instructions.Thing`):
+    the axis-aligned box around each one's points.
+
+    A candidate's bottom is its lowest point seen: a bowl on a cookie box hides the box from
+    the ring around it, and `locate_box` would stand it on the table. An anchor's bottom is
+    where it stands (`locate_box`): its own lowest points are hidden by what is on it."""
+    objects = [(o.name, o.category) for o in ctx.env.scene.objects()]
+    nouns = phrase_candidates(reference.noun, objects)
+    anchors = [resolve_phrase(a, objects) for a in reference.anchors]
+    categories = dict(objects)
+    things = []
+    for scene_name in dict.fromkeys(nouns + anchors):
+        try:
+            points, _ = object_points(ctx, scene_name)
+        except SkillFailure:  # unseen: it can be neither the answer nor the anchor
+            continue
+        lo, hi = points.min(axis=0), points.max(axis=0)
+        if scene_name in anchors:
+            lo[2] = min(lo[2], locate_box(ctx, scene_name)[0].bottom)
+        things.append(
+            Thing(
+                name=scene_name,
+                category=categories[scene_name],
+                center=tuple(float(v) for v in (lo + hi) / 2),
+                half_extents=tuple(float(v) for v in (hi - lo) / 2),
+            )
+        )
+    return things
+
+
+def table_center(ctx: SkillContext) -> tuple[float, float]:
+    """Where "table center" is: the centre of the workspace's table top (LIBERO's
+    `workspace_offset`, a privileged read: the table is not a segmented object)."""
+    offset = getattr(ctx.env.raw, "workspace_offset", (0.0, 0.0, 0.0))
+    return float(offset[0]), float(offset[1])
+
+
+def safe_height(ctx: SkillContext, exclude: str | None = None) -> float:
+    """A travel height clear of everything: SAFE_ABOVE_SUPPORT above the surface the scene
+    stands on (the lowest point of any object seen) and SAFE_ABOVE_TALLEST above the tallest
+    (`exclude`: what the hand holds). Remembered in `ctx.memory["safe_z"]` for `motion`."""
+    names = {o.name for o in ctx.env.scene.objects()} - {exclude}
+    clouds = [np.zeros((0, 3))]
+    for camera in CAMERAS:
+        frame = ctx.render(camera)
+        ids = [i for i, n in frame.labels.items() if n in names]
+        clouds.append(frame.points(np.isin(frame.segmentation, ids)))
+    z = np.concatenate(clouds)[:, 2]
+    if not len(z):
+        return ctx.memory.get("safe_z", SAFE_ABOVE_SUPPORT)
+    support = float(np.percentile(z, 0.5))
+    ctx.memory["safe_z"] = max(support + SAFE_ABOVE_SUPPORT, float(z.max()) + SAFE_ABOVE_TALLEST)
+    ctx.memory["support_z"] = support
+    return ctx.memory["safe_z"]
+
+
+def tallest_along(ctx: SkillContext, start, end, exclude: str | None = None, width: float = 0.08):
+    """The height of the tallest thing seen within `width` of the straight path from `start`
+    to `end` (x, y): what a hand carrying something along it must clear. The support under
+    it when nothing stands there."""
+    names = {o.name for o in ctx.env.scene.objects()} - {exclude}
+    clouds = [np.zeros((0, 3))]
+    for camera in CAMERAS:
+        frame = ctx.render(camera)
+        ids = [i for i, n in frame.labels.items() if n in names]
+        clouds.append(frame.points(np.isin(frame.segmentation, ids)))
+    points = np.concatenate(clouds)
+    a, b = np.asarray(start, float)[:2], np.asarray(end, float)[:2]
+    seg = b - a
+    t = np.clip((points[:, :2] - a) @ seg / max(float(seg @ seg), 1e-9), 0.0, 1.0)
+    dist = np.linalg.norm(points[:, :2] - (a + t[:, None] * seg), axis=1)
+    near = points[dist < width, 2]
+    return float(near.max()) if len(near) else float(ctx.memory.get("support_z", 0.0))
+
+
+def is_hollow(points: np.ndarray, box: Box) -> bool:
+    """Whether an object is open at the top (a bowl): what is seen near the middle of its
+    footprint lies well below its rim."""
+    center = np.asarray(box.center[:2])
+    radius = min(box.half_extents[:2])
+    middle = points[np.linalg.norm(points[:, :2] - center, axis=1) < 0.4 * radius]
+    return bool(len(middle) >= 10 and np.median(middle[:, 2]) < box.top - 0.015)
 
 
 def object_points(ctx: SkillContext, scene_name: str) -> tuple[np.ndarray, int]:
