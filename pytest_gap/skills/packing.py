@@ -15,6 +15,8 @@ slots as good, those that leave floor for the standing items still to come go fi
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from pydantic import BaseModel
 
@@ -28,6 +30,11 @@ from pytest_gap.skills.geometry import Box, wrap_half_turn
 # LIBERO's basket (`calibration`).
 GRID = 0.01
 MARGIN = 0.003  # clearance kept between the item and what is already there
+# The least clearance worth trying: four grocery items fill LIBERO's basket to within a few
+# mm (a 6.1 cm can beside a 5.3 cm carton across 11.4 cm), so the room left for the items
+# still to come is judged first with none, and an item with no room at MARGIN tries the
+# floor at this one before it goes on top of a neighbour, over the rim.
+TIGHT = 0.001
 FINGER_DEPTH = 0.017  # fingers stand this far out beyond the held item along the closing axis
 FINGER_HALF_WIDTH = 0.012  # and this far either side along the hand's x axis
 FINGER_BELOW_SITE = 0.012  # fingertips reach this far below the grip site
@@ -111,6 +118,20 @@ def plan_slots(
     the slots as good as the best, those that leave floor for more of them come first.
     """
     scene = _Scene(container, occupied)
+    ranked = _ranked(scene, container, item, min_release, margin)
+    snug = _ranked(scene, container, item, min_release, TIGHT) if margin > TIGHT else []
+    if ranked and snug and ranked[0][0][:2] != (False, False) and snug[0][0][:3] < ranked[0][0][:3]:
+        # No slot inside the rim at this clearance: one on the floor with less beats one
+        # perched on a neighbour, where the item sticks out and falls off.
+        ranked, snug = snug, []
+    if then and ranked:
+        ranked = _leave_room(scene, ranked, snug, then, margin)
+    return [slot for _, slot, _, _ in ranked]
+
+
+def _ranked(scene: _Scene, container: Box, item: HeldItem, min_release: float, margin: float):
+    """Every grid slot as (rank key, slot, centre in the container's frame, half body), best
+    first."""
     ranked = []
     for turn in (0.0, np.pi / 2):
         body = _turned((item.half_x, item.half_y), turn)
@@ -122,24 +143,59 @@ def plan_slots(
                 key, slot = _candidate(scene, container, item, turn, (u, v), min_release, margin)
                 ranked.append((key, slot, (u, v), body))
     ranked.sort(key=lambda r: r[0])
-    if then and ranked:
-        ranked = _leave_room(scene, ranked, then, margin)
-    return [slot for _, slot, _, _ in ranked]
+    return ranked
 
 
-def _leave_room(scene: _Scene, ranked: list, then: list[tuple[float, float]], margin: float):
+def _leave_room(
+    scene: _Scene, ranked: list, snug: list, then: list[tuple[float, float]], margin: float
+):
     """Re-rank the slots of the best tier (above the rim or not, long drop or not, support)
-    by how many of the items to come still find floor after this one (`floorplan`)."""
+    by how many of the items to come still find floor after this one (`floorplan`): first
+    with no clearance (can they fit at all), then at `margin` (with room to spare).
+
+    `snug`: the slots planned at `TIGHT` clearance; those of the same tier compete too, and
+    win where they leave floor for more of the items to come: an item set a few mm closer to
+    its neighbour beats a later one left with no floor but a neighbour's top.
+
+    The items to come are tried in more than one order (all of them, for up to
+    `ORDERS_UP_TO`; else as given and the largest first): which one goes next is not yet
+    known here, and a first-fit in the wrong order misses a packing that exists."""
     tier = ranked[0][0][:3]
     best = [r for r in ranked if r[0][:3] == tier]
+    pool = [(r, 0) for r in best] + [(r, 1) for r in snug if r[0][:3] == tier]
     grid = floorplan.FloorGrid(scene.inner, scene.local, scene.z, scene.floor)
-    scored = []
-    for key, slot, uv, body in best:
-        trial = grid.copy()
-        trial.take(uv, body)
-        scored.append(((tier, -floorplan.fits(trial, then, margin), *key[3:]), slot, uv, body))
+    orders = _orders(then)
+    scored, rooms = [], {}
+    for (key, slot, uv, body), tight in pool:
+        at = (*np.round(uv, 4), *np.round(body, 4))  # the snug slots repeat the roomy ones
+        if at not in rooms:
+            trial = grid.copy()
+            trial.take(uv, body)
+            rooms[at] = [-_most_that_fit(trial, orders, clear) for clear in (0.0, margin)]
+        room = rooms[at]
+        scored.append(((tier, room[0], tight, room[1], *key[3:]), slot, uv, body))
     scored.sort(key=lambda r: r[0])
     return scored + ranked[len(best) :]
+
+
+ORDERS_UP_TO = 3
+
+
+def _most_that_fit(grid: floorplan.FloorGrid, orders: list, clearance: float) -> int:
+    """The most of the items to come that find floor, over the orders tried."""
+    most = 0
+    for order in orders:
+        most = max(most, floorplan.fits(grid.copy(), order, clearance))
+        if most == len(order):
+            break  # all of them: no order does better
+    return most
+
+
+def _orders(then: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:
+    """The orders to try the items to come in (see `_leave_room`)."""
+    if len(then) <= ORDERS_UP_TO:
+        return [list(p) for p in itertools.permutations(then)]
+    return [list(then), sorted(then, key=lambda h: -h[0] * h[1])]
 
 
 def _turned(pair, turn: float) -> np.ndarray:
