@@ -23,7 +23,8 @@ def _inside_walls(center, item):
 
 
 def test_an_empty_container_fills_from_a_corner_on_the_floor():
-    best = plan_slots(BASKET, np.zeros((0, 3)), MILK, min_release=BASKET.top - 0.035)[0]
+    then = [(MILK.half_x, MILK.half_y)]  # another carton comes after this one
+    best = plan_slots(BASKET, np.zeros((0, 3)), MILK, BASKET.top - 0.035, then=then)[0]
     assert best.center[1] < BASKET.center[1] - 0.02  # against the -y wall
     assert abs(best.center[0] - BASKET.center[0]) > 0.02  # and into a corner
     assert best.support < 0.02 and best.drop < 0.04
@@ -114,3 +115,19 @@ def test_the_last_item_takes_a_snug_floor_slot_rather_than_a_neighbours_top():
     best = plan_slots(BASKET, row, CAN, min_release=BASKET.top - 0.035)[0]
     assert best.support == FLOOR_TOP
     assert best.center[1] - CAN.half_y >= edge
+
+
+def test_one_item_into_an_empty_container_goes_to_the_middle():
+    # Nothing to pack against or leave room for: clear of every wall, not in a corner.
+    best = plan_slots(BASKET, np.zeros((0, 3)), MILK, min_release=BASKET.top - 0.035, then=[])[0]
+    assert np.allclose(best.center, BASKET.center[:2], atol=0.006)
+    assert best.support == FLOOR_TOP
+
+
+def test_a_wider_margin_moves_a_blocked_slot_off_the_walls_of_an_empty_container():
+    # Lowering was blocked (on the rim); planned again with a wider margin, the slot moves.
+    turned = BASKET.model_copy(update={"yaw": -0.65})
+    then = [(MILK.half_x, MILK.half_y)]
+    first = plan_slots(turned, np.zeros((0, 3)), MILK, turned.top - 0.035, then=then)[0]
+    again = plan_slots(turned, np.zeros((0, 3)), MILK, turned.top - 0.035, 0.01, then=then)[0]
+    assert np.hypot(*np.subtract(again.center, first.center)) >= 0.006

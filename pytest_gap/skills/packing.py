@@ -113,7 +113,7 @@ def plan_slots(
 
     `occupied`: points (N, 3) seen inside the container, walls and floor excluded.
     `min_release`: the lowest grip-site height at which the hand itself stays above the rim.
-    `margin`: the clearance to keep from what is there.
+    `margin`: the clearance to keep from what is there (and, beyond `MARGIN`, from the walls).
     `then`: footprints (half sizes) of the standing items to be packed after this one: among
     the slots as good as the best, those that leave floor for more of them come first.
     """
@@ -126,16 +126,26 @@ def plan_slots(
         ranked, snug = snug, []
     if then and ranked:
         ranked = _leave_room(scene, ranked, snug, then, margin)
+    elif not len(occupied):
+        # One item into an empty container (pick and place): there is nothing to pack
+        # against and nothing to leave room for, so the middle, clear of every wall. In the
+        # corner the rows would start from, a turned basket's rim caught a bottle's bottom
+        # three times running (posvar/all task 3 seed 61) until the episode's steps ran out.
+        ranked.sort(key=lambda r: (r[0][:3], round(float(np.hypot(*r[2])), 3)))
     return [slot for _, slot, _, _ in ranked]
 
 
 def _ranked(scene: _Scene, container: Box, item: HeldItem, min_release: float, margin: float):
     """Every grid slot as (rank key, slot, centre in the container's frame, half body), best
     first."""
+    # A margin wider than the usual one is asked for after lowering was blocked. In an empty
+    # container there is nothing else for it to keep off: keep the walls further off by as
+    # much, or the slot tried again is the one that was blocked.
+    off_walls = max(0.0, margin - MARGIN) if not len(scene.z) else 0.0
     ranked = []
     for turn in (0.0, np.pi / 2):
         body = _turned((item.half_x, item.half_y), turn)
-        limit = np.minimum(scene.inner - body, REACH)
+        limit = np.minimum(scene.inner - body - off_walls, REACH)
         if np.any(limit < 0):
             continue  # the item does not fit this way round
         for u in _steps(limit[0]):
