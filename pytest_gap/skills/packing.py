@@ -10,7 +10,10 @@ walls, and the hand lets go no lower than keeps the fingers above whatever is un
 the tall neighbours; a slot where that means dropping the item too far is not used. Slots
 rank by the lowest support under the item, then fill the container row by row from one
 wall, so what is placed packs against the walls and the rest stays one free strip; among
-slots as good, those that leave floor for the standing items still to come go first.
+slots as good, those that leave floor for the standing items still to come go first (judged
+with no clearance, in any order, so a snug packing of the whole list is found when one
+exists), even a slot a little closer to a neighbour than `MARGIN`. One item into an empty
+container goes to the middle.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ MARGIN = 0.003  # clearance kept between the item and what is already there
 # still to come is judged first with none, and an item with no room at MARGIN tries the
 # floor at this one before it goes on top of a neighbour, over the rim.
 TIGHT = 0.001
+ORDERS_UP_TO = 3  # the items to come are tried in every order up to this many (`_leave_room`)
 FINGER_DEPTH = 0.017  # fingers stand this far out beyond the held item along the closing axis
 FINGER_HALF_WIDTH = 0.012  # and this far either side along the hand's x axis
 FINGER_BELOW_SITE = 0.012  # fingertips reach this far below the grip site
@@ -186,9 +190,6 @@ def _leave_room(
         scored.append(((tier, room[0], tight, room[1], *key[3:]), slot, uv, body))
     scored.sort(key=lambda r: r[0])
     return scored + ranked[len(best) :]
-
-
-ORDERS_UP_TO = 3
 
 
 def _most_that_fit(grid: floorplan.FloorGrid, orders: list, clearance: float) -> int:
