@@ -119,9 +119,16 @@ def test_the_last_item_takes_a_snug_floor_slot_rather_than_a_neighbours_top():
 
 def test_one_item_into_an_empty_container_goes_to_the_middle():
     # Nothing to pack against or leave room for: clear of every wall, not in a corner.
-    best = plan_slots(BASKET, np.zeros((0, 3)), MILK, min_release=BASKET.top - 0.035, then=[])[0]
+    best = plan_slots(BASKET, np.zeros((0, 3)), MILK, min_release=BASKET.top - 0.035)[0]
     assert np.allclose(best.center, BASKET.center[:2], atol=0.006)
     assert best.support == FLOOR_TOP
+
+
+def test_a_carton_with_flat_items_to_come_still_goes_to_a_corner():
+    # Flat things to come are not in `then` (they may lie on others), but they need floor:
+    # a carton in the middle of the basket leaves them only its top, over the rim.
+    best = plan_slots(BASKET, np.zeros((0, 3)), MILK, min_release=BASKET.top - 0.035, then=[])[0]
+    assert best.center[1] < BASKET.center[1] - 0.02
 
 
 def test_a_wider_margin_moves_a_blocked_slot_off_the_walls_of_an_empty_container():

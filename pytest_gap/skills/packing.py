@@ -120,6 +120,7 @@ def plan_slots(
     `margin`: the clearance to keep from what is there (and, beyond `MARGIN`, from the walls).
     `then`: footprints (half sizes) of the standing items to be packed after this one: among
     the slots as good as the best, those that leave floor for more of them come first.
+    None: no items come after this one (one pick and place), so an empty container's middle.
     """
     scene = _Scene(container, occupied)
     ranked = _ranked(scene, container, item, min_release, margin)
@@ -130,7 +131,7 @@ def plan_slots(
         ranked, snug = snug, []
     if then and ranked:
         ranked = _leave_room(scene, ranked, snug, then, margin)
-    elif not len(occupied):
+    elif then is None and not len(occupied):
         # One item into an empty container (pick and place): there is nothing to pack
         # against and nothing to leave room for, so the middle, clear of every wall. In the
         # corner the rows would start from, a turned basket's rim caught a bottle's bottom
