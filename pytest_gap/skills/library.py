@@ -443,7 +443,8 @@ def _plan(
     fingers below."""
     inside = perception.contents(ctx, container, box, exclude=held)
     min_release = box.top - HAND_BELOW_RIM
-    then = [half for name, half in ctx.memory.get("to_pack", {}).items() if name != held]
+    to_pack = ctx.memory.get("to_pack")  # None: no `next_item`, one item to place
+    then = None if to_pack is None else [h for name, h in to_pack.items() if name != held]
     slots = packing.plan_slots(box, inside, item, min_release=min_release, margin=margin, then=then)
     return _first_reachable(ctx, slots)
 
