@@ -94,17 +94,22 @@ def table_center(ctx: SkillContext) -> tuple[float, float]:
     return float(offset[0]), float(offset[1])
 
 
-def safe_height(ctx: SkillContext, exclude: str | None = None) -> float:
-    """A travel height clear of everything: SAFE_ABOVE_SUPPORT above the surface the scene
-    stands on (the lowest point of any object seen) and SAFE_ABOVE_TALLEST above the tallest
-    (`exclude`: what the hand holds). Remembered in `ctx.memory["safe_z"]` for `motion`."""
+def scene_points(ctx: SkillContext, exclude: str | None = None) -> np.ndarray:
+    """Points (N, 3) of every object the cameras see (fixtures included), but `exclude`."""
     names = {o.name for o in ctx.env.scene.objects()} - {exclude}
     clouds = [np.zeros((0, 3))]
     for camera in CAMERAS:
         frame = ctx.render(camera)
         ids = [i for i, n in frame.labels.items() if n in names]
         clouds.append(frame.points(np.isin(frame.segmentation, ids)))
-    z = np.concatenate(clouds)[:, 2]
+    return np.concatenate(clouds)
+
+
+def safe_height(ctx: SkillContext, exclude: str | None = None) -> float:
+    """A travel height clear of everything: SAFE_ABOVE_SUPPORT above the surface the scene
+    stands on (the lowest point of any object seen) and SAFE_ABOVE_TALLEST above the tallest
+    (`exclude`: what the hand holds). Remembered in `ctx.memory["safe_z"]` for `motion`."""
+    z = scene_points(ctx, exclude)[:, 2]
     if not len(z):
         return ctx.memory.get("safe_z", SAFE_ABOVE_SUPPORT)
     support = float(np.percentile(z, 0.5))
@@ -117,13 +122,7 @@ def tallest_along(ctx: SkillContext, start, end, exclude: str | None = None, wid
     """The height of the tallest thing seen within `width` of the straight path from `start`
     to `end` (x, y): what a hand carrying something along it must clear. The support under
     it when nothing stands there."""
-    names = {o.name for o in ctx.env.scene.objects()} - {exclude}
-    clouds = [np.zeros((0, 3))]
-    for camera in CAMERAS:
-        frame = ctx.render(camera)
-        ids = [i for i, n in frame.labels.items() if n in names]
-        clouds.append(frame.points(np.isin(frame.segmentation, ids)))
-    points = np.concatenate(clouds)
+    points = scene_points(ctx, exclude)
     a, b = np.asarray(start, float)[:2], np.asarray(end, float)[:2]
     seg = b - a
     t = np.clip((points[:, :2] - a) @ seg / max(float(seg @ seg), 1e-9), 0.0, 1.0)
