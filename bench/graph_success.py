@@ -17,6 +17,7 @@ import multiprocessing as mp
 import sys
 import time
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +38,15 @@ PLAN = [
     # the plate"), placed "on" the plate.
     ("pick_place_on", "libero", "spatial", "success", 0.95),
     ("pick_place_on", "libero_pro", "spatial_swap", "success", 0.85),
+    # Issue 16: instructions of several steps (open/close, turn on, push, pick-and-place).
+    ("do_task", "libero", "goal", "success", 0.90),
+    ("do_task", "libero", "10", "success", 0.85),
+    ("do_task", "libero_pro", "goal_swap", "success", 0.85),
+    ("do_task", "libero_pro", "goal_lan", "success", 0.85),
+    ("do_task", "libero_pro", "goal_object", "success", 0.85),
+    ("do_task", "libero_pro", "10_swap", "success", 0.85),
+    ("do_task", "libero_pro", "10_lan", "success", 0.85),
+    ("do_task", "libero_pro", "10_object", "success", 0.85),
 ]
 
 
@@ -111,8 +121,11 @@ def main() -> int:
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     jobs = [(t, seeds, cells) for t in _ids(args.tasks)]
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(args.workers) as workers:
-        rows = [r for chunk in workers.imap_unordered(_run_task, jobs) for r in chunk]
+    # A worker that dies (a simulator crash) fails the run with BrokenProcessPool, where
+    # multiprocessing.Pool would wait for its lost task forever.
+    with ProcessPoolExecutor(args.workers, mp_context=mp.get_context("spawn")) as workers:
+        futures = [workers.submit(_run_task, job) for job in jobs]
+        rows = [r for done in as_completed(futures) for r in done.result()]
     wall = time.perf_counter() - t0
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))

@@ -1,0 +1,118 @@
+"""Walking an instruction's steps: `next_step` says what to do now, `step_done` moves on.
+
+A reference graph that reads any instruction (examples/workflows/do_task) loops: next_step ->
+route on its `action` to pick+place, open_fixture, close_fixture, turn_on, turn_off or push ->
+step_done -> next_step, until `done`. A step that fails goes back to next_step, which hands it
+out again until it has had `max_attempts`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel
+
+from pytest_gap.instruction_steps import Step, StepsError, parse_steps
+from pytest_gap.instructions import PhraseError, parse_reference, phrase_candidates
+from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.registry import SkillFailure, skill
+
+
+class NextStep(BaseModel):
+    action: str  # pick_place, open, close, turn_on, turn_off or push; "" when done
+    object: str
+    target: str
+    relation: str
+    description: str
+    index: int
+    total: int
+    done: bool
+
+
+class StepDone(BaseModel):
+    index: int
+    remaining: int
+
+
+def _plural(phrase: str) -> bool:
+    last = phrase.split()[-1] if phrase.split() else ""
+    return len(last) > 3 and last.endswith("s") and not last.endswith("ss")
+
+
+def _names_one(phrase: str, objects: list[tuple[str, str]]) -> bool:
+    try:
+        return len(phrase_candidates(phrase, objects)) == 1
+    except PhraseError:
+        return False
+
+
+def expand(step: Step, objects: list[tuple[str, str]]) -> list[Step]:
+    """What only the scene can say about a pick_place step's object: "the yellow and white mug"
+    is one mug when the scene has one, "alphabet soup and tomato sauce" two items when each
+    part names an object and the whole names none; "moka pots" is every moka pot. Anything
+    else is left for `pick` to resolve (and to fail on, naming the candidates)."""
+    if step.action != "pick_place" or parse_reference(step.object).relation is not None:
+        return [step]
+    try:
+        found = phrase_candidates(step.object, objects)
+    except PhraseError:
+        parts = [p for p in re.split(r"\s*,\s*(?:and\s+)?|\s+and\s+", step.object) if p]
+        if len(parts) > 1 and all(_names_one(p, objects) for p in parts):
+            return [step.model_copy(update={"object": p}) for p in parts]
+        return [step]
+    if len(found) > 1 and _plural(step.object):
+        return [step.model_copy(update={"object": name}) for name in found]
+    return [step]
+
+
+def _plan(ctx: SkillContext) -> list[Step]:
+    if "steps" not in ctx.memory:
+        try:
+            steps = parse_steps(ctx.instruction)
+        except StepsError as exc:
+            raise SkillFailure(str(exc)) from None
+        objects = [(o.name, o.category) for o in ctx.env.scene.objects(include_fixtures=False)]
+        ctx.memory["steps"] = [part for step in steps for part in expand(step, objects)]
+        ctx.note("steps", steps=[s.describe() for s in ctx.memory["steps"]])
+    return ctx.memory["steps"]
+
+
+@skill
+def next_step(ctx: SkillContext, max_attempts: int = 2) -> NextStep:
+    """The instruction's next step not yet done (`instruction_steps.parse_steps`): its action
+    (pick_place, open, close, turn_on, turn_off, push), object, target and relation; `done`
+    when every step is. Fails when the instruction cannot be read, or when the current step has
+    been handed out `max_attempts` times without `step_done`."""
+    steps = _plan(ctx)
+    index = ctx.memory.get("step_index", 0)
+    if index >= len(steps):
+        return NextStep(
+            action="", object="", target="", relation="", description="", index=index,
+            total=len(steps), done=True,
+        )  # fmt: skip
+    step = steps[index]
+    tries = ctx.memory.setdefault("step_attempts", {})
+    if tries.get(index, 0) >= max_attempts:
+        raise SkillFailure(
+            f"step {index + 1} of {len(steps)} ({step.describe()}) failed {max_attempts} times"
+        )
+    tries[index] = tries.get(index, 0) + 1
+    return NextStep(
+        action=step.action,
+        object=step.object,
+        target=step.target,
+        relation=step.relation,
+        description=step.describe(),
+        index=index,
+        total=len(steps),
+        done=False,
+    )
+
+
+@skill
+def step_done(ctx: SkillContext) -> StepDone:
+    """Mark the step `next_step` handed out as done; the next call hands out the one after."""
+    steps = _plan(ctx)
+    index = min(ctx.memory.get("step_index", 0) + 1, len(steps))
+    ctx.memory["step_index"] = index
+    return StepDone(index=index, remaining=len(steps) - index)
