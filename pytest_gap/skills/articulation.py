@@ -1,0 +1,325 @@
+"""Articulated fixtures: a cabinet's drawers (a slide joint each) and the microwave's door (a
+hinge). `open_fixture` / `close_fixture` move them through the env's 7-D action; progress is
+measured from the cameras (the drawer front seen along its slide axis), not from the joint.
+
+Privileged reads, named where they happen: which joint moves a part, its axis and which way
+is "open" (the model's joint and LIBERO's `default_open_ranges`: structure, not state), and
+the height of each drawer (its BDDL region site, which rides on the drawer). The drawer's
+position and its handle come from depth + segmentation. The microwave door's angle is read
+from its joint (privileged state: the door is one segment with the body).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel
+
+from pytest_gap.skills import motion, perception
+from pytest_gap.skills.calibration import (
+    DRAWER_BAND,
+    DRAWER_OPEN_TRAVEL,
+    HANDLE_DEPTH,
+    HANDLE_REACH,
+    STANDOFF,
+)
+from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.geometry import Box, rotation_error, wrap_half_turn
+from pytest_gap.skills.registry import SkillFailure, skill
+
+LEVELS = ("top", "middle", "bottom")
+OPEN, CLOSE, HOLD = -1.0, 1.0, 0.0  # gripper commands; 0 keeps the fingers where they are
+# A drawer counts as opened/closed when its front moved at least this share of the way.
+ENOUGH = 0.8
+
+
+class Articulated(BaseModel):
+    fixture: str  # scene name, e.g. wooden_cabinet_1
+    part: str  # "top drawer", "door"
+    moved: float  # how far the part moved: metres (drawer) or radians (door)
+    open: bool  # the part's state afterwards, as measured
+
+
+@dataclass(frozen=True)
+class Part:
+    fixture: str
+    part: str  # "top drawer" / "door"
+    joint: str  # the model's joint that moves it
+    region: str | None  # the BDDL region riding on it (a drawer's inside)
+
+    @property
+    def level(self) -> str:
+        return self.part.split()[0]
+
+
+# -- resolving a phrase ---------------------------------------------------------------------------
+def articulated_parts(ctx: SkillContext) -> list[Part]:
+    """Every part of the scene's fixtures that a joint moves: each cabinet drawer
+    (`<fixture>_<level>_level`) and the microwave door (privileged: the model's joint names)."""
+    model = ctx.env.raw.sim.model._model
+    joints = {model.joint(j).name for j in range(model.njnt)}
+    parts = []
+    for obj in ctx.env.scene.objects(include_fixtures=True):
+        if not obj.fixture:
+            continue
+        for level in LEVELS:
+            joint = f"{obj.name}_{level}_level"
+            if joint in joints:
+                parts.append(Part(obj.name, f"{level} drawer", joint, f"{obj.name}_{level}_region"))
+        door = f"{obj.name}_microjoint"
+        if door in joints:
+            parts.append(Part(obj.name, "door", door, None))
+    return parts
+
+
+def resolve_part(ctx: SkillContext, name: str) -> Part:
+    """The part a phrase names: "the middle drawer of the cabinet", "the top drawer", "the
+    microwave" (its door). Fails naming the candidates when it names none, or several."""
+    words = set(re.findall(r"[a-z]+", name.lower()))
+    parts = articulated_parts(ctx)
+
+    def fits(part: Part) -> bool:
+        fixture_words = set(part.fixture.lower().split("_")) - {"1", "2"}
+        named_fixture = words & (fixture_words - {"wooden", "white", "yellow"})
+        colour = words & {"wooden", "white", "yellow"}
+        if colour and not colour <= fixture_words:
+            return False
+        if part.part == "door":
+            return bool(named_fixture) or "door" in words
+        level = part.level
+        drawerish = "drawer" in words or bool(named_fixture)
+        return drawerish and level in words
+
+    found = [p for p in parts if fits(p)]
+    if len(found) != 1:
+        options = ", ".join(f"the {p.part} of {p.fixture}" for p in parts) or "none"
+        why = "names none" if not found else "fits several"
+        raise SkillFailure(f"{name!r} {why} of the scene's articulated parts: {options}")
+    return found[0]
+
+
+# -- the joint's structure (privileged: the model) -------------------------------------------------
+def _joint(ctx: SkillContext, joint: str) -> tuple[np.ndarray, float, int]:
+    """The joint's axis in the world, the sign of its "open" direction (LIBERO's
+    `default_open_ranges` lie on that side of 0), and its qpos address."""
+    model, data = ctx.env.raw.sim.model._model, ctx.env.raw.sim.data._data
+    j = model.joint(joint).id
+    body = model.jnt_bodyid[j]
+    axis = data.xmat[body].reshape(3, 3) @ model.jnt_axis[j]
+    lo, hi = model.jnt_range[j]
+    sign = -1.0 if abs(lo) > abs(hi) else 1.0
+    return axis, sign, int(model.jnt_qposadr[j])
+
+
+def _slide_out(ctx: SkillContext, part: Part) -> np.ndarray:
+    """The horizontal unit vector a drawer slides out along."""
+    axis, sign, _ = _joint(ctx, part.joint)
+    out = sign * axis
+    out[2] = 0.0
+    return out / np.linalg.norm(out)
+
+
+# -- perception of a drawer ------------------------------------------------------------------------
+def _band_points(ctx: SkillContext, part: Part) -> np.ndarray:
+    """The fixture's points seen at the drawer's height (its region site's, privileged)."""
+    z = ctx.env.scene.region(part.region).pos[2]
+    clouds = [np.zeros((0, 3))]
+    for camera in perception.CAMERAS:
+        frame = ctx.render(camera)
+        clouds.append(frame.points(frame.mask(part.fixture)))
+    points = np.concatenate(clouds)
+    return points[np.abs(points[:, 2] - z) < DRAWER_BAND]
+
+
+def drawer_front(ctx: SkillContext, part: Part) -> tuple[float, np.ndarray]:
+    """How far out the drawer's handle stands along its slide axis (metres, in the world
+    projected on the axis) and the handle's centre (x, y, z), both from the cameras: the
+    fixture's points at the drawer's height standing out furthest along the axis."""
+    out = _slide_out(ctx, part)
+    points = _band_points(ctx, part)
+    if len(points) < perception.MIN_PIXELS:
+        raise SkillFailure(f"the {part.part} of {part.fixture} is not visible")
+    along = points[:, :2] @ out[:2]
+    front = float(np.percentile(along, 99.5))
+    handle = points[along > front - HANDLE_DEPTH]
+    center = np.median(handle, axis=0)
+    center[:2] += out[:2] * (front - HANDLE_DEPTH / 2 - float(center[:2] @ out[:2]))
+    return front, center
+
+
+def _closed_front(ctx: SkillContext, part: Part) -> float | None:
+    """Where a closed drawer's front stands: the least-out front of the fixture's other
+    drawers as seen (None if it has no other)."""
+    others = [
+        p for p in articulated_parts(ctx) if p.fixture == part.fixture and p.part != part.part
+    ]
+    fronts = []
+    for other in others:
+        try:
+            fronts.append(drawer_front(ctx, other)[0])
+        except SkillFailure:
+            continue
+    return min(fronts) if fronts else None
+
+
+def _across(out: np.ndarray) -> float:
+    """The hand yaw whose closing axis (hand y; world -y at yaw 0) lies along `out`."""
+    return wrap_half_turn(float(np.arctan2(out[1], out[0])) - np.pi / 2)
+
+
+def _facing(out: np.ndarray) -> np.ndarray:
+    """The hand turned to point horizontally into a drawer front facing `out`, the fingers
+    closing vertically (top and bottom of the handle bar), the hand's x as near world +x as
+    the two choices allow (the wrist turns least from LIBERO's start pose)."""
+    z = -np.array([out[0], out[1], 0.0])
+    for y in (np.array([0.0, 0.0, 1.0]), np.array([0.0, 0.0, -1.0])):
+        x = np.cross(y, z)
+        if x[0] >= 0:
+            break
+    return np.column_stack([x, y, z])
+
+
+def _servo_pose(ctx, position, rot, gripper, *, max_steps=150, tolerance=0.006, limit=1.0):
+    """`motion.servo` for any hand orientation (it only points the hand down): drive the grip
+    site to `position` with the hand at `rot`; give up after STALL steps without progress."""
+    target = np.asarray(position, float)
+    best, best_at, error = np.inf, 0, np.inf
+    for i in range(max_steps):
+        pos, now = motion.hand_pose(ctx)
+        delta = target - pos
+        turn = rotation_error(now, rot)
+        error = float(np.linalg.norm(delta))
+        if error < tolerance and np.linalg.norm(turn) < 0.05:
+            break
+        if error < best - 0.002:
+            best, best_at = error, i
+        elif i - best_at > motion.STALL_STEPS:
+            ctx.note("servo stalled", target=target.round(3).tolist(), error=round(error, 4))
+            break
+        ctx.act(
+            np.concatenate(
+                [
+                    np.clip(motion.POS_GAIN * delta, -limit, limit),
+                    np.clip(motion.ROT_GAIN * turn, -1, 1),
+                    [gripper],
+                ]
+            )
+        )
+    return error
+
+
+def _open_drawer(ctx: SkillContext, part: Part) -> Articulated:
+    """Grip the handle bar from the front, the hand level, and pull it out along the slide."""
+    out = _slide_out(ctx, part)
+    front, handle = drawer_front(ctx, part)
+    closed = _closed_front(ctx, part)
+    rot = _facing(out)
+    standoff = handle + out * STANDOFF
+    perception.safe_height(ctx)
+    # Over to the front, still pointing down, then level the hand there, clear of everything.
+    motion.travel(ctx, [*standoff[:2], motion.travel_height(ctx)], motion.hand_yaw(ctx), OPEN)
+    _servo_pose(ctx, standoff, rot, OPEN, max_steps=150, tolerance=0.01)
+    grip = handle - out * HANDLE_REACH
+    _servo_pose(ctx, grip, rot, OPEN, max_steps=80, tolerance=0.005, limit=0.4)
+    for _ in range(12):
+        _servo_pose(ctx, grip, rot, CLOSE, max_steps=1, tolerance=0.0)
+    pulled = grip + out * (DRAWER_OPEN_TRAVEL + 0.015)
+    _servo_pose(ctx, pulled, rot, CLOSE, max_steps=120, tolerance=0.005, limit=0.5)
+    for _ in range(10):
+        _servo_pose(ctx, pulled, rot, OPEN, max_steps=1, tolerance=0.0)
+    pos = ctx.env.scene.gripper().eef_pos
+    _servo_pose(ctx, pos + out * 0.08, rot, OPEN, max_steps=40, tolerance=0.02)
+    return _measure(ctx, part, front, closed, opening=True)
+
+
+def _close_drawer(ctx: SkillContext, part: Part) -> Articulated:
+    out = _slide_out(ctx, part)
+    front, handle = drawer_front(ctx, part)
+    closed = _closed_front(ctx, part)
+    yaw = _across(np.array([-out[1], out[0], 0.0]))  # fingers side by side across the face
+    start = handle + out * 0.04
+    yaw = motion.grip_yaw(ctx, start.tolist(), yaw)
+    if yaw is None:
+        raise SkillFailure(f"the front of the {part.part} of {part.fixture} is out of reach")
+    perception.safe_height(ctx)
+    motion.travel(ctx, [*start[:2], start[2] + 0.1], yaw, CLOSE)
+    motion.servo(ctx, start.tolist(), yaw, CLOSE, max_steps=60, tolerance=0.006)
+    # Push past where a closed front stands: the cabinet stops it.
+    target = start - out * (DRAWER_OPEN_TRAVEL + 0.06)
+    motion.servo(ctx, target.tolist(), yaw, CLOSE, max_steps=120, tolerance=0.005)
+    pos = ctx.env.scene.gripper().eef_pos
+    motion.servo(
+        ctx, [*(pos + out * 0.03)[:2], pos[2] + 0.1], yaw, OPEN, max_steps=40, tolerance=0.02
+    )
+    return _measure(ctx, part, front, closed, opening=False)
+
+
+def _measure(ctx, part, front, closed, *, opening: bool) -> Articulated:
+    """How far the front moved as the cameras see it now; fails when it did not do the job."""
+    after, _ = drawer_front(ctx, part)
+    moved = after - front if opening else front - after
+    out_by = None if closed is None else after - closed
+    ctx.note(f"{part.part} moved", moved=round(moved, 3), out_by=out_by and round(out_by, 3))
+    is_open = (out_by if out_by is not None else moved) > ENOUGH * DRAWER_OPEN_TRAVEL
+    if opening and not is_open:
+        raise SkillFailure(
+            f"the {part.part} front moved {max(moved, 0.0):.2f} m of {DRAWER_OPEN_TRAVEL:.2f} m"
+        )
+    if not opening and out_by is not None and out_by > 0.01:
+        raise SkillFailure(
+            f"the {part.part} front still stands {out_by:.2f} m out after a push of "
+            f"{max(moved, 0.0):.2f} m"
+        )
+    return Articulated(fixture=part.fixture, part=part.part, moved=moved, open=is_open)
+
+
+# -- skills ---------------------------------------------------------------------------------------
+@skill
+def open_fixture(ctx: SkillContext, name: str) -> Articulated:
+    """Open a drawer ("the middle drawer of the cabinet"): grip its handle and pull it out
+    along its slide axis; `moved` is how far its front moved as the cameras see it.
+
+    Fails naming the candidates when `name` fits no drawer, and with how far the front moved
+    when it did not open (`drawer front moved 0.01 m of 0.14 m`). Privileged: the joint's axis
+    and direction, the drawer's height (its region site)."""
+    part = resolve_part(ctx, name)
+    if part.part == "door":
+        raise SkillFailure(f"opening the door of {part.fixture} is not supported yet")
+    return _open_drawer(ctx, part)
+
+
+@skill
+def close_fixture(ctx: SkillContext, name: str) -> Articulated:
+    """Close a drawer or the microwave door: push it shut.
+
+    A drawer is pushed in along its slide axis with the closed fingers on its front; closed
+    means its front, as the cameras see it, stands no further out than its closed
+    neighbours'. Fails naming the candidates when `name` fits no part, and with how far the
+    front still stands out. Privileged: the joint's axis and direction, the drawer's height."""
+    part = resolve_part(ctx, name)
+    if part.part == "door":
+        return _close_door(ctx, part)
+    return _close_drawer(ctx, part)
+
+
+def _close_door(ctx: SkillContext, part: Part) -> Articulated:
+    raise SkillFailure(f"closing the door of {part.fixture} is not supported yet")
+
+
+# -- the inside of an open drawer, for `place` -----------------------------------------------------
+def drawer_inside(ctx: SkillContext, phrase: str) -> tuple[str, Box] | None:
+    """The fixture and the inside of the drawer a phrase names ("the top drawer of the
+    cabinet"), as a box `place` can plan slots in; None when the phrase names no drawer."""
+    if "drawer" not in phrase.lower():
+        return None
+    part = resolve_part(ctx, phrase)
+    region = ctx.env.scene.region(part.region)  # privileged: the site rides on the drawer
+    out = _slide_out(ctx, part)
+    front, _ = drawer_front(ctx, part)
+    bottom = float(region.pos[2] - DRAWER_BAND)
+    half = (float(region.half_size[0]), float(region.half_size[1]), 0.04)
+    yaw = float(np.arctan2(out[1], out[0])) + np.pi / 2
+    ctx.note("drawer inside", front=round(front, 3))
+    return part.fixture, Box(center=(*region.pos[:2], bottom + half[2]), half_extents=half, yaw=yaw)
