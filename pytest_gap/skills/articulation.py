@@ -23,6 +23,7 @@ from pytest_gap.skills.calibration import (
     DRAWER_OPEN_TRAVEL,
     HANDLE_DEPTH,
     HANDLE_REACH,
+    PUSH_TILT,
     STANDOFF,
 )
 from pytest_gap.skills.context import SkillContext
@@ -169,34 +170,42 @@ def _across(out: np.ndarray) -> float:
     return wrap_half_turn(float(np.arctan2(out[1], out[0])) - np.pi / 2)
 
 
-def _facing(out: np.ndarray) -> np.ndarray:
-    """The hand turned to point horizontally into a drawer front facing `out`, the fingers
-    closing vertically (top and bottom of the handle bar), the hand's x as near world +x as
-    the two choices allow (the wrist turns least from LIBERO's start pose)."""
-    z = -np.array([out[0], out[1], 0.0])
-    for y in (np.array([0.0, 0.0, 1.0]), np.array([0.0, 0.0, -1.0])):
-        x = np.cross(y, z)
-        if x[0] >= 0:
-            break
-    return np.column_stack([x, y, z])
+def _facing(ctx: SkillContext, out: np.ndarray, closing: str, tilt: float = 0.0) -> np.ndarray:
+    """The hand turned to point into a drawer front facing `out`, `tilt` radians down from
+    level, the fingers closing "vertical"ly (on the handle bar's top and bottom) or "across"
+    the front; of the two such orientations the one nearer the hand's now (the wrist turns
+    least)."""
+    level = -np.array([out[0], out[1], 0.0])
+    z = np.cos(tilt) * level + np.sin(tilt) * np.array([0.0, 0.0, -1.0])
+    across = np.array([-out[1], out[0], 0.0])
+    y = across if closing == "across" else np.cross(z, across)
+    options = [np.column_stack([np.cross(s * y, z), s * y, z]) for s in (1.0, -1.0)]
+    _, now = motion.hand_pose(ctx)
+    return min(options, key=lambda rot: float(np.linalg.norm(rotation_error(now, rot))))
 
 
 def _servo_pose(ctx, position, rot, gripper, *, max_steps=150, tolerance=0.006, limit=1.0):
     """`motion.servo` for any hand orientation (it only points the hand down): drive the grip
     site to `position` with the hand at `rot`; give up after STALL steps without progress."""
     target = np.asarray(position, float)
-    best, best_at, error = np.inf, 0, np.inf
+    best, best_turn, best_at, error = np.inf, np.inf, 0, np.inf
     for i in range(max_steps):
         pos, now = motion.hand_pose(ctx)
         delta = target - pos
         turn = rotation_error(now, rot)
         error = float(np.linalg.norm(delta))
-        if error < tolerance and np.linalg.norm(turn) < 0.05:
+        if error < tolerance and float(np.linalg.norm(turn)) < 0.05:
             break
-        if error < best - 0.002:
-            best, best_at = error, i
+        turned = float(np.linalg.norm(turn))
+        if error < best - 0.002 or turned < best_turn - 0.02:
+            best, best_turn, best_at = min(best, error), min(best_turn, turned), i
         elif i - best_at > motion.STALL_STEPS:
-            ctx.note("servo stalled", target=target.round(3).tolist(), error=round(error, 4))
+            ctx.note(
+                "servo stalled",
+                target=target.round(3).tolist(),
+                error=round(error, 4),
+                turn=round(turned, 3),
+            )
             break
         ctx.act(
             np.concatenate(
@@ -215,7 +224,7 @@ def _open_drawer(ctx: SkillContext, part: Part) -> Articulated:
     out = _slide_out(ctx, part)
     front, handle = drawer_front(ctx, part)
     closed = _closed_front(ctx, part)
-    rot = _facing(out)
+    rot = _facing(ctx, out, "vertical")
     standoff = handle + out * STANDOFF
     perception.safe_height(ctx)
     # Over to the front, still pointing down, then level the hand there, clear of everything.
@@ -235,24 +244,22 @@ def _open_drawer(ctx: SkillContext, part: Part) -> Articulated:
 
 
 def _close_drawer(ctx: SkillContext, part: Part) -> Articulated:
+    """Push the drawer in by its handle, the hand level and the closed fingers' tips on the
+    bar, the hand lying across the front (so it stays clear of the table and the drawers
+    above and below)."""
     out = _slide_out(ctx, part)
     front, handle = drawer_front(ctx, part)
     closed = _closed_front(ctx, part)
-    yaw = _across(np.array([-out[1], out[0], 0.0]))  # fingers side by side across the face
-    start = handle + out * 0.04
-    yaw = motion.grip_yaw(ctx, start.tolist(), yaw)
-    if yaw is None:
-        raise SkillFailure(f"the front of the {part.part} of {part.fixture} is out of reach")
+    standoff = handle + out * STANDOFF
     perception.safe_height(ctx)
-    motion.travel(ctx, [*start[:2], start[2] + 0.1], yaw, CLOSE)
-    motion.servo(ctx, start.tolist(), yaw, CLOSE, max_steps=60, tolerance=0.006)
-    # Push past where a closed front stands: the cabinet stops it.
-    target = start - out * (DRAWER_OPEN_TRAVEL + 0.06)
-    motion.servo(ctx, target.tolist(), yaw, CLOSE, max_steps=120, tolerance=0.005)
+    motion.travel(ctx, [*standoff[:2], motion.travel_height(ctx)], motion.hand_yaw(ctx), CLOSE)
+    rot = _facing(ctx, out, "across", PUSH_TILT)
+    _servo_pose(ctx, standoff, rot, CLOSE, max_steps=150, tolerance=0.01)
+    # Past where a closed front stands: the cabinet stops it.
+    target = handle - out * (DRAWER_OPEN_TRAVEL + 0.04)
+    _servo_pose(ctx, target, rot, CLOSE, max_steps=150, tolerance=0.005, limit=0.5)
     pos = ctx.env.scene.gripper().eef_pos
-    motion.servo(
-        ctx, [*(pos + out * 0.03)[:2], pos[2] + 0.1], yaw, OPEN, max_steps=40, tolerance=0.02
-    )
+    _servo_pose(ctx, pos + out * 0.1, rot, CLOSE, max_steps=40, tolerance=0.02)
     return _measure(ctx, part, front, closed, opening=False)
 
 

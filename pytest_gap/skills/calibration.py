@@ -60,6 +60,10 @@ HANDLE_DEPTH = 0.016
 # The hand, level, grips the bar from the front, fingers closing on its top and bottom: the grip
 # site goes this far behind the bar's centre (the fingertips stop short of the front behind it).
 HANDLE_REACH = 0.0
-STANDOFF = 0.12  # the hand turns level this far out in front of the handle
+STANDOFF = 0.06  # the hand turns level this far out in front of the handle
 # A drawer slides 0.16 m (its joint's range); LIBERO counts it open beyond 0.14 m out.
 DRAWER_OPEN_TRAVEL = 0.15
+# A drawer is pushed shut with the hand pointing this far down from level into its front: the
+# fingertips lead, the hand's body stays off the drawer above, and the arm stays clear of what
+# stands beside the cabinet (level, it swung into libero_10 task 3's wine rack).
+PUSH_TILT = np.pi / 4
