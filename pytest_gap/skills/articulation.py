@@ -20,6 +20,8 @@ from pydantic import BaseModel
 from pytest_gap.skills import motion, perception
 from pytest_gap.skills.calibration import (
     DRAWER_BAND,
+    DRAWER_DEPTH,
+    DRAWER_FRONT_IN,
     DRAWER_OPEN_TRAVEL,
     HANDLE_DEPTH,
     HANDLE_REACH,
@@ -317,16 +319,43 @@ def _close_door(ctx: SkillContext, part: Part) -> Articulated:
 
 # -- the inside of an open drawer, for `place` -----------------------------------------------------
 def drawer_inside(ctx: SkillContext, phrase: str) -> tuple[str, Box] | None:
-    """The fixture and the inside of the drawer a phrase names ("the top drawer of the
-    cabinet"), as a box `place` can plan slots in; None when the phrase names no drawer."""
+    """The fixture and the spot in the open drawer a phrase names ("the top drawer of the
+    cabinet") to put an item on, as a thin box whose top is the drawer's floor; None
+    when the phrase says no "drawer". From the cameras: the fixture's points at the drawer's
+    height standing out beyond where its closed neighbours' fronts stand (the part pulled
+    out); its floor is the lowest of them. Fails when the drawer is not open."""
     if "drawer" not in phrase.lower():
         return None
     part = resolve_part(ctx, phrase)
-    region = ctx.env.scene.region(part.region)  # privileged: the site rides on the drawer
     out = _slide_out(ctx, part)
+    closed = _closed_front(ctx, part)
     front, _ = drawer_front(ctx, part)
-    bottom = float(region.pos[2] - DRAWER_BAND)
-    half = (float(region.half_size[0]), float(region.half_size[1]), 0.04)
-    yaw = float(np.arctan2(out[1], out[0])) + np.pi / 2
-    ctx.note("drawer inside", front=round(front, 3))
-    return part.fixture, Box(center=(*region.pos[:2], bottom + half[2]), half_extents=half, yaw=yaw)
+    if closed is None or front - closed < ENOUGH * DRAWER_OPEN_TRAVEL:
+        raise SkillFailure(f"the {part.part} of {part.fixture} is not open: open it first")
+    z = ctx.env.scene.region(part.region).pos[2]  # privileged: the site rides on the drawer
+    clouds = [np.zeros((0, 3))]
+    for camera in perception.CAMERAS:
+        frame = ctx.render(camera)
+        clouds.append(frame.points(frame.mask(part.fixture)))
+    points = np.concatenate(clouds)
+    along = points[:, :2] @ out[:2]
+    pulled = points[(along > closed + 0.01) & (along < front - HANDLE_DEPTH * 1.5)]
+    pulled = pulled[np.abs(pulled[:, 2] - z) < DRAWER_DEPTH]
+    if len(pulled) < perception.MIN_PIXELS:
+        raise SkillFailure(f"the inside of the {part.part} of {part.fixture} is not visible")
+    across = np.array([-out[1], out[0]])
+    v = pulled[:, :2] @ across
+    # Along the slide the item's centre goes midway between the front's inside and where the
+    # cabinet's face stands (further in, the drawer above hangs over it; at the front, it
+    # catches on the front's wall); across, the middle of what is seen.
+    mid_u, mid_v = (closed + front - DRAWER_FRONT_IN) / 2, (v.min() + v.max()) / 2
+    center_xy = mid_u * out[:2] + mid_v * across
+    floor = float(np.percentile(pulled[:, 2], 2))
+    # The spot to put the item on: a thin box whose top is the drawer's floor.
+    box = Box(
+        center=(float(center_xy[0]), float(center_xy[1]), floor - 0.005),
+        half_extents=(0.01, 0.01, 0.005),
+        yaw=float(np.arctan2(out[1], out[0])),
+    )
+    ctx.note("drawer inside", center=[round(c, 3) for c in box.center], floor=round(floor, 3))
+    return part.fixture, box

@@ -61,6 +61,11 @@ HANDLE_DEPTH = 0.016
 # site goes this far behind the bar's centre (the fingertips stop short of the front behind it).
 HANDLE_REACH = 0.0
 STANDOFF = 0.06  # the hand turns level this far out in front of the handle
+# The inside of a drawer's front stands this far behind its handle's furthest-out point
+# (bar 1.6 cm + its 0.8 cm posts + the front's 1.2 cm wall).
+DRAWER_FRONT_IN = 0.036
+# A drawer's inside reaches this far above and below its height (its region site's).
+DRAWER_DEPTH = 0.05
 # A drawer slides 0.16 m (its joint's range); LIBERO counts it open beyond 0.14 m out.
 DRAWER_OPEN_TRAVEL = 0.15
 # A drawer is pushed shut with the hand pointing this far down from level into its front: the
