@@ -67,6 +67,17 @@ def test_a_bowl_is_put_into_the_open_drawer_which_is_then_closed(envs):
         articulation.close_fixture(ctx, "the bottom drawer of the cabinet")
 
 
+def test_close_sweeps_the_microwave_door_shut(envs):
+    env = envs("libero_10", 9)  # its microwave door starts open
+    env.reset(0)
+    ctx = SkillContext(env)
+    assert env.goal_status()[1] is False  # ('close', 'microwave_1')
+    done = articulation.close_fixture(ctx, "the microwave")
+    assert (done.fixture, done.part, done.open) == ("microwave_1", "door", False)
+    assert done.moved > 1.2  # radians
+    assert env.goal_status()[1] is True
+
+
 def test_a_phrase_that_names_no_drawer_fails_naming_the_candidates(envs):
     env = envs("libero_goal", 0)
     env.reset(0)

@@ -19,6 +19,9 @@ from pydantic import BaseModel
 
 from pytest_gap.skills import motion, perception
 from pytest_gap.skills.calibration import (
+    DOOR_CLOSED,
+    DOOR_PUSH_AT,
+    DOOR_PUSH_BEHIND,
     DRAWER_BAND,
     DRAWER_DEPTH,
     DRAWER_FRONT_IN,
@@ -305,16 +308,71 @@ def close_fixture(ctx: SkillContext, name: str) -> Articulated:
 
     A drawer is pushed in along its slide axis with the closed fingers on its front; closed
     means its front, as the cameras see it, stands no further out than its closed
-    neighbours'. Fails naming the candidates when `name` fits no part, and with how far the
-    front still stands out. Privileged: the joint's axis and direction, the drawer's height."""
+    neighbours'. The microwave door ("the microwave") is swept shut along its arc with the
+    closed fingers. Fails naming the candidates when `name` fits no part, and with how far the
+    front still stands out (or the door still stands open). Privileged: the joint's axis and
+    direction, the drawer's height; for the door its hinge, shape and angle."""
     part = resolve_part(ctx, name)
     if part.part == "door":
         return _close_door(ctx, part)
     return _close_drawer(ctx, part)
 
 
+def _door(ctx: SkillContext, part: Part) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """The door's hinge (a point on its axis), the horizontal unit vector from the hinge to
+    the door's middle, the door's reach from the hinge, and its angle from closed (radians,
+    >= 0). Privileged: the hinge joint and the door's collision geometry (the door is one
+    segment with the microwave's body, so the cameras cannot tell it apart)."""
+    model, data = ctx.env.raw.sim.model._model, ctx.env.raw.sim.data._data
+    j = model.joint(part.joint).id
+    _, _, adr = _joint(ctx, part.joint)
+    hinge = data.xanchor[j].copy()
+    bodies = [b for b in range(model.nbody) if _under(model, b, int(model.jnt_bodyid[j]))]
+    geoms = [g for g in range(model.ngeom) if model.geom_bodyid[g] in bodies]
+    centres = data.geom_xpos[geoms][:, :2] - hinge[:2]
+    reach = float(np.max(np.linalg.norm(centres, axis=1)))
+    middle = centres.mean(axis=0)
+    angle = abs(float(data.qpos[adr]))
+    return hinge, middle / np.linalg.norm(middle), reach, angle
+
+
+def _under(model, body: int, root: int) -> bool:
+    while body not in (root, 0):
+        body = int(model.body_parentid[body])
+    return body == root
+
+
 def _close_door(ctx: SkillContext, part: Part) -> Articulated:
-    raise SkillFailure(f"closing the door of {part.fixture} is not supported yet")
+    """Sweep the closed fingers along the door's arc, pushing its free end shut."""
+    axis, sign, _ = _joint(ctx, part.joint)
+    hinge, middle, reach, before = _door(ctx, part)
+    # Opening turns the door by `sign` about `axis`: closing turns it back.
+    turn = -sign * np.sign(axis[2])
+    radius = DOOR_PUSH_AT * reach
+    z = float(hinge[2])
+
+    def at(angle: float, behind: float) -> list[float]:
+        c, s = np.cos(turn * angle), np.sin(turn * angle)
+        d = np.array([c * middle[0] - s * middle[1], s * middle[0] + c * middle[1]])
+        tangent = turn * np.array([-d[1], d[0]])  # where the door's end moves as it closes
+        xy = hinge[:2] + radius * d - behind * tangent
+        return [float(xy[0]), float(xy[1]), z]
+
+    start = at(0.0, DOOR_PUSH_BEHIND)
+    perception.safe_height(ctx)
+    motion.travel(ctx, start, motion.hand_yaw(ctx), CLOSE)
+    for angle in np.linspace(0.0, before + 0.1, 8)[1:]:
+        motion.servo(ctx, at(angle, 0.0), motion.hand_yaw(ctx), CLOSE, max_steps=30)
+    pos = ctx.env.scene.gripper().eef_pos
+    motion.servo(ctx, [*pos[:2], pos[2] + 0.12], motion.hand_yaw(ctx), CLOSE, max_steps=40)
+    after = _door(ctx, part)[3]
+    ctx.note("door moved", moved=round(before - after, 3), angle=round(after, 3))
+    if after > DOOR_CLOSED:
+        raise SkillFailure(
+            f"the door of {part.fixture} still stands {np.rad2deg(after):.0f} degrees open "
+            f"after turning {np.rad2deg(before - after):.0f} degrees"
+        )
+    return Articulated(fixture=part.fixture, part=part.part, moved=before - after, open=False)
 
 
 # -- the inside of an open drawer, for `place` -----------------------------------------------------

@@ -72,3 +72,10 @@ DRAWER_OPEN_TRAVEL = 0.15
 # fingertips lead, the hand's body stays off the drawer above, and the arm stays clear of what
 # stands beside the cabinet (level, it swung into libero_10 task 3's wine rack).
 PUSH_TILT = np.pi / 4
+
+# -- LIBERO's microwave door (libero_10 task 9, libero_90) ---------------------------------------
+# The door is pushed at this share of its reach from the hinge (near its free end, off its
+# handle), starting this far on the side it is pushed from.
+DOOR_PUSH_AT, DOOR_PUSH_BEHIND = 0.75, 0.05
+# LIBERO counts the door closed within 0.005 rad of shut.
+DOOR_CLOSED = 0.005
