@@ -48,3 +48,34 @@ RIM_HOLD_WIDTH = 0.0015
 # A box fitted to a point cloud encloses every point seen, so it reads a few mm wide of the
 # object; a grasp is refused as too wide for the fingers only beyond this much over their reach.
 WIDTH_SLACK = 0.005
+
+# -- LIBERO's cabinets' drawers (wooden_cabinet, white_cabinet; libero_goal, libero_10) ----------
+# Each drawer front is 6.8 cm tall (collision box half 0.034 m); its points are taken this far
+# either side of the drawer's height, clear of the neighbours' fronts.
+DRAWER_BAND = 0.025
+# The handle is a bar 1.6 cm deep (collision box half 0.008 m) standing 1.6 cm off the front
+# (its face at 2.4 cm behind the bar's centre): the points this close to the furthest-out one
+# are the handle's.
+HANDLE_DEPTH = 0.016
+# The hand, level, grips the bar from the front, fingers closing on its top and bottom: the grip
+# site goes this far behind the bar's centre (the fingertips stop short of the front behind it).
+HANDLE_REACH = 0.0
+STANDOFF = 0.06  # the hand turns level this far out in front of the handle
+# The inside of a drawer's front stands this far behind its handle's furthest-out point
+# (bar 1.6 cm + its 0.8 cm posts + the front's 1.2 cm wall).
+DRAWER_FRONT_IN = 0.036
+# A drawer's inside reaches this far above and below its height (its region site's).
+DRAWER_DEPTH = 0.05
+# A drawer slides 0.16 m (its joint's range); LIBERO counts it open beyond 0.14 m out.
+DRAWER_OPEN_TRAVEL = 0.15
+# A drawer is pushed shut with the hand pointing this far down from level into its front: the
+# fingertips lead, the hand's body stays off the drawer above, and the arm stays clear of what
+# stands beside the cabinet (level, it swung into libero_10 task 3's wine rack).
+PUSH_TILT = np.pi / 4
+
+# -- LIBERO's microwave door (libero_10 task 9, libero_90) ---------------------------------------
+# The door is pushed at this share of its reach from the hinge (near its free end, off its
+# handle), starting this far on the side it is pushed from.
+DOOR_PUSH_AT, DOOR_PUSH_BEHIND = 0.75, 0.05
+# LIBERO counts the door closed within 0.005 rad of shut.
+DOOR_CLOSED = 0.005

@@ -9,7 +9,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from pytest_gap.instructions import parse_instruction
-from pytest_gap.skills import motion, packing, perception
+from pytest_gap.skills import articulation, motion, packing, perception
 from pytest_gap.skills.calibration import (
     INSIDE_MARGIN,
     RIM_DOWN,
@@ -346,6 +346,9 @@ def place(ctx: SkillContext, container: str, relation: Literal["in", "on"] = "in
     inside as seen now (`packing.plan_slots`): room for the item and the fingers, the hand
     square to the walls, as low as what is there allows. "on" (`_place_on`): the held object's
     offset from the hand and how far it hangs are read from a look at it in the hand."""
+    drawer = articulation.drawer_inside(ctx, container) if relation == "in" else None
+    if drawer:  # onto the floor of the open drawer, centred on its spot
+        return _place_on(ctx, *drawer)
     scene_name = perception.ground_name(ctx, container)
     if relation == "on":
         return _place_on(ctx, scene_name)
@@ -367,14 +370,14 @@ def place(ctx: SkillContext, container: str, relation: Literal["in", "on"] = "in
     return Placed(released=True, position=[*slot.center, slot.release_z])
 
 
-def _place_on(ctx: SkillContext, support: str) -> Placed:
+def _place_on(ctx: SkillContext, support: str, box: Box | None = None) -> Placed:
     """Put what is held onto `support`'s top, its centre over the support's centre: the offset
     of the held object from the grip site and how far it hangs below are read from a look at
     it in the hand; lower gently until it stops on the top, release, back off up."""
     held = ctx.memory.get("held")
     if not held:
         raise SkillFailure(f"nothing is held to place on {support}")
-    box, _ = perception.locate_box(ctx, support)
+    box = box or perception.locate_box(ctx, support)[0]  # `box`: a spot given (in a drawer)
     in_hand, _ = perception.locate_box(ctx, held)
     eef = ctx.env.scene.gripper().eef_pos
     offset = np.asarray(eef[:2]) - np.asarray(in_hand.center[:2])

@@ -89,6 +89,7 @@ def _where(fn) -> str:
 
 def _load_builtin_skills() -> None:
     # Importing the modules registers their skills.
+    import pytest_gap.skills.articulation
     import pytest_gap.skills.library
     import pytest_gap.skills.policy
     import pytest_gap.skills.steps  # noqa: F401

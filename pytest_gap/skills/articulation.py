@@ -1,0 +1,419 @@
+"""Articulated fixtures: a cabinet's drawers (a slide joint each) and the microwave's door (a
+hinge). `open_fixture` / `close_fixture` move them through the env's 7-D action; progress is
+measured from the cameras (the drawer front seen along its slide axis), not from the joint.
+
+Privileged reads, named where they happen: which joint moves a part, its axis and which way
+is "open" (the model's joint and LIBERO's `default_open_ranges`: structure, not state), and
+the height of each drawer (its BDDL region site, which rides on the drawer). The drawer's
+position and its handle come from depth + segmentation. The microwave door's angle is read
+from its joint (privileged state: the door is one segment with the body).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel
+
+from pytest_gap.skills import motion, perception
+from pytest_gap.skills.calibration import (
+    DOOR_CLOSED,
+    DOOR_PUSH_AT,
+    DOOR_PUSH_BEHIND,
+    DRAWER_BAND,
+    DRAWER_DEPTH,
+    DRAWER_FRONT_IN,
+    DRAWER_OPEN_TRAVEL,
+    HANDLE_DEPTH,
+    HANDLE_REACH,
+    PUSH_TILT,
+    STANDOFF,
+)
+from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.geometry import Box, rotation_error, wrap_half_turn
+from pytest_gap.skills.registry import SkillFailure, skill
+
+LEVELS = ("top", "middle", "bottom")
+OPEN, CLOSE, HOLD = -1.0, 1.0, 0.0  # gripper commands; 0 keeps the fingers where they are
+# A drawer counts as opened/closed when its front moved at least this share of the way.
+ENOUGH = 0.8
+
+
+class Articulated(BaseModel):
+    fixture: str  # scene name, e.g. wooden_cabinet_1
+    part: str  # "top drawer", "door"
+    moved: float  # how far the part moved: metres (drawer) or radians (door)
+    open: bool  # the part's state afterwards, as measured
+
+
+@dataclass(frozen=True)
+class Part:
+    fixture: str
+    part: str  # "top drawer" / "door"
+    joint: str  # the model's joint that moves it
+    region: str | None  # the BDDL region riding on it (a drawer's inside)
+
+    @property
+    def level(self) -> str:
+        return self.part.split()[0]
+
+
+# -- resolving a phrase ---------------------------------------------------------------------------
+def articulated_parts(ctx: SkillContext) -> list[Part]:
+    """Every part of the scene's fixtures that a joint moves: each cabinet drawer
+    (`<fixture>_<level>_level`) and the microwave door (privileged: the model's joint names)."""
+    model = ctx.env.raw.sim.model._model
+    joints = {model.joint(j).name for j in range(model.njnt)}
+    parts = []
+    for obj in ctx.env.scene.objects(include_fixtures=True):
+        if not obj.fixture:
+            continue
+        for level in LEVELS:
+            joint = f"{obj.name}_{level}_level"
+            if joint in joints:
+                parts.append(Part(obj.name, f"{level} drawer", joint, f"{obj.name}_{level}_region"))
+        door = f"{obj.name}_microjoint"
+        if door in joints:
+            parts.append(Part(obj.name, "door", door, None))
+    return parts
+
+
+def resolve_part(ctx: SkillContext, name: str) -> Part:
+    """The part a phrase names: "the middle drawer of the cabinet", "the top drawer", "the
+    microwave" (its door). Fails naming the candidates when it names none, or several."""
+    words = set(re.findall(r"[a-z]+", name.lower()))
+    parts = articulated_parts(ctx)
+
+    def fits(part: Part) -> bool:
+        fixture_words = set(part.fixture.lower().split("_")) - {"1", "2"}
+        named_fixture = words & (fixture_words - {"wooden", "white", "yellow"})
+        colour = words & {"wooden", "white", "yellow"}
+        if colour and not colour <= fixture_words:
+            return False
+        if part.part == "door":
+            return bool(named_fixture) or "door" in words
+        level = part.level
+        drawerish = "drawer" in words or bool(named_fixture)
+        return drawerish and level in words
+
+    found = [p for p in parts if fits(p)]
+    if len(found) != 1:
+        options = ", ".join(f"the {p.part} of {p.fixture}" for p in parts) or "none"
+        why = "names none" if not found else "fits several"
+        raise SkillFailure(f"{name!r} {why} of the scene's articulated parts: {options}")
+    return found[0]
+
+
+# -- the joint's structure (privileged: the model) -------------------------------------------------
+def _joint(ctx: SkillContext, joint: str) -> tuple[np.ndarray, float, int]:
+    """The joint's axis in the world, the sign of its "open" direction (LIBERO's
+    `default_open_ranges` lie on that side of 0), and its qpos address."""
+    model, data = ctx.env.raw.sim.model._model, ctx.env.raw.sim.data._data
+    j = model.joint(joint).id
+    body = model.jnt_bodyid[j]
+    axis = data.xmat[body].reshape(3, 3) @ model.jnt_axis[j]
+    lo, hi = model.jnt_range[j]
+    sign = -1.0 if abs(lo) > abs(hi) else 1.0
+    return axis, sign, int(model.jnt_qposadr[j])
+
+
+def _slide_out(ctx: SkillContext, part: Part) -> np.ndarray:
+    """The horizontal unit vector a drawer slides out along."""
+    axis, sign, _ = _joint(ctx, part.joint)
+    out = sign * axis
+    out[2] = 0.0
+    return out / np.linalg.norm(out)
+
+
+# -- perception of a drawer ------------------------------------------------------------------------
+def _band_points(ctx: SkillContext, part: Part) -> np.ndarray:
+    """The fixture's points seen at the drawer's height (its region site's, privileged)."""
+    z = ctx.env.scene.region(part.region).pos[2]
+    clouds = [np.zeros((0, 3))]
+    for camera in perception.CAMERAS:
+        frame = ctx.render(camera)
+        clouds.append(frame.points(frame.mask(part.fixture)))
+    points = np.concatenate(clouds)
+    return points[np.abs(points[:, 2] - z) < DRAWER_BAND]
+
+
+def drawer_front(ctx: SkillContext, part: Part) -> tuple[float, np.ndarray]:
+    """How far out the drawer's handle stands along its slide axis (metres, in the world
+    projected on the axis) and the handle's centre (x, y, z), both from the cameras: the
+    fixture's points at the drawer's height standing out furthest along the axis."""
+    out = _slide_out(ctx, part)
+    points = _band_points(ctx, part)
+    if len(points) < perception.MIN_PIXELS:
+        raise SkillFailure(f"the {part.part} of {part.fixture} is not visible")
+    along = points[:, :2] @ out[:2]
+    front = float(np.percentile(along, 99.5))
+    handle = points[along > front - HANDLE_DEPTH]
+    center = np.median(handle, axis=0)
+    center[:2] += out[:2] * (front - HANDLE_DEPTH / 2 - float(center[:2] @ out[:2]))
+    return front, center
+
+
+def _closed_front(ctx: SkillContext, part: Part) -> float | None:
+    """Where a closed drawer's front stands: the least-out front of the fixture's other
+    drawers as seen (None if it has no other)."""
+    others = [
+        p for p in articulated_parts(ctx) if p.fixture == part.fixture and p.part != part.part
+    ]
+    fronts = []
+    for other in others:
+        try:
+            fronts.append(drawer_front(ctx, other)[0])
+        except SkillFailure:
+            continue
+    return min(fronts) if fronts else None
+
+
+def _across(out: np.ndarray) -> float:
+    """The hand yaw whose closing axis (hand y; world -y at yaw 0) lies along `out`."""
+    return wrap_half_turn(float(np.arctan2(out[1], out[0])) - np.pi / 2)
+
+
+def _facing(ctx: SkillContext, out: np.ndarray, closing: str, tilt: float = 0.0) -> np.ndarray:
+    """The hand turned to point into a drawer front facing `out`, `tilt` radians down from
+    level, the fingers closing "vertical"ly (on the handle bar's top and bottom) or "across"
+    the front; of the two such orientations the one nearer the hand's now (the wrist turns
+    least)."""
+    level = -np.array([out[0], out[1], 0.0])
+    z = np.cos(tilt) * level + np.sin(tilt) * np.array([0.0, 0.0, -1.0])
+    across = np.array([-out[1], out[0], 0.0])
+    y = across if closing == "across" else np.cross(z, across)
+    options = [np.column_stack([np.cross(s * y, z), s * y, z]) for s in (1.0, -1.0)]
+    _, now = motion.hand_pose(ctx)
+    return min(options, key=lambda rot: float(np.linalg.norm(rotation_error(now, rot))))
+
+
+def _servo_pose(ctx, position, rot, gripper, *, max_steps=150, tolerance=0.006, limit=1.0):
+    """`motion.servo` for any hand orientation (it only points the hand down): drive the grip
+    site to `position` with the hand at `rot`; give up after STALL steps without progress."""
+    target = np.asarray(position, float)
+    best, best_turn, best_at, error = np.inf, np.inf, 0, np.inf
+    for i in range(max_steps):
+        pos, now = motion.hand_pose(ctx)
+        delta = target - pos
+        turn = rotation_error(now, rot)
+        error = float(np.linalg.norm(delta))
+        if error < tolerance and float(np.linalg.norm(turn)) < 0.05:
+            break
+        turned = float(np.linalg.norm(turn))
+        if error < best - 0.002 or turned < best_turn - 0.02:
+            best, best_turn, best_at = min(best, error), min(best_turn, turned), i
+        elif i - best_at > motion.STALL_STEPS:
+            ctx.note(
+                "servo stalled",
+                target=target.round(3).tolist(),
+                error=round(error, 4),
+                turn=round(turned, 3),
+            )
+            break
+        ctx.act(
+            np.concatenate(
+                [
+                    np.clip(motion.POS_GAIN * delta, -limit, limit),
+                    np.clip(motion.ROT_GAIN * turn, -1, 1),
+                    [gripper],
+                ]
+            )
+        )
+    return error
+
+
+def _open_drawer(ctx: SkillContext, part: Part) -> Articulated:
+    """Grip the handle bar from the front, the hand level, and pull it out along the slide."""
+    out = _slide_out(ctx, part)
+    front, handle = drawer_front(ctx, part)
+    closed = _closed_front(ctx, part)
+    rot = _facing(ctx, out, "vertical")
+    standoff = handle + out * STANDOFF
+    perception.safe_height(ctx)
+    # Over to the front, still pointing down, then level the hand there, clear of everything.
+    motion.travel(ctx, [*standoff[:2], motion.travel_height(ctx)], motion.hand_yaw(ctx), OPEN)
+    _servo_pose(ctx, standoff, rot, OPEN, max_steps=150, tolerance=0.01)
+    grip = handle - out * HANDLE_REACH
+    _servo_pose(ctx, grip, rot, OPEN, max_steps=80, tolerance=0.005, limit=0.4)
+    for _ in range(12):
+        _servo_pose(ctx, grip, rot, CLOSE, max_steps=1, tolerance=0.0)
+    pulled = grip + out * (DRAWER_OPEN_TRAVEL + 0.015)
+    _servo_pose(ctx, pulled, rot, CLOSE, max_steps=120, tolerance=0.005, limit=0.5)
+    for _ in range(10):
+        _servo_pose(ctx, pulled, rot, OPEN, max_steps=1, tolerance=0.0)
+    pos = ctx.env.scene.gripper().eef_pos
+    _servo_pose(ctx, pos + out * 0.08, rot, OPEN, max_steps=40, tolerance=0.02)
+    return _measure(ctx, part, front, closed, opening=True)
+
+
+def _close_drawer(ctx: SkillContext, part: Part) -> Articulated:
+    """Push the drawer in by its handle, the hand level and the closed fingers' tips on the
+    bar, the hand lying across the front (so it stays clear of the table and the drawers
+    above and below)."""
+    out = _slide_out(ctx, part)
+    front, handle = drawer_front(ctx, part)
+    closed = _closed_front(ctx, part)
+    standoff = handle + out * STANDOFF
+    perception.safe_height(ctx)
+    motion.travel(ctx, [*standoff[:2], motion.travel_height(ctx)], motion.hand_yaw(ctx), CLOSE)
+    rot = _facing(ctx, out, "across", PUSH_TILT)
+    _servo_pose(ctx, standoff, rot, CLOSE, max_steps=150, tolerance=0.01)
+    # Past where a closed front stands: the cabinet stops it.
+    target = handle - out * (DRAWER_OPEN_TRAVEL + 0.04)
+    _servo_pose(ctx, target, rot, CLOSE, max_steps=150, tolerance=0.005, limit=0.5)
+    pos = ctx.env.scene.gripper().eef_pos
+    _servo_pose(ctx, pos + out * 0.1, rot, CLOSE, max_steps=40, tolerance=0.02)
+    return _measure(ctx, part, front, closed, opening=False)
+
+
+def _measure(ctx, part, front, closed, *, opening: bool) -> Articulated:
+    """How far the front moved as the cameras see it now; fails when it did not do the job."""
+    after, _ = drawer_front(ctx, part)
+    moved = after - front if opening else front - after
+    out_by = None if closed is None else after - closed
+    ctx.note(f"{part.part} moved", moved=round(moved, 3), out_by=out_by and round(out_by, 3))
+    is_open = (out_by if out_by is not None else moved) > ENOUGH * DRAWER_OPEN_TRAVEL
+    if opening and not is_open:
+        raise SkillFailure(
+            f"the {part.part} front moved {max(moved, 0.0):.2f} m of {DRAWER_OPEN_TRAVEL:.2f} m"
+        )
+    if not opening and out_by is not None and out_by > 0.01:
+        raise SkillFailure(
+            f"the {part.part} front still stands {out_by:.2f} m out after a push of "
+            f"{max(moved, 0.0):.2f} m"
+        )
+    return Articulated(fixture=part.fixture, part=part.part, moved=moved, open=is_open)
+
+
+# -- skills ---------------------------------------------------------------------------------------
+@skill
+def open_fixture(ctx: SkillContext, name: str) -> Articulated:
+    """Open a drawer ("the middle drawer of the cabinet"): grip its handle and pull it out
+    along its slide axis; `moved` is how far its front moved as the cameras see it.
+
+    Fails naming the candidates when `name` fits no drawer, and with how far the front moved
+    when it did not open (`drawer front moved 0.01 m of 0.14 m`). Privileged: the joint's axis
+    and direction, the drawer's height (its region site)."""
+    part = resolve_part(ctx, name)
+    if part.part == "door":
+        raise SkillFailure(f"opening the door of {part.fixture} is not supported yet")
+    return _open_drawer(ctx, part)
+
+
+@skill
+def close_fixture(ctx: SkillContext, name: str) -> Articulated:
+    """Close a drawer or the microwave door: push it shut.
+
+    A drawer is pushed in along its slide axis with the closed fingers on its front; closed
+    means its front, as the cameras see it, stands no further out than its closed
+    neighbours'. The microwave door ("the microwave") is swept shut along its arc with the
+    closed fingers. Fails naming the candidates when `name` fits no part, and with how far the
+    front still stands out (or the door still stands open). Privileged: the joint's axis and
+    direction, the drawer's height; for the door its hinge, shape and angle."""
+    part = resolve_part(ctx, name)
+    if part.part == "door":
+        return _close_door(ctx, part)
+    return _close_drawer(ctx, part)
+
+
+def _door(ctx: SkillContext, part: Part) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """The door's hinge (a point on its axis), the horizontal unit vector from the hinge to
+    the door's middle, the door's reach from the hinge, and its angle from closed (radians,
+    >= 0). Privileged: the hinge joint and the door's collision geometry (the door is one
+    segment with the microwave's body, so the cameras cannot tell it apart)."""
+    model, data = ctx.env.raw.sim.model._model, ctx.env.raw.sim.data._data
+    j = model.joint(part.joint).id
+    _, _, adr = _joint(ctx, part.joint)
+    hinge = data.xanchor[j].copy()
+    bodies = [b for b in range(model.nbody) if _under(model, b, int(model.jnt_bodyid[j]))]
+    geoms = [g for g in range(model.ngeom) if model.geom_bodyid[g] in bodies]
+    centres = data.geom_xpos[geoms][:, :2] - hinge[:2]
+    reach = float(np.max(np.linalg.norm(centres, axis=1)))
+    middle = centres.mean(axis=0)
+    angle = abs(float(data.qpos[adr]))
+    return hinge, middle / np.linalg.norm(middle), reach, angle
+
+
+def _under(model, body: int, root: int) -> bool:
+    while body not in (root, 0):
+        body = int(model.body_parentid[body])
+    return body == root
+
+
+def _close_door(ctx: SkillContext, part: Part) -> Articulated:
+    """Sweep the closed fingers along the door's arc, pushing its free end shut."""
+    axis, sign, _ = _joint(ctx, part.joint)
+    hinge, middle, reach, before = _door(ctx, part)
+    # Opening turns the door by `sign` about `axis`: closing turns it back.
+    turn = -sign * np.sign(axis[2])
+    radius = DOOR_PUSH_AT * reach
+    z = float(hinge[2])
+
+    def at(angle: float, behind: float) -> list[float]:
+        c, s = np.cos(turn * angle), np.sin(turn * angle)
+        d = np.array([c * middle[0] - s * middle[1], s * middle[0] + c * middle[1]])
+        tangent = turn * np.array([-d[1], d[0]])  # where the door's end moves as it closes
+        xy = hinge[:2] + radius * d - behind * tangent
+        return [float(xy[0]), float(xy[1]), z]
+
+    start = at(0.0, DOOR_PUSH_BEHIND)
+    perception.safe_height(ctx)
+    motion.travel(ctx, start, motion.hand_yaw(ctx), CLOSE)
+    for angle in np.linspace(0.0, before + 0.1, 8)[1:]:
+        motion.servo(ctx, at(angle, 0.0), motion.hand_yaw(ctx), CLOSE, max_steps=30)
+    pos = ctx.env.scene.gripper().eef_pos
+    motion.servo(ctx, [*pos[:2], pos[2] + 0.12], motion.hand_yaw(ctx), CLOSE, max_steps=40)
+    after = _door(ctx, part)[3]
+    ctx.note("door moved", moved=round(before - after, 3), angle=round(after, 3))
+    if after > DOOR_CLOSED:
+        raise SkillFailure(
+            f"the door of {part.fixture} still stands {np.rad2deg(after):.0f} degrees open "
+            f"after turning {np.rad2deg(before - after):.0f} degrees"
+        )
+    return Articulated(fixture=part.fixture, part=part.part, moved=before - after, open=False)
+
+
+# -- the inside of an open drawer, for `place` -----------------------------------------------------
+def drawer_inside(ctx: SkillContext, phrase: str) -> tuple[str, Box] | None:
+    """The fixture and the spot in the open drawer a phrase names ("the top drawer of the
+    cabinet") to put an item on, as a thin box whose top is the drawer's floor; None
+    when the phrase says no "drawer". From the cameras: the fixture's points at the drawer's
+    height standing out beyond where its closed neighbours' fronts stand (the part pulled
+    out); its floor is the lowest of them. Fails when the drawer is not open."""
+    if "drawer" not in phrase.lower():
+        return None
+    part = resolve_part(ctx, phrase)
+    out = _slide_out(ctx, part)
+    closed = _closed_front(ctx, part)
+    front, _ = drawer_front(ctx, part)
+    if closed is None or front - closed < ENOUGH * DRAWER_OPEN_TRAVEL:
+        raise SkillFailure(f"the {part.part} of {part.fixture} is not open: open it first")
+    z = ctx.env.scene.region(part.region).pos[2]  # privileged: the site rides on the drawer
+    clouds = [np.zeros((0, 3))]
+    for camera in perception.CAMERAS:
+        frame = ctx.render(camera)
+        clouds.append(frame.points(frame.mask(part.fixture)))
+    points = np.concatenate(clouds)
+    along = points[:, :2] @ out[:2]
+    pulled = points[(along > closed + 0.01) & (along < front - HANDLE_DEPTH * 1.5)]
+    pulled = pulled[np.abs(pulled[:, 2] - z) < DRAWER_DEPTH]
+    if len(pulled) < perception.MIN_PIXELS:
+        raise SkillFailure(f"the inside of the {part.part} of {part.fixture} is not visible")
+    across = np.array([-out[1], out[0]])
+    v = pulled[:, :2] @ across
+    # Along the slide the item's centre goes midway between the front's inside and where the
+    # cabinet's face stands (further in, the drawer above hangs over it; at the front, it
+    # catches on the front's wall); across, the middle of what is seen.
+    mid_u, mid_v = (closed + front - DRAWER_FRONT_IN) / 2, (v.min() + v.max()) / 2
+    center_xy = mid_u * out[:2] + mid_v * across
+    floor = float(np.percentile(pulled[:, 2], 2))
+    # The spot to put the item on: a thin box whose top is the drawer's floor.
+    box = Box(
+        center=(float(center_xy[0]), float(center_xy[1]), floor - 0.005),
+        half_extents=(0.01, 0.01, 0.005),
+        yaw=float(np.arctan2(out[1], out[0])),
+    )
+    ctx.note("drawer inside", center=[round(c, 3) for c in box.center], floor=round(floor, 3))
+    return part.fixture, box

@@ -1,0 +1,104 @@
+"""Drawers on real LIBERO scenes: opened by the handle, pushed shut, an item put inside, each
+judged by how far the drawer front moved as the cameras see it, and by LIBERO's own goal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pytest_gap.sim.libero import EnvOptions, make_env
+from pytest_gap.skills import articulation, library
+from pytest_gap.skills.context import SkillContext, TaskSucceeded
+from pytest_gap.skills.registry import SkillFailure
+
+
+@pytest.fixture(scope="module")
+def envs():
+    """One env per (suite, task), made when first asked for; the suites' own episodes."""
+    made: dict[tuple[str, int], object] = {}
+
+    def get(suite: str, task: int):
+        if (suite, task) not in made:
+            made[suite, task] = make_env(suite, task, EnvOptions())
+        return made[suite, task]
+
+    yield get
+    for env in made.values():
+        env.close()
+
+
+def test_open_pulls_the_middle_drawer_out_until_libero_counts_it_open(envs):
+    env = envs("libero_goal", 0)  # "open the middle drawer of the cabinet"
+    env.reset(0)
+    ctx = SkillContext(env)
+    part = articulation.resolve_part(ctx, "the middle drawer of the cabinet")
+    assert (part.fixture, part.part) == ("wooden_cabinet_1", "middle drawer")
+    before, _ = articulation.drawer_front(ctx, part)
+    with pytest.raises(TaskSucceeded):  # the goal check passed while it pulled
+        articulation.open_fixture(ctx, "the middle drawer of the cabinet")
+    after, _ = articulation.drawer_front(SkillContext(env), part)
+    assert after - before > 0.13  # seen from the cameras: the front came out
+
+
+def test_close_pushes_an_open_drawer_shut(envs):
+    env = envs("libero_10", 3)  # its bottom drawer starts open
+    env.reset(0)
+    ctx = SkillContext(env)
+    assert env.goal_status()[0] is False  # ('close', 'white_cabinet_1_bottom_region')
+    done = articulation.close_fixture(ctx, "the bottom drawer of the cabinet")
+    assert (done.fixture, done.part, done.open) == ("white_cabinet_1", "bottom drawer", False)
+    assert done.moved > 0.12
+    assert env.goal_status()[0] is True
+
+
+def test_a_bowl_is_put_into_the_open_drawer_which_is_then_closed(envs):
+    env = envs(
+        "libero_10", 3
+    )  # "put the black bowl in the bottom drawer of the cabinet and close it"
+    env.reset(1)
+    ctx = SkillContext(env)
+    assert library.pick(ctx, "the black bowl").holding
+    library.place(ctx, "the bottom drawer of the cabinet", relation="in")
+    assert env.goal_status()[1] is True  # ('in', 'akita_black_bowl_1', ..._bottom_region)
+    with pytest.raises(TaskSucceeded):
+        articulation.close_fixture(ctx, "the bottom drawer of the cabinet")
+
+
+def test_close_sweeps_the_microwave_door_shut(envs):
+    env = envs("libero_10", 9)  # its microwave door starts open
+    env.reset(0)
+    ctx = SkillContext(env)
+    assert env.goal_status()[1] is False  # ('close', 'microwave_1')
+    done = articulation.close_fixture(ctx, "the microwave")
+    assert (done.fixture, done.part, done.open) == ("microwave_1", "door", False)
+    assert done.moved > 1.2  # radians
+    assert env.goal_status()[1] is True
+
+
+def test_a_phrase_that_names_no_drawer_fails_naming_the_candidates(envs):
+    env = envs("libero_goal", 0)
+    env.reset(0)
+    ctx = SkillContext(env)
+    steps = env.steps
+    with pytest.raises(SkillFailure, match=r"'the fourth drawer' names none .*the top drawer of"):
+        articulation.open_fixture(ctx, "the fourth drawer")
+    with pytest.raises(SkillFailure, match=r"the middle drawer of wooden_cabinet_1"):
+        articulation.close_fixture(ctx, "the microwave")
+    assert env.steps == steps  # failed before moving anything
+
+
+def test_the_catalogue_lists_the_drawer_skills_with_their_docs():
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest_gap.cli", "skills", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    entries = {e["name"]: e for e in json.loads(out.stdout)}
+    for name in ("open_fixture", "close_fixture"):
+        assert "drawer" in entries[name]["description"]
+        assert entries[name]["inputs"]["required"] == ["name"]
+        assert {"fixture", "part", "moved", "open"} <= set(entries[name]["outputs"]["properties"])
