@@ -340,22 +340,34 @@ def _rim_grasps(ctx: SkillContext, scene_name: str, box: Box) -> list[Grasp]:
 
 @skill
 def place(ctx: SkillContext, container: str, relation: Literal["in", "on"] = "in") -> Placed:
-    """Put what is held "in" a container (a free slot) or "on" a support (centred on its top).
+    """Put what is held "in" a container (a free slot) or "on" a support (centred on its top):
+    an object, or a fixture's surface (the stove's burner, the cabinet's top, the wine rack's
+    top: `perception.fixture_surface`, where on the fixture from LIBERO's region site).
 
     It is released there and the hand backs off up. "in": the slot comes from the container's
     inside as seen now (`packing.plan_slots`): room for the item and the fingers, the hand
     square to the walls, as low as what is there allows. "on" (`_place_on`): the held object's
-    offset from the hand and how far it hangs are read from a look at it in the hand."""
-    scene_name = perception.ground_name(ctx, container)
+    offset from the hand and how far it hangs are read from a look at it in the hand. An
+    object with no room "in" a container too small for it (cream cheese in a bowl) is rested
+    on the container's top centre instead. A phrase naming nothing fails naming the scene's
+    objects and fixtures."""
+    scene_name = perception.ground_name(ctx, container, fixtures=True)
+    fixture = ctx.env.scene.object(scene_name).fixture
     if relation == "on":
-        return _place_on(ctx, scene_name)
+        surface = perception.fixture_surface(ctx, scene_name) if fixture else None
+        return _place_on(ctx, scene_name, surface)
     # Its frame from perception, at whatever yaw it stands (`calibration.CONTAINER_TURN`).
     box = perception.locate_container(ctx, scene_name)
     held = ctx.memory.get("held")
     item = _held_item(ctx, held)
     slot, yaw = _plan(ctx, scene_name, box, held, item)
     if slot is None:
-        raise SkillFailure(f"no reachable room for {held or 'the held object'} in {scene_name}")
+        if not held or fixture:
+            raise SkillFailure(f"no reachable room for {held or 'the held object'} in {scene_name}")
+        # Too small a container for it to go in (cream cheese in a bowl): LIBERO counts it
+        # "on" the container when it rests on it, so rest it on its top centre.
+        ctx.note("no room inside: resting it on top", item=held, container=scene_name)
+        return _place_on(ctx, scene_name)
     slot, yaw = _lower_into(ctx, scene_name, box, held, item, slot, yaw)
     _gripper(ctx, OPEN)
     if held:
@@ -367,14 +379,16 @@ def place(ctx: SkillContext, container: str, relation: Literal["in", "on"] = "in
     return Placed(released=True, position=[*slot.center, slot.release_z])
 
 
-def _place_on(ctx: SkillContext, support: str) -> Placed:
+def _place_on(ctx: SkillContext, support: str, surface: Box | None = None) -> Placed:
     """Put what is held onto `support`'s top, its centre over the support's centre: the offset
     of the held object from the grip site and how far it hangs below are read from a look at
-    it in the hand; lower gently until it stops on the top, release, back off up."""
+    it in the hand; lower gently until it stops on the top, release, back off up. `surface`:
+    the part of a fixture to put it on (`perception.fixture_surface`), instead of the top of
+    the support's box."""
     held = ctx.memory.get("held")
     if not held:
         raise SkillFailure(f"nothing is held to place on {support}")
-    box, _ = perception.locate_box(ctx, support)
+    box = surface if surface is not None else perception.locate_box(ctx, support)[0]
     in_hand, _ = perception.locate_box(ctx, held)
     eef = ctx.env.scene.gripper().eef_pos
     offset = np.asarray(eef[:2]) - np.asarray(in_hand.center[:2])
