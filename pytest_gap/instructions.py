@@ -159,13 +159,17 @@ _RELATION = re.compile(
 _DRAWER = re.compile(
     r"^(?:the\s+)?(?P<level>top|upper|middle|bottom|lower)\s+drawer\s+(?:of|in)\s+(?P<anchor>.+)$"
 )
-# "the left plate", "the rightmost bowl", "the front mug": a side as the robot sees the table.
+# "the left plate", "the rightmost bowl", "the front mug": a side as the front camera
+# (agentview) sees the table, as LIBERO's instructions are written.
 _SIDE = re.compile(r"^(?P<side>left|right|front|back|near|far)(?:most)?\s+(?P<noun>.+)$")
 _SIDES = {"left": "left", "right": "right", "front": "front", "near": "front", "back": "back"}
 _SIDES["far"] = "back"
-# The robot stands at -x facing +x: its left is +y, its front (nearer to it) is -x. The sign
-# of a side's world axis, (axis, sign): the candidate with the largest sign * coordinate.
-SIDE_AXES = {"left": (1, 1.0), "right": (1, -1.0), "front": (0, -1.0), "back": (0, 1.0)}
+# The camera stands at +x looking towards the robot at -x: its left is -y, its front (nearer
+# to it) +x. Measured on LIBERO's goals: libero_10 task 4's "left plate" is plate_1 at y -0.32
+# (plate_2 at +0.31), seeds 0-1; the desk caddy's left_contain_region is at y -0.29 (right at
+# 0.00), its front_contain_region at x -0.36 (back at -0.42). The sign of a side's world axis,
+# (axis, sign): the candidate with the largest sign * coordinate.
+SIDE_AXES = {"left": (1, -1.0), "right": (1, 1.0), "front": (0, 1.0), "back": (0, -1.0)}
 _LEVELS = {"top": "top", "upper": "top", "middle": "middle", "bottom": "bottom", "lower": "bottom"}
 # Two candidates whose distances to the reference point differ by less than this are a tie.
 TIE = 0.01  # m
@@ -273,7 +277,7 @@ def resolve_reference(
 ) -> str:
     """The one object a referring phrase names, from where things are (`parse_reference`).
 
-    the left/right/front/back X: the X farthest that way as the robot sees the table
+    the left/right/front/back X: the X farthest that way as the front camera sees the table
     (`SIDE_AXES`); between A and B: the candidate nearest the midpoint of A's and B's
     centres; next to A: the nearest to A that does not stand on A; on A: the one standing on
     A and sticking out above its top (`supported_by`); in A: the one within A (a drawer: the

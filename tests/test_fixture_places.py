@@ -10,6 +10,7 @@ import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.skills import library as skills
+from pytest_gap.skills import perception
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.registry import SkillFailure
 from pytest_gap.workflow.executor import run_workflow
@@ -54,3 +55,14 @@ def test_a_place_naming_nothing_lists_the_objects_and_fixtures(envs):
         match=r"'the microwave' in this scene; it has .*flat stove.*wine rack, wooden cabinet",
     ):
         skills.place(ctx, container="the microwave", relation="on")
+
+
+def test_the_left_and_right_plate_are_the_goals_plates():
+    """libero_10 task 4: "put the white mug on the left plate and put the yellow and white mug
+    on the right plate"; LIBERO's goal says which plate is which."""
+    with make_env("libero_10", 4, EnvOptions()) as env:
+        env.reset(0)
+        goal = {obj: where for _, obj, where in env.scene.goal_state()}
+        ctx = SkillContext(env)
+        assert perception.ground_name(ctx, "the left plate") == goal["porcelain_mug_1"]
+        assert perception.ground_name(ctx, "the right plate") == goal["white_yellow_mug_1"]

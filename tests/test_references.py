@@ -79,15 +79,16 @@ PLATES = [
 @pytest.mark.parametrize(
     ("phrase", "name"),
     [
-        ("the left plate", "plate_2"),  # the robot's left is +y
-        ("the right plate", "plate_1"),
-        ("the rightmost plate", "plate_1"),
-        ("the front plate", "plate_1"),  # nearer the robot, at -x
-        ("the back plate", "plate_2"),
-        ("the far plate", "plate_2"),
+        # as the front camera sees it, at +x looking at the robot: its left is -y
+        ("the left plate", "plate_1"),
+        ("the right plate", "plate_2"),
+        ("the rightmost plate", "plate_2"),
+        ("the front plate", "plate_2"),  # nearer the camera, at +x
+        ("the back plate", "plate_1"),
+        ("the far plate", "plate_1"),
     ],
 )
-def test_a_side_names_the_one_farthest_that_way_as_the_robot_sees_it(phrase, name):
+def test_a_side_names_the_one_farthest_that_way_as_the_camera_sees_it(phrase, name):
     assert parse_reference(phrase).relation == "side"
     assert resolve_reference(phrase, PLATES) == name
     # The names swapped: the answer moves with the geometry, not with the `_1`.
@@ -100,7 +101,7 @@ def test_a_side_among_one_or_level_things_says_why():
     with pytest.raises(PhraseError, match=r"needs two or more to choose from; .* plate_1"):
         resolve_reference("the left plate", PLATES[:1])
     level = [PLATES[0], PLATES[1].model_copy(update={"center": (0.1, -0.195, 0.905)})]
-    with pytest.raises(PhraseError, match="fits two equally well: plate_2 and plate_1"):
+    with pytest.raises(PhraseError, match="fits two equally well: plate_1 and plate_2"):
         resolve_reference("the left plate", level)
 
 
