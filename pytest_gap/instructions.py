@@ -253,6 +253,19 @@ def parse_reference(phrase: str) -> Reference:
     return Reference(noun=noun, relation=relation, anchors=[_phrase(anchor)])
 
 
+_PART = re.compile(
+    r"^(?:the\s+)?(?P<part>[a-z]+)\s+(?:compartment|section|slot)\s+(?:of|in)\s+"
+    r"(?:the\s+)?(?P<whole>.+)$"
+)
+
+
+def parse_part(phrase: str) -> tuple[str, str] | None:
+    """A named part of a thing: "the back compartment of the caddy" -> ("back", "caddy");
+    None when the phrase names no part."""
+    match = _PART.fullmatch(re.sub(r"\s+", " ", phrase.strip().lower()))
+    return (match["part"], _phrase(match["whole"])) if match else None
+
+
 def supported_by(thing: Thing, anchor: Thing, tilted: bool = False) -> bool:
     """Whether `thing` stands on or in `anchor`: its centre over `anchor`'s footprint (within
     SUPPORT_REACH), its bottom not above `anchor`'s top and above the surface `anchor` stands

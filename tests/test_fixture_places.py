@@ -66,3 +66,15 @@ def test_the_left_and_right_plate_are_the_goals_plates():
         ctx = SkillContext(env)
         assert perception.ground_name(ctx, "the left plate") == goal["porcelain_mug_1"]
         assert perception.ground_name(ctx, "the right plate") == goal["white_yellow_mug_1"]
+
+
+def test_the_book_goes_in_the_caddys_back_compartment_and_a_missing_part_is_named():
+    """libero_10 task 5: "pick up the book and place it in the back compartment of the
+    caddy" (goal: in desk_caddy_1_back_contain_region)."""
+    with make_env("libero_10", 5, EnvOptions()) as env:
+        obs = env.reset(0)
+        ctx = SkillContext(env)
+        with pytest.raises(SkillFailure, match="desk_caddy_1 has no 'top' part; it has back,"):
+            skills.place(ctx, container="the top compartment of the caddy")
+        result = run_workflow(load_workflow(GRAPH, task_placeholders(obs.prompt)), env)
+        assert result.success, (obs.prompt, result.exit_status, result.error)

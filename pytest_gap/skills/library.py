@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
-from pytest_gap.instructions import parse_instruction
+from pytest_gap.instructions import parse_instruction, parse_part
 from pytest_gap.skills import motion, packing, perception
 from pytest_gap.skills.calibration import (
     INSIDE_MARGIN,
@@ -351,6 +351,10 @@ def place(ctx: SkillContext, container: str, relation: Literal["in", "on"] = "in
     object with no room "in" a container too small for it (cream cheese in a bowl) is rested
     on the container's top centre instead. A phrase naming nothing fails naming the scene's
     objects and fixtures."""
+    part = parse_part(container)
+    if part is not None:  # "the back compartment of the caddy": in from above its walls
+        whole = perception.ground_name(ctx, part[1], fixtures=True)
+        return _place_on(ctx, whole, perception.fixture_part(ctx, whole, part[0]))
     scene_name = perception.ground_name(ctx, container, fixtures=True)
     fixture = ctx.env.scene.object(scene_name).fixture
     if relation == "on":

@@ -29,6 +29,7 @@ from pytest_gap.skills.registry import SkillFailure
 
 CAMERAS = ("agentview", "birdview")
 MIN_PIXELS = 8
+WALL_REACH = 0.01  # a compartment's walls stand within this of its region site's footprint
 SURFACE_THICKNESS = 0.01  # a fixture's region site this thin is a surface to put things on
 RIM_BAND = 0.02  # a container's rim: its points this close to its top
 # Travel height: this far above the surface the scene stands on (LIBERO's tallest movable
@@ -67,16 +68,34 @@ def fixture_surface(ctx: SkillContext, fixture: str) -> Box:
     highest flat one (SURFACE_THICKNESS), as the cameras do not tell a burner from the rest of
     a stove. Its height comes from the cameras: the highest of the fixture's points seen over
     the site's footprint (the site may sit a few mm off the visual surface)."""
-    sites = [
-        ctx.env.scene.region(n)
-        for n in getattr(ctx.env.raw, "object_sites_dict", {})
-        if n.startswith(f"{fixture}_") and "contain" not in n
-    ]
+    sites = [ctx.env.scene.region(n) for n in _sites_of(ctx, fixture) if "contain" not in n]
     flat = [s for s in sites if s.half_size[2] <= SURFACE_THICKNESS]
     if not flat:
         raise SkillFailure(f"{fixture} has no surface to put things on")
-    site = max(flat, key=lambda s: s.pos[2])
-    half = np.asarray(site.half_size[:2], float)
+    return _site_top(ctx, fixture, max(flat, key=lambda s: s.pos[2]))
+
+
+def fixture_part(ctx: SkillContext, fixture: str, part: str) -> Box:
+    """A named compartment of a fixture ("back" of the desk caddy: its
+    `desk_caddy_1_back_contain_region` site, a privileged read as in `fixture_surface`), as a
+    flat box over it, its top the highest of the fixture's points seen over the footprint (the
+    walls): what is put in goes in from above that."""
+    names = [n for n in _sites_of(ctx, fixture) if n.startswith(f"{fixture}_{part}_")]
+    if not names:
+        parts = sorted({n[len(fixture) + 1 :].split("_")[0] for n in _sites_of(ctx, fixture)})
+        raise SkillFailure(f"{fixture} has no {part!r} part; it has {', '.join(parts) or 'none'}")
+    return _site_top(ctx, fixture, ctx.env.scene.region(names[0]), walls=True)
+
+
+def _sites_of(ctx: SkillContext, fixture: str) -> list[str]:
+    return [n for n in getattr(ctx.env.raw, "object_sites_dict", {}) if n.startswith(f"{fixture}_")]
+
+
+def _site_top(ctx: SkillContext, fixture: str, site, walls: bool = False) -> Box:
+    """A flat box over a region site's footprint at the height of the fixture seen over it:
+    the surface (most of what is seen, the 95th percentile), or with `walls` the top of the
+    walls around it (the highest point within WALL_REACH of the footprint)."""
+    half = np.asarray(site.half_size[:2], float) + (WALL_REACH if walls else 0.0)
     center = np.asarray(site.pos, float)
     try:
         points, _ = object_points(ctx, fixture)
@@ -84,9 +103,14 @@ def fixture_surface(ctx: SkillContext, fixture: str) -> Box:
     except SkillFailure:
         over = np.zeros((0, 3))
     # The top of what is seen over the footprint; the site's own height if nothing is.
-    top = float(np.percentile(over[:, 2], 95)) if len(over) >= MIN_PIXELS else float(center[2])
+    top = (
+        float(np.percentile(over[:, 2], 100 if walls else 95))
+        if len(over) >= MIN_PIXELS
+        else float(center[2])
+    )
     ctx.note("fixture surface", fixture=fixture, site=site.name, top=round(top, 3))
     thick = 0.005
+    half = np.asarray(site.half_size[:2], float)
     return Box(
         center=(float(center[0]), float(center[1]), top - thick),
         half_extents=(float(half[0]), float(half[1]), thick),
