@@ -78,3 +78,16 @@ def test_the_book_goes_in_the_caddys_back_compartment_and_a_missing_part_is_name
             skills.place(ctx, container="the top compartment of the caddy")
         result = run_workflow(load_workflow(GRAPH, task_placeholders(obs.prompt)), env)
         assert result.success, (obs.prompt, result.exit_status, result.error)
+
+
+def test_the_pudding_goes_to_the_right_of_the_plate():
+    """libero_10 task 6's second step, "put the chocolate pudding to the right of the plate":
+    LIBERO's goal region beside the plate (the mug-on-plate half is not done: completion
+    0.5)."""
+    with make_env("libero_10", 6, EnvOptions()) as env:
+        env.reset(0)
+        ctx = SkillContext(env)
+        assert skills.pick(ctx, name="chocolate pudding").holding
+        skills.place(ctx, container="the plate", relation="right_of")
+        skills.home(ctx)
+        assert env.completion() == pytest.approx(0.5)

@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
-from pytest_gap.instructions import parse_instruction, parse_part
+from pytest_gap.instructions import SIDE_AXES, parse_instruction, parse_part
 from pytest_gap.skills import motion, packing, perception
 from pytest_gap.skills.calibration import (
     INSIDE_MARGIN,
@@ -18,7 +18,7 @@ from pytest_gap.skills.calibration import (
     WIDTH_SLACK,
 )
 from pytest_gap.skills.context import SkillContext
-from pytest_gap.skills.geometry import Box, wrap_half_turn
+from pytest_gap.skills.geometry import Box, beside, wrap_half_turn
 from pytest_gap.skills.registry import SkillFailure, skill
 
 HOME_XY = (-0.15, 0.0)  # above the near half of the table, the arm's comfortable middle
@@ -36,6 +36,9 @@ FINGER_REACH = 0.045  # the open fingers' outer faces, from the grip site along 
 # Lowering that stops this far above the release height is blocked, not done: plan again,
 # keeping these clearances in turn.
 BLOCKED, UNBLOCK_MARGINS = 0.02, (0.01, 0.02)
+# place(relation=...) beside an anchor: the side, and the room left between the footprints.
+BESIDE = {"left_of": "left", "right_of": "right", "front_of": "front", "behind": "back"}
+BESIDE_GAP = 0.01  # just clear of the anchor (its box from depth runs a few mm wide)
 
 
 # -- outputs -------------------------------------------------------------------------------------
@@ -339,7 +342,11 @@ def _rim_grasps(ctx: SkillContext, scene_name: str, box: Box) -> list[Grasp]:
 
 
 @skill
-def place(ctx: SkillContext, container: str, relation: Literal["in", "on"] = "in") -> Placed:
+def place(
+    ctx: SkillContext,
+    container: str,
+    relation: Literal["in", "on", "left_of", "right_of", "front_of", "behind"] = "in",
+) -> Placed:
     """Put what is held "in" a container (a free slot) or "on" a support (centred on its top):
     an object, or a fixture's surface (the stove's burner, the cabinet's top, the wine rack's
     top: `perception.fixture_surface`, where on the fixture from LIBERO's region site).
@@ -347,7 +354,9 @@ def place(ctx: SkillContext, container: str, relation: Literal["in", "on"] = "in
     It is released there and the hand backs off up. "in": the slot comes from the container's
     inside as seen now (`packing.plan_slots`): room for the item and the fingers, the hand
     square to the walls, as low as what is there allows. "on" (`_place_on`): the held object's
-    offset from the hand and how far it hangs are read from a look at it in the hand. An
+    offset from the hand and how far it hangs are read from a look at it in the hand.
+    "left_of"/"right_of"/"front_of"/"behind" (as the front camera sees the table, the way
+    LIBERO's instructions say it): on the surface beside the container, BESIDE_GAP apart. An
     object with no room "in" a container too small for it (cream cheese in a bowl) is rested
     on the container's top centre instead. A phrase naming nothing fails naming the scene's
     objects and fixtures."""
@@ -357,6 +366,8 @@ def place(ctx: SkillContext, container: str, relation: Literal["in", "on"] = "in
         return _place_on(ctx, whole, perception.fixture_part(ctx, whole, part[0]))
     scene_name = perception.ground_name(ctx, container, fixtures=True)
     fixture = ctx.env.scene.object(scene_name).fixture
+    if relation in BESIDE:
+        return _place_on(ctx, scene_name, _beside(ctx, scene_name, relation))
     if relation == "on":
         surface = perception.fixture_surface(ctx, scene_name) if fixture else None
         return _place_on(ctx, scene_name, surface)
@@ -381,6 +392,20 @@ def place(ctx: SkillContext, container: str, relation: Literal["in", "on"] = "in
     up = [pos[0], pos[1], motion.travel_height(ctx)]
     motion.servo(ctx, up, yaw, OPEN, tolerance=0.02, max_steps=40)
     return Placed(released=True, position=[*slot.center, slot.release_z])
+
+
+def _beside(ctx: SkillContext, anchor: str, relation: str) -> Box:
+    """The patch of the surface `anchor` stands on, beside it on the side `relation` names
+    as the front camera sees the table (`instructions.SIDE_AXES`), room for what is held and
+    BESIDE_GAP between: a flat box, its top that surface."""
+    held = ctx.memory.get("held")
+    if not held:
+        raise SkillFailure(f"nothing is held to place {relation.replace('_', ' ')} {anchor}")
+    box, _ = perception.locate_box(ctx, anchor)
+    in_hand, _ = perception.locate_box(ctx, held)
+    axis, sign = SIDE_AXES[BESIDE[relation]]
+    x, y = beside(box, in_hand, axis, sign, BESIDE_GAP)
+    return Box(center=(x, y, box.bottom - 0.005), half_extents=(0.01, 0.01, 0.005), yaw=0.0)
 
 
 def _place_on(ctx: SkillContext, support: str, surface: Box | None = None) -> Placed:
