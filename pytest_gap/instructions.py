@@ -159,6 +159,17 @@ _RELATION = re.compile(
 _DRAWER = re.compile(
     r"^(?:the\s+)?(?P<level>top|upper|middle|bottom|lower)\s+drawer\s+(?:of|in)\s+(?P<anchor>.+)$"
 )
+# "the left plate", "the rightmost bowl", "the front mug": a side as the front camera
+# (agentview) sees the table, as LIBERO's instructions are written.
+_SIDE = re.compile(r"^(?P<side>left|right|front|back|near|far)(?:most)?\s+(?P<noun>.+)$")
+_SIDES = {"left": "left", "right": "right", "front": "front", "near": "front", "back": "back"}
+_SIDES["far"] = "back"
+# The camera stands at +x looking towards the robot at -x: its left is -y, its front (nearer
+# to it) +x. Measured on LIBERO's goals: libero_10 task 4's "left plate" is plate_1 at y -0.32
+# (plate_2 at +0.31), seeds 0-1; the desk caddy's left_contain_region is at y -0.29 (right at
+# 0.00), its front_contain_region at x -0.36 (back at -0.42). The sign of a side's world axis,
+# (axis, sign): the candidate with the largest sign * coordinate.
+SIDE_AXES = {"left": (1, -1.0), "right": (1, 1.0), "front": (0, 1.0), "back": (0, -1.0)}
 _LEVELS = {"top": "top", "upper": "top", "middle": "middle", "bottom": "bottom", "lower": "bottom"}
 # Two candidates whose distances to the reference point differ by less than this are a tie.
 TIE = 0.01  # m
@@ -176,8 +187,9 @@ class Reference(BaseModel):
     """A referring phrase read: which kind of thing, and where it is relative to what."""
 
     noun: str
-    relation: Literal["between", "next_to", "on", "in", "center"] | None = None
+    relation: Literal["between", "next_to", "on", "in", "center", "side"] | None = None
     anchors: list[str] = []
+    side: Literal["left", "right", "front", "back"] | None = None  # "the left plate"
     level: Literal["top", "middle", "bottom"] | None = None  # "in the top drawer of A"
 
 
@@ -217,6 +229,9 @@ def parse_reference(phrase: str) -> Reference:
         return Reference(noun=_phrase(center["noun"]), relation="center")
     match = _RELATION.fullmatch(text)
     if not match:
+        side = _SIDE.fullmatch(text)
+        if side:
+            return Reference(noun=_phrase(side["noun"]), relation="side", side=_SIDES[side["side"]])
         return Reference(noun=_phrase(text))
     noun, rel, anchor = _phrase(match["noun"]), match["rel"], match["anchor"]
     if rel == "between":
@@ -236,6 +251,19 @@ def parse_reference(phrase: str) -> Reference:
         )
     relation = "in" if rel.startswith(("in", "inside")) else "on"
     return Reference(noun=noun, relation=relation, anchors=[_phrase(anchor)])
+
+
+_PART = re.compile(
+    r"^(?:the\s+)?(?P<part>[a-z]+)\s+(?:compartment|section|slot)\s+(?:of|in)\s+"
+    r"(?:the\s+)?(?P<whole>.+)$"
+)
+
+
+def parse_part(phrase: str) -> tuple[str, str] | None:
+    """A named part of a thing: "the back compartment of the caddy" -> ("back", "caddy");
+    None when the phrase names no part."""
+    match = _PART.fullmatch(re.sub(r"\s+", " ", phrase.strip().lower()))
+    return (match["part"], _phrase(match["whole"])) if match else None
 
 
 def supported_by(thing: Thing, anchor: Thing, tilted: bool = False) -> bool:
@@ -262,10 +290,11 @@ def resolve_reference(
 ) -> str:
     """The one object a referring phrase names, from where things are (`parse_reference`).
 
-    between A and B: the candidate nearest the midpoint of A's and B's centres; next to A: the
-    nearest to A that does not stand on A; on A: the one standing on A and sticking out above
-    its top (`supported_by`); in A: the one within A (a drawer: the top, middle
-    or bottom third of A's height by where its bottom is); table center: the nearest to
+    the left/right/front/back X: the X farthest that way as the front camera sees the table
+    (`SIDE_AXES`); between A and B: the candidate nearest the midpoint of A's and B's
+    centres; next to A: the nearest to A that does not stand on A; on A: the one standing on
+    A and sticking out above its top (`supported_by`); in A: the one within A (a drawer: the
+    top, middle or bottom third of A's height by where its bottom is); table center: the nearest to
     `table_center` (x, y). Names are never read for order (`bowl_1` is not "the first bowl").
     Raises PhraseError naming the candidates when none fits or two fit equally well."""
     objects = [(t.name, t.category) for t in things]
@@ -277,6 +306,8 @@ def resolve_reference(
     anchors = [by_name[resolve_phrase(a, objects)] for a in ref.anchors]
     cands = [by_name[n] for n in names if n not in {a.name for a in anchors}]
     listed = ", ".join(c.name for c in cands) or "none"
+    if ref.relation == "side":
+        return _by_side(phrase, cands, ref.side)
     if ref.relation in ("between", "next_to", "center"):
         if ref.relation == "between":
             a, b = anchors
@@ -319,3 +350,21 @@ def _level(thing: Thing, anchor: Thing) -> str:
     height = max(anchor.top - anchor.bottom, 1e-6)
     frac = (thing.bottom - anchor.bottom) / height
     return "top" if frac >= 2 / 3 else "middle" if frac >= 1 / 3 else "bottom"
+
+
+def _by_side(phrase: str, cands: Sequence[Thing], side: str) -> str:
+    """The candidate farthest towards `side` (`SIDE_AXES`); one alone has no side to be on."""
+    axis, sign = SIDE_AXES[side]
+    ranked = sorted(cands, key=lambda c: -sign * c.center[axis])
+    if len(ranked) < 2:
+        raise PhraseError(
+            f"{phrase!r}: 'the {side} one' needs two or more to choose from; this scene has "
+            f"{', '.join(c.name for c in ranked) or 'none'}"
+        )
+    gap = sign * (ranked[0].center[axis] - ranked[1].center[axis])
+    if gap < TIE:
+        raise PhraseError(
+            f"{phrase!r} fits two equally well: {ranked[0].name} and {ranked[1].name} are "
+            f"{gap:.3f} m apart that way; say which"
+        )
+    return ranked[0].name

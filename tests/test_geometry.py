@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from pytest_gap.skills.geometry import (
+    Box,
+    beside,
     box_from_points,
     container_frame,
     fit_yaw,
@@ -143,3 +145,11 @@ def test_the_support_is_the_surface_not_a_neighbour_nor_the_floor_below(what):
     assert box_from_points(points, floor=support_height(points, around)).bottom == pytest.approx(
         0.9, abs=0.003
     )
+
+
+def test_beside_leaves_the_gap_between_the_footprints_whatever_the_item_turn():
+    plate = Box(center=(0.1, 0.0, 0.9), half_extents=(0.09, 0.09, 0.01), yaw=0.0)
+    # a 6 x 2 cm item turned a quarter round: 6 cm across world y
+    item = Box(center=(0.0, 0.3, 1.0), half_extents=(0.03, 0.01, 0.02), yaw=np.pi / 2)
+    assert beside(plate, item, 1, 1.0, 0.01) == pytest.approx((0.1, 0.09 + 0.03 + 0.01))
+    assert beside(plate, item, 0, -1.0, 0.0) == pytest.approx((0.1 - 0.09 - 0.01, 0.0))

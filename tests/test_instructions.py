@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gap.instructions import PhraseError, parse_instruction, resolve_phrase
+from pytest_gap.instructions import PhraseError, parse_instruction, parse_part, resolve_phrase
 from pytest_gap.sim import suites
 
 # libero_object and the LIBERO-PRO variants whose instruction names the goal's object (the
@@ -131,3 +131,16 @@ def test_a_phrase_that_fits_none_or_several_names_the_candidates(phrase, message
         resolve_phrase(phrase, SCENE)
     assert message in str(failure.value)
     assert "\n" not in str(failure.value)
+
+
+@pytest.mark.parametrize(
+    ("phrase", "part"),
+    [
+        ("back compartment of the caddy", ("back", "caddy")),
+        ("the left  compartment in the desk caddy", ("left", "desk caddy")),
+        ("caddy", None),
+        ("top of the cabinet", None),
+    ],
+)
+def test_a_named_part_of_a_thing_is_read(phrase, part):
+    assert parse_part(phrase) == part

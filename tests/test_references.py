@@ -70,6 +70,41 @@ BOWLS = [
 ]
 
 
+PLATES = [
+    _thing("plate_1", "plate", (0.0, -0.2, 0.905), (0.07, 0.07, 0.005)),
+    _thing("plate_2", "plate", (0.1, 0.15, 0.905), (0.07, 0.07, 0.005)),
+]
+
+
+@pytest.mark.parametrize(
+    ("phrase", "name"),
+    [
+        # as the front camera sees it, at +x looking at the robot: its left is -y
+        ("the left plate", "plate_1"),
+        ("the right plate", "plate_2"),
+        ("the rightmost plate", "plate_2"),
+        ("the front plate", "plate_2"),  # nearer the camera, at +x
+        ("the back plate", "plate_1"),
+        ("the far plate", "plate_1"),
+    ],
+)
+def test_a_side_names_the_one_farthest_that_way_as_the_camera_sees_it(phrase, name):
+    assert parse_reference(phrase).relation == "side"
+    assert resolve_reference(phrase, PLATES) == name
+    # The names swapped: the answer moves with the geometry, not with the `_1`.
+    swapped = [PLATES[0].model_copy(update={"center": PLATES[1].center}), PLATES[1]]
+    swapped[1] = PLATES[1].model_copy(update={"center": PLATES[0].center})
+    assert resolve_reference(phrase, swapped) != name
+
+
+def test_a_side_among_one_or_level_things_says_why():
+    with pytest.raises(PhraseError, match=r"needs two or more to choose from; .* plate_1"):
+        resolve_reference("the left plate", PLATES[:1])
+    level = [PLATES[0], PLATES[1].model_copy(update={"center": (0.1, -0.195, 0.905)})]
+    with pytest.raises(PhraseError, match="fits two equally well: plate_1 and plate_2"):
+        resolve_reference("the left plate", level)
+
+
 def test_a_tie_names_both_candidates_and_their_distances():
     things = [*BOWLS, _thing("plate_1", "plate", (0.15, 0.2, 0.905), (0.07, 0.07, 0.005))]
     with pytest.raises(PhraseError, match=r"fits two equally well: bowl_a 0\.250 m, bowl_b"):

@@ -194,3 +194,19 @@ def quat_xyzw_to_matrix(q) -> np.ndarray:
             [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
         ]
     )
+
+
+def world_half_extents(box: Box) -> tuple[float, float]:
+    """Half extents (x, y) of the axis-aligned rectangle around a box's footprint."""
+    c, s = abs(np.cos(box.yaw)), abs(np.sin(box.yaw))
+    hx, hy = box.half_extents[:2]
+    return float(hx * c + hy * s), float(hx * s + hy * c)
+
+
+def beside(anchor: Box, item: Box, axis: int, sign: float, gap: float) -> tuple[float, float]:
+    """Where (x, y) to stand `item` next to `anchor` along world `axis` on the `sign` side:
+    the footprints `gap` apart, centred on the anchor across that axis."""
+    a, b = world_half_extents(anchor), world_half_extents(item)
+    point = [anchor.center[0], anchor.center[1]]
+    point[axis] += sign * (a[axis] + b[axis] + gap)
+    return float(point[0]), float(point[1])

@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
-from pytest_gap.instructions import parse_instruction
+from pytest_gap.instructions import SIDE_AXES, parse_instruction, parse_part
 from pytest_gap.skills import articulation, motion, packing, perception
 from pytest_gap.skills.calibration import (
     INSIDE_MARGIN,
@@ -18,7 +18,7 @@ from pytest_gap.skills.calibration import (
     WIDTH_SLACK,
 )
 from pytest_gap.skills.context import SkillContext
-from pytest_gap.skills.geometry import Box, wrap_half_turn
+from pytest_gap.skills.geometry import Box, beside, wrap_half_turn
 from pytest_gap.skills.registry import SkillFailure, skill
 
 HOME_XY = (-0.15, 0.0)  # above the near half of the table, the arm's comfortable middle
@@ -36,6 +36,9 @@ FINGER_REACH = 0.045  # the open fingers' outer faces, from the grip site along 
 # Lowering that stops this far above the release height is blocked, not done: plan again,
 # keeping these clearances in turn.
 BLOCKED, UNBLOCK_MARGINS = 0.02, (0.01, 0.02)
+# place(relation=...) beside an anchor: the side, and the room left between the footprints.
+BESIDE = {"left_of": "left", "right_of": "right", "front_of": "front", "behind": "back"}
+BESIDE_GAP = 0.01  # just clear of the anchor (its box from depth runs a few mm wide)
 
 
 # -- outputs -------------------------------------------------------------------------------------
@@ -339,26 +342,50 @@ def _rim_grasps(ctx: SkillContext, scene_name: str, box: Box) -> list[Grasp]:
 
 
 @skill
-def place(ctx: SkillContext, container: str, relation: Literal["in", "on"] = "in") -> Placed:
-    """Put what is held "in" a container (a free slot) or "on" a support (centred on its top).
+def place(
+    ctx: SkillContext,
+    container: str,
+    relation: Literal["in", "on", "left_of", "right_of", "front_of", "behind"] = "in",
+) -> Placed:
+    """Put what is held "in" a container (a free slot) or "on" a support (centred on its top):
+    an object, or a fixture's surface (the stove's burner, the cabinet's top, the wine rack's
+    top: `perception.fixture_surface`, where on the fixture from LIBERO's region site).
 
     It is released there and the hand backs off up. "in": the slot comes from the container's
     inside as seen now (`packing.plan_slots`): room for the item and the fingers, the hand
     square to the walls, as low as what is there allows. "on" (`_place_on`): the held object's
-    offset from the hand and how far it hangs are read from a look at it in the hand."""
+    offset from the hand and how far it hangs are read from a look at it in the hand.
+    "left_of"/"right_of"/"front_of"/"behind" (as the front camera sees the table, the way
+    LIBERO's instructions say it): on the surface beside the container, BESIDE_GAP apart. An
+    object with no room "in" a container too small for it (cream cheese in a bowl) is rested
+    on the container's top centre instead. A phrase naming nothing fails naming the scene's
+    objects and fixtures."""
     drawer = articulation.drawer_inside(ctx, container) if relation == "in" else None
     if drawer:  # onto the floor of the open drawer, centred on its spot
         return _place_on(ctx, *drawer)
-    scene_name = perception.ground_name(ctx, container)
+    part = parse_part(container)
+    if part is not None:  # "the back compartment of the caddy": in from above its walls
+        whole = perception.ground_name(ctx, part[1], fixtures=True)
+        return _place_on(ctx, whole, perception.fixture_part(ctx, whole, part[0]))
+    scene_name = perception.ground_name(ctx, container, fixtures=True)
+    fixture = ctx.env.scene.object(scene_name).fixture
+    if relation in BESIDE:
+        return _place_on(ctx, scene_name, _beside(ctx, scene_name, relation))
     if relation == "on":
-        return _place_on(ctx, scene_name)
+        surface = perception.fixture_surface(ctx, scene_name) if fixture else None
+        return _place_on(ctx, scene_name, surface)
     # Its frame from perception, at whatever yaw it stands (`calibration.CONTAINER_TURN`).
     box = perception.locate_container(ctx, scene_name)
     held = ctx.memory.get("held")
     item = _held_item(ctx, held)
     slot, yaw = _plan(ctx, scene_name, box, held, item)
     if slot is None:
-        raise SkillFailure(f"no reachable room for {held or 'the held object'} in {scene_name}")
+        if not held or fixture:
+            raise SkillFailure(f"no reachable room for {held or 'the held object'} in {scene_name}")
+        # Too small a container for it to go in (cream cheese in a bowl): LIBERO counts it
+        # "on" the container when it rests on it, so rest it on its top centre.
+        ctx.note("no room inside: resting it on top", item=held, container=scene_name)
+        return _place_on(ctx, scene_name)
     slot, yaw = _lower_into(ctx, scene_name, box, held, item, slot, yaw)
     _gripper(ctx, OPEN)
     if held:
@@ -370,14 +397,30 @@ def place(ctx: SkillContext, container: str, relation: Literal["in", "on"] = "in
     return Placed(released=True, position=[*slot.center, slot.release_z])
 
 
-def _place_on(ctx: SkillContext, support: str, box: Box | None = None) -> Placed:
+def _beside(ctx: SkillContext, anchor: str, relation: str) -> Box:
+    """The patch of the surface `anchor` stands on, beside it on the side `relation` names
+    as the front camera sees the table (`instructions.SIDE_AXES`), room for what is held and
+    BESIDE_GAP between: a flat box, its top that surface."""
+    held = ctx.memory.get("held")
+    if not held:
+        raise SkillFailure(f"nothing is held to place {relation.replace('_', ' ')} {anchor}")
+    box, _ = perception.locate_box(ctx, anchor)
+    in_hand, _ = perception.locate_box(ctx, held)
+    axis, sign = SIDE_AXES[BESIDE[relation]]
+    x, y = beside(box, in_hand, axis, sign, BESIDE_GAP)
+    return Box(center=(x, y, box.bottom - 0.005), half_extents=(0.01, 0.01, 0.005), yaw=0.0)
+
+
+def _place_on(ctx: SkillContext, support: str, surface: Box | None = None) -> Placed:
     """Put what is held onto `support`'s top, its centre over the support's centre: the offset
     of the held object from the grip site and how far it hangs below are read from a look at
-    it in the hand; lower gently until it stops on the top, release, back off up."""
+    it in the hand; lower gently until it stops on the top, release, back off up. `surface`:
+    the part of a fixture to put it on (`perception.fixture_surface`), instead of the top of
+    the support's box."""
     held = ctx.memory.get("held")
     if not held:
         raise SkillFailure(f"nothing is held to place on {support}")
-    box = box or perception.locate_box(ctx, support)[0]  # `box`: a spot given (in a drawer)
+    box = surface if surface is not None else perception.locate_box(ctx, support)[0]
     in_hand, _ = perception.locate_box(ctx, held)
     eef = ctx.env.scene.gripper().eef_pos
     offset = np.asarray(eef[:2]) - np.asarray(in_hand.center[:2])

@@ -29,31 +29,93 @@ from pytest_gap.skills.registry import SkillFailure
 
 CAMERAS = ("agentview", "birdview")
 MIN_PIXELS = 8
+WALL_REACH = 0.01  # a compartment's walls stand within this of its region site's footprint
+SURFACE_THICKNESS = 0.01  # a fixture's region site this thin is a surface to put things on
 RIM_BAND = 0.02  # a container's rim: its points this close to its top
 # Travel height: this far above the surface the scene stands on (LIBERO's tallest movable
 # things stand about 0.15 m), and this far above the tallest thing seen (a bowl on a cabinet).
 SAFE_ABOVE_SUPPORT, SAFE_ABOVE_TALLEST = 0.25, 0.08
 
 
-def ground_name(ctx: SkillContext, name: str) -> str:
+def ground_name(ctx: SkillContext, name: str, fixtures: bool = False) -> str:
     """The scene object a user- or LLM-given name refers to (`instructions.resolve_phrase`
     over the scene's names and categories): "the basket" -> red_basket_1, "milk carton" ->
     milk_1. A referring phrase ("the black bowl next to the plate") is resolved from where the
     cameras see things (`instructions.resolve_reference`), once: the answer is remembered, as
-    the object moves when it is picked."""
+    the object moves when it is picked. `fixtures`: the scene's fixtures (the stove, the
+    cabinet, the wine rack) may be named too: a place to put something, not a thing to pick."""
     resolved = ctx.memory.setdefault("referents", {})
     if name in resolved:
         return resolved[name]
     try:
         reference = parse_reference(name)
         if reference.relation is None:
-            objects = ctx.env.scene.objects(include_fixtures=False)
+            objects = ctx.env.scene.objects(include_fixtures=fixtures)
             return resolve_phrase(name, [(o.name, o.category) for o in objects])
         resolved[name] = resolve_reference(name, seen_things(ctx, reference), table_center(ctx))
         ctx.note("reference resolved", phrase=name, object=resolved[name])
         return resolved[name]
     except PhraseError as exc:
         raise SkillFailure(str(exc)) from None
+
+
+def fixture_surface(ctx: SkillContext, fixture: str) -> Box:
+    """The surface of a fixture to put things "on" (the stove's burner, the cabinet's top, the
+    wine rack's top): a flat box, its top the surface's height.
+
+    Where on the fixture that surface lies is a privileged read: LIBERO's region sites of the
+    fixture (`<fixture>_cook_region`, `<fixture>_top_side`, `<fixture>_top_region`), the
+    highest flat one (SURFACE_THICKNESS), as the cameras do not tell a burner from the rest of
+    a stove. Its height comes from the cameras: the highest of the fixture's points seen over
+    the site's footprint (the site may sit a few mm off the visual surface)."""
+    sites = [ctx.env.scene.region(n) for n in _sites_of(ctx, fixture) if "contain" not in n]
+    flat = [s for s in sites if s.half_size[2] <= SURFACE_THICKNESS]
+    if not flat:
+        raise SkillFailure(f"{fixture} has no surface to put things on")
+    return _site_top(ctx, fixture, max(flat, key=lambda s: s.pos[2]))
+
+
+def fixture_part(ctx: SkillContext, fixture: str, part: str) -> Box:
+    """A named compartment of a fixture ("back" of the desk caddy: its
+    `desk_caddy_1_back_contain_region` site, a privileged read as in `fixture_surface`), as a
+    flat box over it, its top the highest of the fixture's points seen over the footprint (the
+    walls): what is put in goes in from above that."""
+    names = [n for n in _sites_of(ctx, fixture) if n.startswith(f"{fixture}_{part}_")]
+    if not names:
+        parts = sorted({n[len(fixture) + 1 :].split("_")[0] for n in _sites_of(ctx, fixture)})
+        raise SkillFailure(f"{fixture} has no {part!r} part; it has {', '.join(parts) or 'none'}")
+    return _site_top(ctx, fixture, ctx.env.scene.region(names[0]), walls=True)
+
+
+def _sites_of(ctx: SkillContext, fixture: str) -> list[str]:
+    return [n for n in getattr(ctx.env.raw, "object_sites_dict", {}) if n.startswith(f"{fixture}_")]
+
+
+def _site_top(ctx: SkillContext, fixture: str, site, walls: bool = False) -> Box:
+    """A flat box over a region site's footprint at the height of the fixture seen over it:
+    the surface (most of what is seen, the 95th percentile), or with `walls` the top of the
+    walls around it (the highest point within WALL_REACH of the footprint)."""
+    half = np.asarray(site.half_size[:2], float) + (WALL_REACH if walls else 0.0)
+    center = np.asarray(site.pos, float)
+    try:
+        points, _ = object_points(ctx, fixture)
+        over = points[np.all(np.abs(points[:, :2] - center[:2]) <= half, axis=1)]
+    except SkillFailure:
+        over = np.zeros((0, 3))
+    # The top of what is seen over the footprint; the site's own height if nothing is.
+    top = (
+        float(np.percentile(over[:, 2], 100 if walls else 95))
+        if len(over) >= MIN_PIXELS
+        else float(center[2])
+    )
+    ctx.note("fixture surface", fixture=fixture, site=site.name, top=round(top, 3))
+    thick = 0.005
+    half = np.asarray(site.half_size[:2], float)
+    return Box(
+        center=(float(center[0]), float(center[1]), top - thick),
+        half_extents=(float(half[0]), float(half[1]), thick),
+        yaw=0.0,
+    )
 
 
 def seen_things(ctx: SkillContext, reference) -> list:
