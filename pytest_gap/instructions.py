@@ -87,48 +87,82 @@ def parse_instruction(prompt: str) -> Instruction | None:
     )
 
 
+# What LIBERO's instructions call an asset whose category names its maker or material instead
+# ("porcelain_mug" is "the white mug"), read off the suites' instructions next to their goals.
+SAYINGS: dict[str, tuple[str, ...]] = {
+    "porcelain_mug": ("white mug",),
+    "white_yellow_mug": ("yellow and white mug", "yellow white mug"),
+    "red_coffee_mug": ("red mug",),
+    "chefmate_8_frypan": ("frying pan", "pan"),
+}
+_SYNONYMS = {"cup": "mug", "skillet": "pan", "frypan": "pan"}
+# Words naming a package, not the thing: "the cream cheese box" is the cream cheese.
+_PACKAGE_WORDS = frozenset(
+    {"box", "can", "carton", "jar", "pack", "packet", "tub", "tin", "bag", "block", "bar"}
+)
+
+
 def _tokens(text: str) -> frozenset[str]:
     words = re.split(r"[\s_\-]+", _phrase(text.lower()))
     # Plurals and digits: "sauces" is a sauce, "bowl_1" is a bowl.
     words = [
         w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w for w in words
     ]
+    words = [_SYNONYMS.get(w, w) for w in words]
     return frozenset(w for w in words if w and w not in _STOPWORDS and not w.isdigit())
 
 
-def phrase_candidates(phrase: str, objects: Sequence[tuple[str, str]]) -> list[str]:
+def _best_overlap(phrase: str, words: frozenset[str], categories: list[str]) -> str | None:
+    """The category whose words contain the phrase's or are contained in them, the closest
+    overlap winning; None when none does. Raises PhraseError on a tie."""
+    scored: dict[str, float] = {}
+    for category in categories:
+        have = _tokens(category)
+        if words and have and (words <= have or have <= words):
+            scored[category] = len(words & have) / len(words | have)
+    if not scored:
+        return None
+    best = max(scored.values())
+    top = [c for c, s in scored.items() if s == best]
+    if len(top) > 1:
+        raise PhraseError(f"{phrase!r} could be any of {', '.join(sorted(top))}; say which")
+    return top[0]
+
+
+def phrase_candidates(
+    phrase: str, objects: Sequence[tuple[str, str]], *, loose: bool = True
+) -> list[str]:
     """Every scene object (name, category) a phrase may name, in scene order.
 
-    In order: its exact name; its category; a category whose words contain the phrase's or are
-    contained in them ("basket" -> red_basket, "milk carton" -> milk), the closest overlap
-    winning; a near spelling. Raises PhraseError naming the candidates when no object fits, or
-    several categories fit equally well."""
+    In order: its exact name; its category; what people call the category (`SAYINGS`: "white
+    mug" -> porcelain_mug); a category whose words contain the phrase's or are contained in
+    them ("basket" -> red_basket, "milk carton" -> milk), the closest overlap winning; a near
+    spelling. With `loose` (a swapped-in model the words do not quite name), then: the same
+    without package words ("cream cheese box" -> red_cream_cheese), and the one category with
+    the phrase's last noun ("the yellow and white mug" -> red_coffee_mug when it is the only
+    mug). Raises PhraseError naming the candidates when no object fits, or several categories
+    fit equally well."""
     key = re.sub(r"[\s\-]+", "_", _phrase(phrase.lower()))
     names = [n for n, _ in objects]
     if key in names:
         return [key]
-    by_category = [n for n, c in objects if c == key]
-    if not by_category:
-        words = _tokens(phrase)
-        scored: dict[str, float] = {}
-        for _, category in objects:
-            have = _tokens(category)
-            if words and have and (words <= have or have <= words):
-                scored[category] = len(words & have) / len(words | have)
-        if scored:
-            best = max(scored.values())
-            top = [c for c, s in scored.items() if s == best]
-            if len(top) > 1:
-                raise PhraseError(f"{phrase!r} could be any of {', '.join(sorted(top))}; say which")
-            by_category = [n for n, c in objects if c == top[0]]
-        else:
-            categories = sorted({c for _, c in objects})
-            close = difflib.get_close_matches(key, categories, n=2, cutoff=0.8)
-            if len(close) == 1:
-                by_category = [n for n, c in objects if c == close[0]]
-    if by_category:
-        return by_category
-    spoken = ", ".join(sorted({c.replace("_", " ") for _, c in objects}))
+    categories = list(dict.fromkeys(c for _, c in objects))
+    spoken = key.replace("_", " ")
+    said = [c for c in categories if c == key or spoken in SAYINGS.get(c, ())]
+    words = _tokens(phrase)
+    category = said[0] if len(said) == 1 else _best_overlap(phrase, words, categories)
+    if category is None:
+        close = difflib.get_close_matches(key, sorted(categories), n=2, cutoff=0.8)
+        category = close[0] if len(close) == 1 else None
+    if category is None and loose:
+        category = _best_overlap(phrase, words - _PACKAGE_WORDS, categories)
+        if category is None and words:
+            head = _tokens(phrase.split()[-1])
+            nouns = [c for c in categories if head and head <= _tokens(c)]
+            category = nouns[0] if len(nouns) == 1 else None
+    if category is not None:
+        return [n for n, c in objects if c == category]
+    spoken = ", ".join(sorted({c.replace("_", " ") for c in categories}))
     raise PhraseError(f"no object called {phrase!r} in this scene; it has {spoken}")
 
 

@@ -41,7 +41,7 @@ def _plural(phrase: str) -> bool:
 
 def _names_one(phrase: str, objects: list[tuple[str, str]]) -> bool:
     try:
-        return len(phrase_candidates(phrase, objects)) == 1
+        return len(phrase_candidates(phrase, objects, loose=False)) == 1
     except PhraseError:
         return False
 
@@ -54,12 +54,12 @@ def expand(step: Step, objects: list[tuple[str, str]]) -> list[Step]:
     if step.action != "pick_place" or parse_reference(step.object).relation is not None:
         return [step]
     try:
-        found = phrase_candidates(step.object, objects)
+        found = phrase_candidates(step.object, objects, loose=False)
     except PhraseError:
         parts = [p for p in re.split(r"\s*,\s*(?:and\s+)?|\s+and\s+", step.object) if p]
         if len(parts) > 1 and all(_names_one(p, objects) for p in parts):
             return [step.model_copy(update={"object": p}) for p in parts]
-        return [step]
+        return [step]  # a swapped-in model the words do not quite name: `pick` grounds it
     if len(found) > 1 and _plural(step.object):
         return [step.model_copy(update={"object": name}) for name in found]
     return [step]
