@@ -90,7 +90,9 @@ def _where(fn) -> str:
 def _load_builtin_skills() -> None:
     # Importing the modules registers their skills.
     import pytest_gap.skills.library
-    import pytest_gap.skills.policy  # noqa: F401
+    import pytest_gap.skills.policy
+    import pytest_gap.skills.push
+    import pytest_gap.skills.switches  # noqa: F401
 
 
 def get_skill(name: str) -> SkillSpec | None:
