@@ -125,9 +125,10 @@ def _region_backstop(ctx: SkillContext, anchor: str, side: str, target: np.ndarr
 
 @skill
 def push(ctx: SkillContext, name: str, to: str) -> Pushed:
-    """Push a movable object along the table to a place beside another ("the plate" to "the
-    front of the stove"): the closed hand goes down behind it and pushes it along the line to
-    the target, looking again after each push.
+    """Push an object along the table to a side of another: "the front of the stove".
+
+    The closed hand goes down behind it (or inside the rim of a flat one: a plate) and
+    pushes it along the line to the target, looking again after each push.
 
     "front" is towards the front camera from the anchor's footprint as the cameras see it
     (back, left, right likewise); a task region for the place, if the scene has one, keeps
