@@ -41,8 +41,9 @@ INSIDE_RIM = 0.04  # the fingers go down this far inside a flat object's rim
 # The Panda hand, closed, from its grip site: fingers within FINGER_ROOM, its body from
 # HAND_ABOVE up, HAND_HALF along its closing axis and HAND_HALF_SIDE across it.
 FINGER_ROOM, HAND_ABOVE, HAND_HALF, HAND_HALF_SIDE = 0.03, 0.03, 0.1, 0.05
-ROUNDS = 4
-PUSH_LEAD = 0.03  # the hand is aimed this far ahead while pushing: about 2 cm a step
+ROUNDS = 5
+PUSH_STALL_STEPS = 8  # no 2 mm of progress in this many steps: the push is blocked
+PUSH_LEAD = 0.07  # the hand is aimed this far ahead while pushing: full speed, and no more
 
 
 class Pushed(BaseModel):
@@ -161,6 +162,7 @@ def push(ctx: SkillContext, name: str, to: str) -> Pushed:
         tallest = perception.tallest_along(ctx, eef[:2], behind, exclude=scene_name)
         cruise = min(motion.travel_height(ctx), tallest + 0.05)
         motion.travel(ctx, [*behind, low], yaw, CLOSE, safe_z=cruise)
+        ctx.note("pushing", at=ctx.env.scene.gripper().eef_pos.round(3).tolist())
         _push_along(ctx, behind, through, yaw, low)
         # Back off up: the hand would hide the object from above and catch on it later.
         pos = ctx.env.scene.gripper().eef_pos
@@ -197,11 +199,11 @@ def _push_along(ctx: SkillContext, start, end, yaw: float, low: float) -> None:
     for i in range(int(length / 0.01) + 60):
         pos = ctx.env.scene.gripper().eef_pos
         done = float((pos[:2] - start) @ direction)
-        if done >= length - 0.005:
+        if done >= length - 0.01:
             return
         if done > best + 0.002:
             best, best_at = done, i
-        elif i - best_at > motion.STALL_STEPS:
+        elif i - best_at > PUSH_STALL_STEPS:
             ctx.note("push stalled", pushed=round(done, 3), of=round(length, 3))
             return
         aim = start + direction * min(done + PUSH_LEAD, length)
@@ -213,12 +215,18 @@ def _free_way(ctx, scene_name, center, points, gap, low):
 
     Straight at the target if nothing seen stands where the hand goes down behind it, else
     the nearest direction within 60 degrees that is free (the next push, from where the
-    object went, corrects the rest). Behind means outside the object's side, or for a flat
-    one (a plate against a cabinet) inside its back rim: the fingers drag it by the rim. The
-    hand's long side goes along the push, across it or diagonal, whichever has room."""
+    object went, corrects the rest). Behind means outside the object's side, or, where that
+    has no room, for a flat one (a plate against a cabinet) inside its back rim, pressing on
+    its floor: the fingers drag it, more weakly (a low rim pushed from within they ride
+    over). The hand's long side goes along the push, across it or diagonal, whichever has
+    room."""
     around = perception.scene_points(ctx, exclude=scene_name)
     straight = float(np.arctan2(gap[1], gap[0]))
     flat = float(points[:, 2].max()) - low < FLAT
+    # Measured on libero_goal task 5, seeds 0-4: dragged from inside first, a plate that
+    # meets the cream cheese stops short (2/5 reached); pushed from outside where there is
+    # room, 3/5. Checking the whole way for room, not only where the hand goes down, refused
+    # every push there: what stands on the way (the cream cheese) is pushed along.
     starts = (BEHIND, -INSIDE_RIM) if flat else (BEHIND,)
     for offset in np.deg2rad([0.0, 30.0, -30.0, 60.0, -60.0]):
         for start in starts:
