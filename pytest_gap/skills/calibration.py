@@ -79,3 +79,21 @@ PUSH_TILT = np.pi / 4
 DOOR_PUSH_AT, DOOR_PUSH_BEHIND = 0.75, 0.05
 # LIBERO counts the door closed within 0.005 rad of shut.
 DOOR_CLOSED = 0.005
+# -- LIBERO's flat stove (libero_goal, libero_10, libero_90) --------------------------------------
+# Its knob's handle bar (7 x 2.6 cm, `flat_stove.xml`) stands up to 3 cm over the burner plate
+# (measured: the plate's top at 0.930, the bar's top 0.959 on main_table; points more than 1 cm
+# over the plate are the bar alone).
+KNOB_ABOVE = 0.01
+KNOB_GRIP_DOWN = 0.02  # the grip site this far under the bar's top: the pads on the bar
+# The asset's hinge turns counter-clockwise seen from above (axis +z) from 0 (off) to its limit
+# 2.1 rad; LIBERO's `FlatStove.turn_on` reads it on from 0.5 rad. The wrist turns it twice that
+# for a margin on what the grip slips.
+KNOB_ON_TURN = 0.5
+KNOB_TURN = 1.0
+
+# -- pushing beside a fixture --------------------------------------------------------------------
+# "The front of the stove": libero_goal's main_table_stove_front_region lies this far beyond
+# the plate's edge when the plate's edge touches the stove's front edge seen (measured, task 5
+# seeds 0-4: 0.042 m with the stove at its nominal x, 0.055 m where it stands 1.5 cm farther
+# back; the region is fixed on the table while the stove jitters). The middle of the two.
+PUSH_CLEARANCE = 0.05

@@ -92,7 +92,9 @@ def _load_builtin_skills() -> None:
     import pytest_gap.skills.articulation
     import pytest_gap.skills.library
     import pytest_gap.skills.policy
-    import pytest_gap.skills.steps  # noqa: F401
+    import pytest_gap.skills.push
+    import pytest_gap.skills.steps
+    import pytest_gap.skills.switches  # noqa: F401
 
 
 def get_skill(name: str) -> SkillSpec | None:
