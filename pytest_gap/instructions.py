@@ -37,7 +37,7 @@ _PACKAGE = re.compile(
     r"^(?:(?:can|box|bottle|carton|jar|pack|packet|tub|tin|bag|block|stick|bar|container)"
     r"\s+of\s+)"
 )
-_STOPWORDS = frozenset({"the", "a", "an", "of", "some"})
+_STOPWORDS = frozenset({"the", "a", "an", "of", "some", "and"})
 
 
 class Instruction(BaseModel):
@@ -110,6 +110,16 @@ def _tokens(text: str) -> frozenset[str]:
     ]
     words = [_SYNONYMS.get(w, w) for w in words]
     return frozenset(w for w in words if w and w not in _STOPWORDS and not w.isdigit())
+
+
+def names_every_word(phrase: str, category: str) -> bool:
+    """Every word of the phrase belongs to the category's name or to what people call it:
+    "yellow and white mug" is all white_yellow_mug; "cream cheese box and butter" is not all
+    one thing."""
+    words = _tokens(phrase)
+    return bool(words) and (
+        words <= _tokens(category) or _phrase(phrase.lower()) in SAYINGS.get(category, ())
+    )
 
 
 def _best_overlap(phrase: str, words: frozenset[str], categories: list[str]) -> str | None:

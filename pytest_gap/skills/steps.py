@@ -13,7 +13,12 @@ import re
 from pydantic import BaseModel
 
 from pytest_gap.instruction_steps import Step, StepsError, parse_steps
-from pytest_gap.instructions import PhraseError, parse_reference, phrase_candidates
+from pytest_gap.instructions import (
+    PhraseError,
+    names_every_word,
+    parse_reference,
+    phrase_candidates,
+)
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.registry import SkillFailure, skill
 
@@ -39,27 +44,30 @@ def _plural(phrase: str) -> bool:
     return len(last) > 3 and last.endswith("s") and not last.endswith("ss")
 
 
-def _names_one(phrase: str, objects: list[tuple[str, str]]) -> bool:
+def _one_object(phrase: str, objects: list[tuple[str, str]]) -> str | None:
     try:
-        return len(phrase_candidates(phrase, objects, loose=False)) == 1
+        found = phrase_candidates(phrase, objects, loose=False)
     except PhraseError:
-        return False
+        return None
+    return found[0] if len(found) == 1 else None
 
 
 def expand(step: Step, objects: list[tuple[str, str]]) -> list[Step]:
     """What only the scene can say about a pick_place step's object: "the yellow and white mug"
     is one mug when the scene has one, "alphabet soup and tomato sauce" two items when each
-    part names an object and the whole names none; "moka pots" is every moka pot. Anything
-    else is left for `pick` to resolve (and to fail on, naming the candidates)."""
+    part names its own object and no object is named by every word; "moka pots" is every moka
+    pot. Anything else is left for `pick` to resolve (and to fail on, naming the candidates)."""
     if step.action != "pick_place" or parse_reference(step.object).relation is not None:
         return [step]
+    parts = [p for p in re.split(r"\s*,\s*(?:and\s+)?|\s+and\s+", step.object) if p]
+    if len(parts) > 1 and not any(names_every_word(step.object, c) for _, c in objects):
+        named = [_one_object(p, objects) for p in parts]
+        if None not in named and len(set(named)) == len(named):
+            return [step.model_copy(update={"object": p}) for p in parts]
     try:
         found = phrase_candidates(step.object, objects, loose=False)
-    except PhraseError:
-        parts = [p for p in re.split(r"\s*,\s*(?:and\s+)?|\s+and\s+", step.object) if p]
-        if len(parts) > 1 and all(_names_one(p, objects) for p in parts):
-            return [step.model_copy(update={"object": p}) for p in parts]
-        return [step]  # a swapped-in model the words do not quite name: `pick` grounds it
+    except PhraseError:  # a swapped-in model the words do not quite name: `pick` grounds it
+        return [step]
     if len(found) > 1 and _plural(step.object):
         return [step.model_copy(update={"object": name}) for name in found]
     return [step]
