@@ -48,7 +48,13 @@ def test_gap_skills_lists_the_catalogue():
     assert any(line.startswith("locate(name)") for line in out.stdout.splitlines())
     import json
 
-    assert {e["name"] for e in json.loads(_gap("skills", "--json").stdout)} >= {"pick", "place"}
+    entries = {e["name"]: e for e in json.loads(_gap("skills", "--json").stdout)}
+    assert set(entries) >= {"pick", "place", "next_step", "open_fixture", "turn_on", "push"}
+    # An LLM writing a graph learns when each skill takes its on_error edge.
+    assert any("naming the candidates" in f for f in entries["pick"]["failures"])
+    assert any("cannot be read" in f for f in entries["next_step"]["failures"])
+    assert all(entries[n]["failures"] for n in ("place", "open_fixture", "close_fixture", "push"))
+    assert entries["check_success"]["failures"] == []
 
 
 def test_gap_run_prints_outcome_trace_and_video(tmp_path):

@@ -176,7 +176,10 @@ def close_gripper(ctx: SkillContext) -> Gripper:
 
 @skill
 def locate(ctx: SkillContext, name: str) -> Located:
-    """Find an object by name: segmentation + depth -> point cloud -> oriented bounding box."""
+    """Find an object by name: segmentation + depth -> point cloud -> oriented bounding box.
+
+    Fails naming the candidates when the name fits no object or several; fails when no camera
+    sees it."""
     scene_name = perception.ground_name(ctx, name)
     box, pixels = perception.locate_box(ctx, scene_name)
     category = ctx.env.scene.object(scene_name).category
@@ -208,7 +211,9 @@ def move_to(
     yaw: float = 0.0,
     gripper: Literal["open", "closed"] = "open",
 ) -> Motion:
-    """Move the grip site to a position, pointing down at a yaw (IK-checked, collision-aware)."""
+    """Move the grip site to a position, pointing down at a yaw (IK-checked, collision-aware).
+
+    Fails when the position is not [x, y, z] or the arm cannot reach it at that yaw."""
     if len(position) != 3:
         raise SkillFailure(f"position must be [x, y, z], got {position}")
     motion.require_reachable(ctx, position, yaw)
@@ -359,7 +364,8 @@ def place(
     LIBERO's instructions say it): on the surface beside the container, BESIDE_GAP apart. An
     object with no room "in" a container too small for it (cream cheese in a bowl) is rested
     on the container's top centre instead. A phrase naming nothing fails naming the scene's
-    objects and fixtures."""
+    objects and fixtures. Fails when nothing is held, and when no reachable room is left in a
+    fixture or in a container for an item it holds."""
     drawer = articulation.drawer_inside(ctx, container) if relation == "in" else None
     if drawer:  # onto the floor of the open drawer, centred on its spot
         return _place_on(ctx, *drawer)
@@ -556,7 +562,10 @@ def check_success(ctx: SkillContext) -> Success:
 
 @skill(scene=False)
 def read_task(ctx: SkillContext) -> TaskInfo:
-    """Read the instruction: the items to move and the container they go to."""
+    """Read the instruction: the items to move and the container they go to.
+
+    Fails when the instruction is not a pick-and-place or pack instruction, saying how to
+    write one."""
     prompt = ctx.instruction
     parsed = parse_instruction(prompt)
     if parsed is None:

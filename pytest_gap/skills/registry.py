@@ -10,6 +10,7 @@ no code.
 from __future__ import annotations
 
 import inspect
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -42,11 +43,22 @@ class SkillSpec:
     def summary(self) -> str:
         return self.doc.strip().splitlines()[0] if self.doc.strip() else ""
 
+    @property
+    def failures(self) -> list[str]:
+        """The docstring's sentences on when the skill fails (raises SkillFailure): what a
+        graph's `on_error` edge will be taken for."""
+        text = " ".join(line.strip() for line in self.doc.strip().splitlines())
+        sentences = re.split(r"(?<=[.;])\s+(?=[A-Z\"(])", text)
+        return [s for s in sentences if re.search(r"\bfail", s, re.IGNORECASE)]
+
     def describe(self) -> dict[str, Any]:
-        """The catalogue entry: name, one-line doc, JSON schemas of inputs and outputs."""
+        """The catalogue entry: name, one-line doc, the whole doc, when it fails, JSON schemas
+        of inputs and outputs."""
         return {
             "name": self.name,
             "description": self.summary,
+            "details": " ".join(line.strip() for line in self.doc.strip().splitlines()),
+            "failures": self.failures,
             "inputs": self.inputs.model_json_schema(),
             "outputs": self.outputs.model_json_schema(),
         }

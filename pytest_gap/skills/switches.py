@@ -131,5 +131,5 @@ def turn_on(ctx: SkillContext, name: str) -> Switched:
 def turn_off(ctx: SkillContext, name: str) -> Switched:
     """Turn a fixture off by its knob ("the stove"), checking from the cameras that it turned.
 
-    As `turn_on`, the knob turned clockwise back."""
+    As `turn_on`, the knob turned clockwise back. Fails as `turn_on` fails."""
     return _turn(ctx, name, on=False)
