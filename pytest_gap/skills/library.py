@@ -9,7 +9,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from pytest_gap.instructions import SIDE_AXES, parse_instruction, parse_part
-from pytest_gap.skills import articulation, motion, packing, perception
+from pytest_gap.skills import articulation, interior, motion, packing, perception
 from pytest_gap.skills.calibration import (
     INSIDE_MARGIN,
     RIM_DOWN,
@@ -39,6 +39,7 @@ BLOCKED, UNBLOCK_MARGINS = 0.02, (0.01, 0.02)
 # place(relation=...) beside an anchor: the side, and the room left between the footprints.
 BESIDE = {"left_of": "left", "right_of": "right", "front_of": "front", "behind": "back"}
 BESIDE_GAP = 0.01  # just clear of the anchor (its box from depth runs a few mm wide)
+DOOR_OPEN_ENOUGH = 1.0  # rad: a door open less than this is in the way of what goes in
 
 
 # -- outputs -------------------------------------------------------------------------------------
@@ -241,15 +242,16 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
     open at the top and wider than the fingers open (a bowl) is gripped by its rim. Fails at
     once on a closed object wider than the fingers open, naming both widths."""
     scene_name = perception.ground_name(ctx, name)
-    seen, rim = _fits_the_fingers(ctx, scene_name)  # the first attempt's box: no second render
+    seen, rim, by_handle = _grip_plan(ctx, scene_name)  # the first attempt's box: no second render
     perception.safe_height(ctx)
     attempts = 0
     for attempt in range(retries + 1):
         attempts = attempt + 1
-        box = seen if attempt == 0 else perception.locate_box(ctx, scene_name)[0]
-        grasps = _rim_grasps(ctx, scene_name, box) if rim else None
+        box = seen if attempt == 0 or by_handle else perception.locate_box(ctx, scene_name)[0]
+        grasps = _rim_grasps(ctx, scene_name, box) if rim else by_handle
         if grasps is not None and not grasps:
-            raise SkillFailure(f"no reachable grasp on the rim of {scene_name}")
+            part = "rim" if rim else "handle"
+            raise SkillFailure(f"no reachable grasp on the {part} of {scene_name}")
         grasps = grasps or grasp_candidates(ctx, box).candidates
         grasp = grasps[min(attempt, len(grasps) - 1)]
         above = [*grasp.position[:2], max(box.top + 0.08, box.bottom + 0.15)]
@@ -283,6 +285,17 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
             return Picked(holding=True, attempts=attempts, lifted_by=rose)
         _gripper(ctx, OPEN)
     return Picked(holding=False, attempts=attempts, lifted_by=0.0)
+
+
+def _grip_plan(ctx: SkillContext, scene_name: str) -> tuple[Box, bool, list[Grasp] | None]:
+    """How to grip the object: its box as seen now; whether by its rim; the grasps on its
+    handle, if it is an open object wider than the fingers with a handle the cameras see
+    (a mug: `interior.handle_grasps`). Held by the handle, it hangs ahead of the hand, which
+    lets `place` put it under a roof (the microwave). Otherwise as `_fits_the_fingers` says."""
+    handled = interior.handle_grasps(ctx, scene_name)
+    if handled is not None:
+        return handled[0], False, handled[1]
+    return (*_fits_the_fingers(ctx, scene_name), None)
 
 
 def _fits_the_fingers(ctx: SkillContext, scene_name: str) -> tuple[Box, bool]:
@@ -375,6 +388,9 @@ def place(
         return _place_on(ctx, whole, perception.fixture_part(ctx, whole, part[0]))
     scene_name = perception.ground_name(ctx, container, fixtures=True)
     fixture = ctx.env.scene.object(scene_name).fixture
+    roofed = interior.heating_region(ctx, scene_name) if fixture and relation == "in" else None
+    if roofed is not None:  # under a roof: in level through the open front
+        return _place_under_roof(ctx, scene_name, *roofed)
     if relation in BESIDE:
         return _place_on(ctx, scene_name, _beside(ctx, scene_name, relation))
     if relation == "on":
@@ -401,6 +417,57 @@ def place(
     up = [pos[0], pos[1], motion.travel_height(ctx)]
     motion.servo(ctx, up, yaw, OPEN, tolerance=0.02, max_steps=40)
     return Placed(released=True, position=[*slot.center, slot.release_z])
+
+
+def _place_under_roof(ctx: SkillContext, fixture: str, site, out: np.ndarray) -> Placed:
+    """Put what is held inside a fixture with a roof (the microwave), in its region `site`
+    (`interior.heating_region`): the held object's centre interior.INSIDE_DEPTH past the
+    region's front edge, across in its middle. The hand goes down in front of the opening
+    with the object just over the region's floor, moves in level along -`out`, lowers it
+    gently until it stands, lets go and backs out the way it came before going up. The
+    object's offset from the hand and how far it hangs are read from a look at it in the
+    hand; where the region and its floor are is the site's (privileged: under the roof the
+    cameras see nothing)."""
+    held = ctx.memory.get("held")
+    if not held:
+        raise SkillFailure(f"nothing is held to put in {fixture}")
+    door = interior.door_angle(ctx, fixture)
+    if door is not None and door < DOOR_OPEN_ENOUGH:
+        raise SkillFailure(f"the door of {fixture} is closed: open it first")
+    in_hand, _ = perception.locate_box(ctx, held)
+    eef = ctx.env.scene.gripper().eef_pos
+    offset = np.asarray(eef[:2]) - np.asarray(in_hand.center[:2])
+    hang = float(np.clip(eef[2] - in_hand.bottom, 0.0, 0.2))
+    center, half = np.asarray(site.pos, float), np.asarray(site.half_size, float)
+    # The site's half extent along `out` (its frame's y, `heating_region`).
+    front = center[:2] + out * half[1]
+    target = front - out * interior.INSIDE_DEPTH + offset
+    floor = center[2] - half[2]
+    level = floor + hang + interior.ENTRY_CLEAR
+    start = target + out * interior.APPROACH
+    yaw = motion.hand_yaw(ctx)
+    tallest = perception.tallest_along(ctx, eef[:2], start, exclude=held)
+    cruise = max(tallest + hang + CARRY_CLEARANCE, level + 0.05)
+    motion.travel(ctx, [*start, level], yaw, CLOSE, safe_z=cruise, tolerance=0.006)
+    motion.servo(ctx, [*target, level], yaw, CLOSE, max_steps=80, tolerance=0.006)
+    motion.servo(ctx, [*target, floor + hang - 0.02], yaw, CLOSE, max_steps=40, gentle=True)
+    _gripper(ctx, OPEN)
+    ctx.memory.setdefault("placed", set()).add(held)
+    ctx.memory.pop("held", None)
+    # The hand stops short of the roof, and so may what hangs ahead of it: back off, close the
+    # fingers and nudge it in low, their tips near its bottom, the hand's body still outside.
+    reached = ctx.env.scene.gripper().eef_pos.copy()
+    low = floor + interior.NUDGE_HEIGHT
+    motion.servo(ctx, [*(reached[:2] + out * interior.BACK_OFF), reached[2]], yaw, OPEN)
+    motion.servo(ctx, [*(reached[:2] + out * interior.BACK_OFF), low], yaw, CLOSE)
+    motion.servo(ctx, [*(reached[:2] - out * interior.NUDGE), low], yaw, CLOSE, max_steps=60)
+    pos = ctx.env.scene.gripper().eef_pos
+    motion.servo(
+        ctx, [*(pos[:2] + out * interior.APPROACH), pos[2] + 0.01], yaw, OPEN, max_steps=60
+    )
+    pos = ctx.env.scene.gripper().eef_pos
+    motion.servo(ctx, [pos[0], pos[1], cruise], yaw, OPEN, tolerance=0.02, max_steps=40)
+    return Placed(released=True, position=[*(target - offset).tolist(), floor])
 
 
 def _beside(ctx: SkillContext, anchor: str, relation: str) -> Box:
