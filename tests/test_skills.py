@@ -162,6 +162,18 @@ def test_pack_all_packs_a_carton_a_can_and_a_flat_box(env):
     assert env.success()
 
 
+def test_pack_all_packs_a_milk_carton_reached_by_a_low_crossing():
+    """Grocery object task 0 seed 1: the milk, reached over nothing taller than the point above
+    its grasp, is gripped centred and packed (it was gripped off-centre by a hand still swinging
+    from the crossing, stuck to a finger after its release and was dragged out of the basket)."""
+    variation = resolve("grocery_packing", "object")
+    with make_env(variation.suite, 0, EnvOptions()) as task_env:
+        obs = task_env.reset(1, variation=variation)
+        graph = load_workflow("examples/workflows/pack_all", task_placeholders(obs.prompt))
+        result = run_workflow(graph, task_env)
+        assert result.success and result.completion == 1.0, (result.completion, result.error)
+
+
 class _PromptRecorder:
     """Zero motion; remembers the prompt of every observation."""
 

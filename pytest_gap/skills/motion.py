@@ -26,6 +26,10 @@ IK_TOLERANCE = 0.01  # m: an IK residual above this means the pose is out of rea
 IK_TURN_TOLERANCE = 0.05  # rad: and so does an orientation left this far off
 WRIST_EASY = np.pi / 2 + 0.4  # rad of hand yaw either side of LIBERO's start pose
 STALL_STEPS = 15  # steps without 2 mm of progress: blocked, stop pushing
+# rad/s (norm over the arm's joints): slow enough to go down onto a grasp. A hand arriving
+# from a crossing with no descent moves at about 1.0; after a descent of 3 cm at about 0.5.
+SETTLE_SPEED = 0.6
+SETTLE_STEPS = 20
 GENTLE_ACTION, GENTLE_STALL_STEPS = 0.3, 5  # about 1.5 cm a step, and stop sooner
 
 
@@ -105,6 +109,42 @@ def travel(
             servo(ctx, [pos[0], pos[1], cruise], hand_yaw(ctx), gripper, tolerance=0.02)
         servo(ctx, [target[0], target[1], cruise], yaw, gripper, tolerance=0.015)
     return servo(ctx, target, yaw, gripper, tolerance=tolerance, max_steps=80)
+
+
+def joint_speed(ctx: SkillContext) -> float:
+    """How fast the arm moves now: the norm of its joint velocities (rad/s)."""
+    raw = ctx.env.raw
+    robot = raw.robots[0]
+    return float(np.linalg.norm(raw.sim.data.qvel[np.asarray(robot._ref_joint_vel_indexes)]))
+
+
+def settle(
+    ctx: SkillContext,
+    position,
+    yaw: float,
+    gripper: float,
+    *,
+    max_speed: float = SETTLE_SPEED,
+    max_steps: int = SETTLE_STEPS,
+) -> int:
+    """Hold the hand at `position` until the arm moves slower than `max_speed`; return the
+    steps spent (none when it already does; at most `max_steps`)."""
+    target = np.asarray(position, float)
+    desired = down_rotation(yaw)
+    for i in range(max_steps):
+        if joint_speed(ctx) < max_speed:
+            return i
+        pos, rot = hand_pose(ctx)
+        ctx.act(
+            np.concatenate(
+                [
+                    np.clip(POS_GAIN * (target - pos), -1, 1),
+                    np.clip(ROT_GAIN * rotation_error(rot, desired), -1, 1),
+                    [gripper],
+                ]
+            )
+        )
+    return max_steps
 
 
 def travel_height(ctx: SkillContext) -> float:
