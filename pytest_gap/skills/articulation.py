@@ -261,7 +261,8 @@ def _level_cruise(ctx: SkillContext, fixture: str, standoff: np.ndarray) -> floa
     """The height to cross to a drawer's standoff at, the hand level: its body
     (LEVEL_HAND_REACH about the grip site) LEVEL_CLEARANCE over what the cameras see within
     that reach of the straight way there (the fixture left out: the standoff is in front of
-    it); no lower than the standoff or the hand is now."""
+    it); no lower than the standoff. A fixture the way crosses (the hand starting behind
+    it) is not looked for: LIBERO's drawers face the robot."""
     eef = ctx.env.scene.gripper().eef_pos
     tallest = perception.tallest_along(
         ctx, eef[:2], standoff[:2], exclude=fixture, width=LEVEL_HAND_REACH
