@@ -43,6 +43,20 @@ def test_open_pulls_the_middle_drawer_out_until_libero_counts_it_open(envs):
     assert after - before > 0.13  # seen from the cameras: the front came out
 
 
+def test_open_leaves_most_of_the_episode_for_the_steps_after_it(envs):
+    """libero_goal task 3 ("open the top drawer and put the bowl inside") has 300 steps for
+    both steps: the hand levels on its way over to the drawer instead of climbing to the
+    scene's travel height and back, and lets go while backing off (it took 160 steps)."""
+    env = envs("libero_goal", 3)
+    env.reset(2)
+    ctx = SkillContext(env)
+    opened = articulation.open_fixture(ctx, "the top drawer of the cabinet")
+    assert opened.open and opened.moved > 0.13
+    assert env.steps <= 130, env.steps
+    approach = next(e for e in ctx.events if e["message"] == "drawer approach")
+    assert approach["cruise"] < ctx.memory["safe_z"] - 0.1  # below the scene's travel height
+
+
 def test_close_pushes_an_open_drawer_shut(envs):
     env = envs("libero_10", 3)  # its bottom drawer starts open
     env.reset(0)

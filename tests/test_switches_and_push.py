@@ -71,6 +71,24 @@ def test_the_plate_is_pushed_to_the_front_of_the_stove():
         env.close()
 
 
+def test_the_plate_reaches_the_front_of_the_stove_where_the_way_is_tight():
+    """libero_goal task 5, seeds where the plate stands near the cabinet: the hand's body is
+    checked for room at its real width (the Panda hand's collision mesh), so the straight
+    push is taken instead of sideways drags that barely move the plate (seed 1) or an outside
+    push that stalls on the cabinet (seed 2); both ran out of the episode's 300 steps."""
+    env = make_env("libero_goal", 5, EnvOptions())
+    try:
+        for seed in (1, 2):
+            env.reset(seed)
+            ctx = SkillContext(env)
+            with pytest.raises(TaskSucceeded):
+                push.push(ctx, "the plate", "the front of the stove")
+            ways = [e for e in ctx.events if e["message"] == "push way"]
+            assert ways[0]["aside"] == 0, (seed, ways)
+    finally:
+        env.close()
+
+
 def test_the_skill_catalogue_lists_the_new_skills_with_their_docs():
     out = subprocess.run(
         [sys.executable, "-m", "pytest_gap.cli", "skills", "--json"],

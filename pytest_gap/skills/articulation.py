@@ -39,6 +39,9 @@ LEVELS = ("top", "middle", "bottom")
 OPEN, CLOSE, HOLD = -1.0, 1.0, 0.0  # gripper commands; 0 keeps the fingers where they are
 # A drawer counts as opened/closed when its front moved at least this share of the way.
 ENOUGH = 0.8
+# A level hand, fingers closing vertically, reaches this far from its grip site (its body's
+# half width); it passes this much over what stands on its way.
+LEVEL_HAND_REACH, LEVEL_CLEARANCE = 0.1, 0.02
 
 
 class Articulated(BaseModel):
@@ -232,20 +235,41 @@ def _open_drawer(ctx: SkillContext, part: Part) -> Articulated:
     rot = _facing(ctx, out, "vertical")
     standoff = handle + out * STANDOFF
     perception.safe_height(ctx)
-    # Over to the front, still pointing down, then level the hand there, clear of everything.
-    motion.travel(ctx, [*standoff[:2], motion.travel_height(ctx)], motion.hand_yaw(ctx), OPEN)
+    # Level the hand on the way over to the front, at a height its level body clears what
+    # stands on the way, then down to it: an episode's steps are few, and the climb to the
+    # scene's travel height and back costs ~40 of them.
+    cruise = _level_cruise(ctx, part.fixture, standoff)
+    eef = ctx.env.scene.gripper().eef_pos
+    if eef[2] < cruise - 0.02:
+        motion.servo(ctx, [*eef[:2], cruise], motion.hand_yaw(ctx), OPEN, tolerance=0.02)
+    _servo_pose(ctx, [*standoff[:2], cruise], rot, OPEN, max_steps=150, tolerance=0.015)
     _servo_pose(ctx, standoff, rot, OPEN, max_steps=150, tolerance=0.01)
     grip = handle - out * HANDLE_REACH
     _servo_pose(ctx, grip, rot, OPEN, max_steps=80, tolerance=0.005, limit=0.4)
     for _ in range(12):
         _servo_pose(ctx, grip, rot, CLOSE, max_steps=1, tolerance=0.0)
     pulled = grip + out * (DRAWER_OPEN_TRAVEL + 0.015)
-    _servo_pose(ctx, pulled, rot, CLOSE, max_steps=120, tolerance=0.005, limit=0.5)
-    for _ in range(10):
-        _servo_pose(ctx, pulled, rot, OPEN, max_steps=1, tolerance=0.0)
+    _servo_pose(ctx, pulled, rot, CLOSE, max_steps=120, tolerance=0.005, limit=1.0)
+    # Let go while backing off: the way out is the way the drawer opens, so the fingers
+    # still on the bar as they open pull it no further than it goes.
     pos = ctx.env.scene.gripper().eef_pos
-    _servo_pose(ctx, pos + out * 0.08, rot, OPEN, max_steps=40, tolerance=0.02)
+    _servo_pose(ctx, pos + out * 0.08, rot, OPEN, max_steps=40, tolerance=0.02, limit=0.5)
     return _measure(ctx, part, front, closed, opening=True)
+
+
+def _level_cruise(ctx: SkillContext, fixture: str, standoff: np.ndarray) -> float:
+    """The height to cross to a drawer's standoff at, the hand level: its body
+    (LEVEL_HAND_REACH about the grip site) LEVEL_CLEARANCE over what the cameras see within
+    that reach of the straight way there (the fixture left out: the standoff is in front of
+    it); no lower than the standoff. A fixture the way crosses (the hand starting behind
+    it) is not looked for: LIBERO's drawers face the robot."""
+    eef = ctx.env.scene.gripper().eef_pos
+    tallest = perception.tallest_along(
+        ctx, eef[:2], standoff[:2], exclude=fixture, width=LEVEL_HAND_REACH
+    )
+    cruise = max(tallest + LEVEL_HAND_REACH + LEVEL_CLEARANCE, float(standoff[2]))
+    ctx.note("drawer approach", cruise=round(cruise, 3), tallest=round(tallest, 3))
+    return cruise
 
 
 def _close_drawer(ctx: SkillContext, part: Part) -> Articulated:
