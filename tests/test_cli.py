@@ -224,11 +224,14 @@ def test_every_shipped_benchmark_config_loads():
 
     root = Path(__file__).resolve().parent.parent
     configs = sorted([*root.glob("benchmarks/*.yaml"), *root.glob("examples/benchmark/*.yaml")])
-    assert len(configs) == 6
+    assert len(configs) == 7
     for path in configs:
         assert all_trials(plan(load_config(path))), path
     embedded = [c for p in root.glob("benchmarks/*.yaml") for c in plan(load_config(p))]
     assert all(c.error is None for c in embedded)  # the main job runs every cell it plans
+    # ... and shows the breadth: a task of every LIBERO suite the reference graphs cover.
+    suites = {(c.family, c.variation) for c in embedded}
+    assert suites >= {("libero", v) for v in ("object", "spatial", "goal", "10")}
     # The main job shows a policy A/B: one mode with two policies on the same tasks and seeds.
     ab = {(c.mode, c.policy_id): {t.id.split("::", 2)[-1] for t in c.trials()} for c in embedded}
     rows = [k for k in ab if k[0] == "policy_only"]

@@ -130,6 +130,24 @@ REACH_RULES = [
         ("pytest", *UPPER, *SESSION, *BENCHMARK, "pytest_gap.results", "pytest_gap.workflow"),
     ),
     ("pytest_gap.workflow", ("pytest", *UPPER, *SESSION, *BENCHMARK, "pytest_gap.results")),
+    # Reading instructions is pure text: no simulator, no skills (which call it), no LLM.
+    *[
+        (
+            m,
+            (
+                "pytest",
+                *UPPER,
+                *SESSION,
+                *BENCHMARK,
+                "pytest_gap.results",
+                "pytest_gap.sim",
+                "pytest_gap.policies",
+                "pytest_gap.skills",
+                "pytest_gap.workflow",
+            ),
+        )
+        for m in ("pytest_gap.instructions", "pytest_gap.instruction_steps")
+    ],
 ]
 # (who, what it must never import directly): the layers above reach the ones below only.
 IMPORT_RULES = [
