@@ -138,8 +138,12 @@ def _refer(phrase: str, previous: Step | None) -> str:
     last = previous.target or previous.object
     if _PRONOUN.match(phrase):
         return last
-    if _PART_ONLY.match(phrase) and phrase not in last:
-        return f"{phrase} of the {last}"
+    if _PART_ONLY.match(phrase):
+        part = phrase.split()[-1]
+        if part in last.split():  # "... in the bottom drawer and close the drawer"
+            return last
+        if part in ("door", "lid"):  # "... in the microwave and close the door"
+            return f"{part} of the {last}"
     return phrase
 
 

@@ -162,7 +162,11 @@ def test_every_step_of_a_libero_instruction_is_a_goal_of_its_task(suite, task_id
         ("open the fridge's top drawer", ["open top drawer of the fridge"]),
         (
             "grab the spoon and drop it into the bowl then shut the drawer",
-            ["put spoon in bowl", "close drawer of the bowl"],
+            ["put spoon in bowl", "close drawer"],
+        ),
+        (
+            "put the cup in the top drawer and close the drawer",
+            ["put cup in top drawer", "close top drawer"],
         ),
     ],
 )
