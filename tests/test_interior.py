@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
-from pytest_gap.skills import library
+from pytest_gap.skills import interior, library
 from pytest_gap.skills.context import SkillContext
 
 
@@ -24,3 +24,11 @@ def test_the_mug_is_picked_by_its_handle_and_put_in_the_microwave(env):
     assert library.pick(ctx, "the yellow and white mug").holding  # refused as too wide before
     library.place(ctx, "the microwave", relation="in")  # raised: no room in a fixture before
     assert env.goal_status()[0] is True
+
+
+def test_the_handle_is_found_where_the_walls_hide_most_of_the_mugs_floor(env):
+    env.reset(2)  # the cameras see 4 points of the floor within 0.4 of the rim's radius
+    ctx = SkillContext(env)
+    found = interior.handle_grasps(ctx, "white_yellow_mug_1")
+    assert found is not None  # None before: no rim, so no handle, and pick refused the mug
+    assert found[1], "no reachable grasp on the handle"
