@@ -90,6 +90,9 @@ def test_close_sweeps_the_microwave_door_shut(envs):
     assert (done.fixture, done.part, done.open) == ("microwave_1", "door", False)
     assert done.moved > 1.2  # radians
     assert env.goal_status()[1] is True
+    # Within a share of an episode's steps (libero_10 allows 520; placing the mug first takes
+    # about 250): 72 steps here, 158 with the sweep along a fixed schedule of points.
+    assert env.steps < 110
 
 
 def test_a_phrase_that_names_no_drawer_fails_naming_the_candidates(envs):
