@@ -17,8 +17,11 @@ def env():
     made.close()
 
 
-def test_the_mug_is_picked_by_its_handle_and_put_in_the_microwave(env):
-    env.reset(0)  # "put the yellow and white mug in the microwave and close it"
+# Seed 1: the microwave stands farther back; carried in 1.2 cm over the floor the mug caught
+# on its front lip and was let go outside.
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_mug_is_picked_by_its_handle_and_put_in_the_microwave(env, seed):
+    env.reset(seed)  # "put the yellow and white mug in the microwave and close it"
     ctx = SkillContext(env)
     assert env.goal_status()[0] is False  # ('in', 'white_yellow_mug_1', heating_region)
     assert library.pick(ctx, "the yellow and white mug").holding  # refused as too wide before

@@ -26,9 +26,9 @@ DEEP = 0.015  # the ring's middle seen this far under its top: open at the top
 # they saw 2-4 points of it (libero_10 task 9 seeds 0 and 2), within 0.7 over 30.
 MIDDLE = 0.7
 # Into a fixture with a roof: the held object's centre goes this far past the front edge of
-# the fixture's region site, and comes in level from this far in front of it, this far over
-# the region's floor.
-INSIDE_DEPTH, APPROACH, ENTRY_CLEAR = 0.02, 0.12, 0.012
+# the fixture's region site, and comes in level from this far in front of it,
+# `calibration.ENTRY_CLEAR` over the region's floor.
+INSIDE_DEPTH, APPROACH = 0.02, 0.12
 # Let go, the hand backs off this far, closes, and goes in again with the fingertips this far
 # over the region's floor, this far past where it let go: the hand's body stays out from under
 # the roof (the microwave's, libero_10 task 9 seed 0: the hand stopped at 0.208 m, the roof's

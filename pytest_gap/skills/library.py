@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from pytest_gap.instructions import SIDE_AXES, parse_instruction, parse_part
 from pytest_gap.skills import articulation, interior, motion, packing, perception
 from pytest_gap.skills.calibration import (
+    ENTRY_CLEAR,
     INSIDE_MARGIN,
     RIM_DOWN,
     RIM_HOLD_WIDTH,
@@ -447,7 +448,7 @@ def _place_under_roof(ctx: SkillContext, fixture: str, site, out: np.ndarray) ->
     front = center[:2] + out * half[1]
     target = front - out * interior.INSIDE_DEPTH + offset
     floor = center[2] - half[2]
-    level = floor + hang + interior.ENTRY_CLEAR
+    level = floor + hang + ENTRY_CLEAR
     start = target + out * interior.APPROACH
     yaw = motion.hand_yaw(ctx)
     tallest = perception.tallest_along(ctx, eef[:2], start, exclude=held)
