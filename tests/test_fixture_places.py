@@ -11,7 +11,7 @@ import pytest
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.skills import library as skills
 from pytest_gap.skills import perception
-from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.context import SkillContext, TaskSucceeded
 from pytest_gap.skills.registry import SkillFailure
 from pytest_gap.workflow.executor import run_workflow
 from pytest_gap.workflow.schema import load_workflow
@@ -79,6 +79,22 @@ def test_the_book_goes_in_the_caddys_back_compartment_and_a_missing_part_is_name
             skills.place(ctx, container="the top compartment of the caddy")
         result = run_workflow(load_workflow(GRAPH, task_placeholders(obs.prompt)), env)
         assert result.success, (obs.prompt, result.exit_status, result.error)
+
+
+def test_a_bare_compartment_is_the_one_thing_with_such_a_part():
+    """LIBERO-PRO libero_10_lan task 5: "pick up the book and place in back compartment", no
+    "of the caddy": the caddy is the one thing in the scene with a back compartment; a part
+    nothing has fails naming what has compartments."""
+    with make_env("libero_10", 5, EnvOptions()) as env:
+        env.reset(0)
+        ctx = SkillContext(env)
+        with pytest.raises(
+            SkillFailure, match=r"has a 'top' compartment; things with compartments: desk_caddy_1$"
+        ):
+            skills.place(ctx, container="the top compartment")
+        assert skills.pick(ctx, name="book").holding
+        with pytest.raises(TaskSucceeded):  # LIBERO's goal: in desk_caddy_1_back_contain_region
+            skills.place(ctx, container="back compartment")
 
 
 def test_the_pudding_goes_to_the_right_of_the_plate():

@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel
 
-from pytest_gap.instructions import SIDE_AXES, parse_instruction, parse_part
+from pytest_gap.instructions import SIDE_AXES, parse_bare_part, parse_instruction, parse_part
 from pytest_gap.skills import articulation, interior, motion, packing, perception
 from pytest_gap.skills.calibration import (
     INSIDE_MARGIN,
@@ -386,10 +386,9 @@ def place(
     drawer = articulation.drawer_inside(ctx, container) if relation == "in" else None
     if drawer:  # onto the floor of the open drawer, centred on its spot
         return _place_on(ctx, *drawer)
-    part = parse_part(container)
-    if part is not None:  # "the back compartment of the caddy": in from above its walls
-        whole = perception.ground_name(ctx, part[1], fixtures=True)
-        return _place_on(ctx, whole, perception.fixture_part(ctx, whole, part[0]))
+    part = _named_part(ctx, container)
+    if part is not None:  # "the back compartment (of the caddy)": in from above its walls
+        return _place_on(ctx, part[0], perception.fixture_part(ctx, *part))
     scene_name = perception.ground_name(ctx, container, fixtures=True)
     fixture = ctx.env.scene.object(scene_name).fixture
     roofed = interior.heating_region(ctx, scene_name) if fixture and relation == "in" else None
@@ -421,6 +420,17 @@ def place(
     up = [pos[0], pos[1], motion.travel_height(ctx)]
     motion.servo(ctx, up, yaw, OPEN, tolerance=0.02, max_steps=40)
     return Placed(released=True, position=[*slot.center, slot.release_z])
+
+
+def _named_part(ctx: SkillContext, container: str) -> tuple[str, str] | None:
+    """(scene object, part) for a phrase naming a part: "the back compartment of the caddy",
+    or "the back compartment" alone, of the one thing in the scene with such a part
+    (`perception.part_owner`); None when the phrase names no part."""
+    part = parse_part(container)
+    if part is not None:
+        return perception.ground_name(ctx, part[1], fixtures=True), part[0]
+    bare = parse_bare_part(container)
+    return (perception.part_owner(ctx, bare), bare) if bare is not None else None
 
 
 def _place_under_roof(ctx: SkillContext, fixture: str, site, out: np.ndarray) -> Placed:
