@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
+from pytest_gap.sim.variations import resolve
 from pytest_gap.skills import library as skills
 from pytest_gap.skills import perception
 from pytest_gap.skills.context import SkillContext, TaskSucceeded
@@ -97,14 +98,18 @@ def test_a_bare_compartment_is_the_one_thing_with_such_a_part():
             skills.place(ctx, container="back compartment")
 
 
-def test_the_pudding_goes_to_the_right_of_the_plate():
-    """libero_10 task 6's second step, "put the chocolate pudding to the right of the plate":
-    LIBERO's goal region beside the plate (the mug-on-plate half is not done: completion
-    0.5)."""
-    with make_env("libero_10", 6, EnvOptions()) as env:
-        env.reset(0)
+def test_the_pudding_goes_to_the_right_of_the_plate_clear_of_the_mug_on_it():
+    """LIBERO-PRO libero_10_lan task 6, "place white mug on plate and chocolate pudding to
+    right": LIBERO's goal region beside the plate. The mug, put on the plate first, stands
+    tall at its right edge (its handle); the hand closing along y hit it and the pudding was
+    pushed out of the region (seed 0, completion 0.5)."""
+    variation = resolve("libero_pro", "10_lan")
+    with make_env(variation.suite, 6, EnvOptions()) as env:
+        env.reset(0, variation=variation)
         ctx = SkillContext(env)
-        assert skills.pick(ctx, name="chocolate pudding").holding
-        skills.place(ctx, container="the plate", relation="right_of")
-        skills.home(ctx)
+        assert skills.pick(ctx, name="white mug").holding
+        skills.place(ctx, container="the plate", relation="on")
         assert env.completion() == pytest.approx(0.5)
+        assert skills.pick(ctx, name="chocolate pudding").holding
+        with pytest.raises(TaskSucceeded):  # ('on', pudding, plate_right_region) held too
+            skills.place(ctx, container="the plate", relation="right_of")

@@ -18,7 +18,7 @@ from pytest_gap.skills.calibration import (
     WIDTH_SLACK,
 )
 from pytest_gap.skills.context import SkillContext
-from pytest_gap.skills.geometry import Box, beside, wrap_half_turn
+from pytest_gap.skills.geometry import Box, beside, wrap_angle, wrap_half_turn
 from pytest_gap.skills.registry import SkillFailure, skill
 
 HOME_XY = (-0.15, 0.0)  # above the near half of the table, the arm's comfortable middle
@@ -395,7 +395,8 @@ def place(
     if roofed is not None:  # under a roof: in level through the open front
         return _place_under_roof(ctx, scene_name, *roofed)
     if relation in BESIDE:
-        return _place_on(ctx, scene_name, _beside(ctx, scene_name, relation))
+        yaw = _beside_yaw(ctx, scene_name, relation)
+        return _place_on(ctx, scene_name, _beside(ctx, scene_name, relation, yaw), yaw)
     if relation == "on":
         surface = perception.fixture_surface(ctx, scene_name) if fixture else None
         return _place_on(ctx, scene_name, surface)
@@ -484,37 +485,60 @@ def _place_under_roof(ctx: SkillContext, fixture: str, site, out: np.ndarray) ->
     return Placed(released=True, position=[*(target - offset).tolist(), floor])
 
 
-def _beside(ctx: SkillContext, anchor: str, relation: str) -> Box:
+def _beside_yaw(ctx: SkillContext, anchor: str, relation: str) -> float:
+    """The hand yaw to put what is held down beside `anchor`: the fingers closing across the
+    side's axis, so that neither they nor the hand (about 0.2 m long along the closing axis)
+    reach towards the anchor and what stands on it (libero_10_lan task 6: closing along y,
+    the hand hit the mug just put on the plate when it put the pudding to the plate's right,
+    seed 0). Of the two such yaws, the reachable one nearer the hand's now
+    (`motion.grip_yaw`); the hand's yaw now when neither is."""
+    now = motion.hand_yaw(ctx)
+    axis, _ = SIDE_AXES[BESIDE[relation]]
+    # The fingers close along hand y, world -y at yaw 0: across x at yaw 0, across y at pi/2.
+    across = np.pi / 2 if axis == 1 else 0.0
+    box, _ = perception.locate_box(ctx, anchor)
+    yaw = motion.grip_yaw(ctx, [*box.center[:2], motion.travel_height(ctx)], across)
+    return now if yaw is None else yaw
+
+
+def _beside(ctx: SkillContext, anchor: str, relation: str, yaw: float | None = None) -> Box:
     """The patch of the surface `anchor` stands on, beside it on the side `relation` names
     as the front camera sees the table (`instructions.SIDE_AXES`), room for what is held and
-    BESIDE_GAP between: a flat box, its top that surface."""
+    BESIDE_GAP between: a flat box, its top that surface. `yaw`: the hand's yaw there (what
+    is held turns with it)."""
     held = ctx.memory.get("held")
     if not held:
         raise SkillFailure(f"nothing is held to place {relation.replace('_', ' ')} {anchor}")
     box, _ = perception.locate_box(ctx, anchor)
     in_hand, _ = perception.locate_box(ctx, held)
+    if yaw is not None:
+        turn = wrap_angle(yaw - motion.hand_yaw(ctx))
+        in_hand = in_hand.model_copy(update={"yaw": in_hand.yaw + turn})
     axis, sign = SIDE_AXES[BESIDE[relation]]
     x, y = beside(box, in_hand, axis, sign, BESIDE_GAP)
     return Box(center=(x, y, box.bottom - 0.005), half_extents=(0.01, 0.01, 0.005), yaw=0.0)
 
 
-def _place_on(ctx: SkillContext, support: str, surface: Box | None = None) -> Placed:
+def _place_on(
+    ctx: SkillContext, support: str, surface: Box | None = None, yaw: float | None = None
+) -> Placed:
     """Put what is held onto `support`'s top, its centre over the support's centre: the offset
     of the held object from the grip site and how far it hangs below are read from a look at
     it in the hand; lower gently until it stops on the top, release, back off up. `surface`:
     the part of a fixture to put it on (`perception.fixture_surface`), instead of the top of
-    the support's box."""
+    the support's box. `yaw`: the hand's yaw to put it down at (the offset turns with it);
+    the hand's yaw now by default."""
     held = ctx.memory.get("held")
     if not held:
         raise SkillFailure(f"nothing is held to place on {support}")
     box = surface if surface is not None else perception.locate_box(ctx, support)[0]
     in_hand, _ = perception.locate_box(ctx, held)
     eef = ctx.env.scene.gripper().eef_pos
-    offset = np.asarray(eef[:2]) - np.asarray(in_hand.center[:2])
+    offset = _turned(np.asarray(eef[:2]) - np.asarray(in_hand.center[:2]), ctx, yaw)
     hang = float(np.clip(eef[2] - in_hand.bottom, 0.0, 0.2))
     target = np.asarray(box.center[:2]) + offset
     release = box.top + hang
-    yaw = motion.hand_yaw(ctx)
+    yaw = motion.hand_yaw(ctx) if yaw is None else yaw
     # Carried just over what stands on the way, not over the tallest thing in the scene.
     tallest = perception.tallest_along(ctx, eef[:2], target, exclude=held)
     cruise = max(tallest + hang + CARRY_CLEARANCE, release + 0.05)
@@ -526,6 +550,15 @@ def _place_on(ctx: SkillContext, support: str, surface: Box | None = None) -> Pl
     pos = ctx.env.scene.gripper().eef_pos
     motion.servo(ctx, [pos[0], pos[1], cruise], yaw, OPEN, tolerance=0.02, max_steps=40)
     return Placed(released=True, position=[*target.tolist(), release])
+
+
+def _turned(offset: np.ndarray, ctx: SkillContext, yaw: float | None) -> np.ndarray:
+    """A horizontal offset fixed to the hand, as it will be once the hand is turned to `yaw`."""
+    if yaw is None:
+        return offset
+    turn = wrap_angle(yaw - motion.hand_yaw(ctx))
+    c, s = np.cos(turn), np.sin(turn)
+    return np.array([c * offset[0] - s * offset[1], s * offset[0] + c * offset[1]])
 
 
 def _lower_into(
