@@ -28,7 +28,7 @@ def test_pick_waits_for_the_cartons_in_flight_to_land(env):
     assert perception.object_points(ctx, "milk_1")[0][:, 2].min() > 0.7  # in flight
     assert motion.hold_until_still(ctx, skills.OPEN) > 1
     assert perception.object_points(ctx, "milk_1")[0][:, 2].min() < 0.5
-    assert motion.hold_until_still(ctx, skills.OPEN) == 1  # at rest: one look a step apart
+    assert motion.hold_until_still(ctx, skills.OPEN) == 2  # at rest: two looks a step apart
 
 
 def test_the_cream_cheese_beside_the_milk_is_gripped_clear_of_it(env):
