@@ -310,6 +310,16 @@ def parse_part(phrase: str) -> tuple[str, str] | None:
     return (match["part"], _phrase(match["whole"])) if match else None
 
 
+_BARE_PART = re.compile(r"^(?:the\s+)?(?P<part>[a-z]+)\s+(?:compartment|section|slot)$")
+
+
+def parse_bare_part(phrase: str) -> str | None:
+    """A part named without its whole: "the back compartment" -> "back" (the scene says whose,
+    `perception.part_owner`); None for anything else, "of the caddy" included (`parse_part`)."""
+    match = _BARE_PART.fullmatch(re.sub(r"\s+", " ", phrase.strip().lower()))
+    return match["part"] if match else None
+
+
 def supported_by(thing: Thing, anchor: Thing, tilted: bool = False) -> bool:
     """Whether `thing` stands on or in `anchor`: its centre over `anchor`'s footprint (within
     SUPPORT_REACH), its bottom not above `anchor`'s top and above the surface `anchor` stands

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
+from pytest_gap.sim.variations import resolve
 from pytest_gap.skills import library as skills
 from pytest_gap.skills import perception
-from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.context import SkillContext, TaskSucceeded
 from pytest_gap.skills.registry import SkillFailure
 from pytest_gap.workflow.executor import run_workflow
 from pytest_gap.workflow.schema import load_workflow
@@ -81,14 +82,34 @@ def test_the_book_goes_in_the_caddys_back_compartment_and_a_missing_part_is_name
         assert result.success, (obs.prompt, result.exit_status, result.error)
 
 
-def test_the_pudding_goes_to_the_right_of_the_plate():
-    """libero_10 task 6's second step, "put the chocolate pudding to the right of the plate":
-    LIBERO's goal region beside the plate (the mug-on-plate half is not done: completion
-    0.5)."""
-    with make_env("libero_10", 6, EnvOptions()) as env:
+def test_a_bare_compartment_is_the_one_thing_with_such_a_part():
+    """LIBERO-PRO libero_10_lan task 5: "pick up the book and place in back compartment", no
+    "of the caddy": the caddy is the one thing in the scene with a back compartment; a part
+    nothing has fails naming what has compartments."""
+    with make_env("libero_10", 5, EnvOptions()) as env:
         env.reset(0)
         ctx = SkillContext(env)
-        assert skills.pick(ctx, name="chocolate pudding").holding
-        skills.place(ctx, container="the plate", relation="right_of")
-        skills.home(ctx)
+        with pytest.raises(
+            SkillFailure, match=r"has a 'top' compartment; things with compartments: desk_caddy_1$"
+        ):
+            skills.place(ctx, container="the top compartment")
+        assert skills.pick(ctx, name="book").holding
+        with pytest.raises(TaskSucceeded):  # LIBERO's goal: in desk_caddy_1_back_contain_region
+            skills.place(ctx, container="back compartment")
+
+
+def test_the_pudding_goes_to_the_right_of_the_plate_clear_of_the_mug_on_it():
+    """LIBERO-PRO libero_10_lan task 6, "place white mug on plate and chocolate pudding to
+    right": LIBERO's goal region beside the plate. The mug, put on the plate first, stands
+    tall at its right edge (its handle); the hand closing along y hit it and the pudding was
+    pushed out of the region (seed 0, completion 0.5)."""
+    variation = resolve("libero_pro", "10_lan")
+    with make_env(variation.suite, 6, EnvOptions()) as env:
+        env.reset(0, variation=variation)
+        ctx = SkillContext(env)
+        assert skills.pick(ctx, name="white mug").holding
+        skills.place(ctx, container="the plate", relation="on")
         assert env.completion() == pytest.approx(0.5)
+        assert skills.pick(ctx, name="chocolate pudding").holding
+        with pytest.raises(TaskSucceeded):  # ('on', pudding, plate_right_region) held too
+            skills.place(ctx, container="the plate", relation="right_of")

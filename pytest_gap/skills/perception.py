@@ -87,6 +87,27 @@ def fixture_part(ctx: SkillContext, fixture: str, part: str) -> Box:
     return _site_top(ctx, fixture, ctx.env.scene.region(names[0]), walls=True)
 
 
+def part_owner(ctx: SkillContext, part: str) -> str:
+    """The one scene object that has a part named `part` ("the back compartment" with no "of
+    the caddy": desk_caddy_1, whose `desk_caddy_1_back_contain_region` site it is; a
+    privileged read as in `fixture_part`). Fails naming the candidates when none or several
+    have it."""
+    names = [o.name for o in ctx.env.scene.objects(include_fixtures=True)]
+    owners = [n for n in names if any(s.startswith(f"{n}_{part}_") for s in _sites_of(ctx, n))]
+    if len(owners) == 1:
+        return owners[0]
+    if owners:
+        raise SkillFailure(
+            f"the {part} compartment of which? {', '.join(sorted(owners))} each have one: "
+            f"name it ('the {part} compartment of the ...')"
+        )
+    with_parts = sorted(n for n in names if any("contain" in s for s in _sites_of(ctx, n)))
+    raise SkillFailure(
+        f"nothing in the scene has a {part!r} compartment; "
+        f"things with compartments: {', '.join(with_parts) or 'none'}"
+    )
+
+
 def _sites_of(ctx: SkillContext, fixture: str) -> list[str]:
     return [n for n in getattr(ctx.env.raw, "object_sites_dict", {}) if n.startswith(f"{fixture}_")]
 
