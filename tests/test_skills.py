@@ -153,6 +153,18 @@ def test_next_item_leaves_an_item_perched_over_the_container(env):
     assert picks[-1].done and picks[-1].remaining == len(task.items)
 
 
+def test_next_item_leaves_floor_for_a_can_no_narrower_than_the_can(env):
+    """The footprint a can to come is given room for (`to_pack`) is not narrower than the can:
+    room left for a smaller one is too little, and the can ends on top of a carton."""
+    env.reset(2, variation=resolve("grocery_packing", "object"))
+    ctx = SkillContext(env)
+    task = skills.read_task(ctx)
+    skills.next_item(ctx, task.items, task.container)
+    can = skills.locate(ctx, "alphabet soup").name
+    lo, hi = env.scene.world_aabb(can)
+    assert min(ctx.memory["to_pack"][can]) >= min((hi - lo)[:2]) / 2 - 0.001
+
+
 def test_pack_all_packs_a_carton_a_can_and_a_flat_box(env):
     """The pack_all reference graph on a fixed trial: orange juice, alphabet soup, cream cheese."""
     obs = env.reset(2, variation=resolve("grocery_packing", "object"))
