@@ -49,3 +49,20 @@ def test_an_instruction_no_step_reads_ends_the_graph_with_the_reason(tmp_path):
     assert _skills_run(tmp_path) == ["next_step"]  # nothing moved but the end's recovery
     trace = (tmp_path / "dag_trace.json").read_text()
     assert "cannot read 'dance with the robot'" in trace
+
+
+def test_a_step_that_cannot_be_done_is_passed_over_for_the_next(tmp_path):
+    """The first step names nothing in the scene: pick fails, the retry finds nothing to pick
+    (noted with the reason), and the stove is still turned on: the goal check has the last
+    word, not the first failure."""
+    with make_env("libero_goal", 7, EnvOptions()) as env:
+        env.reset(0)
+        prompt = "put the pineapple on the plate and turn on the stove"
+        result = run_workflow(load_workflow(GRAPH, {}), env, trace_dir=tmp_path, task_prompt=prompt)
+        assert result.success, (result.exit_status, result.error)
+    skills = _skills_run(tmp_path)
+    assert skills.count("pick") == 1 and "turn_on" in skills
+    events = json.loads((tmp_path / "dag_trace.json").read_text())["events"]
+    passed = [e for e in events if e.get("message") == "step passed over"]
+    assert [e["task_step"] for e in passed] == ["put pineapple on plate"]
+    assert "no object called 'pineapple'" in passed[0]["reason"]

@@ -19,6 +19,7 @@ from pytest_gap.instructions import (
     parse_reference,
     phrase_candidates,
 )
+from pytest_gap.skills import library, perception
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.registry import SkillFailure, skill
 
@@ -85,25 +86,51 @@ def _plan(ctx: SkillContext) -> list[Step]:
     return ctx.memory["steps"]
 
 
+def _settled(ctx: SkillContext, step: Step) -> str | None:
+    """Why a pick_place step tried before need not be tried again, or None: what it moves is
+    already in its container (it fell in while a failed place looked at it), or no camera sees
+    it any more (nothing to pick)."""
+    if step.action != "pick_place":
+        return None
+    try:
+        if (
+            step.relation == "in"
+            and library.verify_in_container(ctx, step.object, step.target).inside
+        ):
+            return f"{step.object} is already in {step.target}"
+    except SkillFailure:
+        pass
+    try:
+        perception.locate_box(ctx, perception.ground_name(ctx, step.object))
+    except SkillFailure as exc:
+        return str(exc)
+    return None
+
+
 @skill
 def next_step(ctx: SkillContext, max_attempts: int = 2) -> NextStep:
     """The instruction's next step not yet done (`instruction_steps.parse_steps`): its action
     (pick_place, open, close, turn_on, turn_off, push), object, target and relation; `done`
-    when every step is. Fails when the instruction cannot be read, or when the current step has
-    been handed out `max_attempts` times without `step_done`."""
+    when every step is. A step handed out `max_attempts` times without `step_done` is given up
+    (noted) and the next one handed out, as is a pick-and-place whose object is already in its
+    container or seen by no camera: the goal check after the last step has the final word.
+    Fails when the instruction cannot be read."""
     steps = _plan(ctx)
+    tries = ctx.memory.setdefault("step_attempts", {})
     index = ctx.memory.get("step_index", 0)
+    while index < len(steps):
+        step, tried = steps[index], tries.get(index, 0)
+        why = "tried too often" if tried >= max_attempts else tried and _settled(ctx, steps[index])
+        if not why:
+            break
+        ctx.note("step passed over", task_step=step.describe(), attempts=tried, reason=why)
+        index += 1
+        ctx.memory["step_index"] = index
     if index >= len(steps):
         return NextStep(
             action="", object="", target="", relation="", description="", index=index,
             total=len(steps), done=True,
         )  # fmt: skip
-    step = steps[index]
-    tries = ctx.memory.setdefault("step_attempts", {})
-    if tries.get(index, 0) >= max_attempts:
-        raise SkillFailure(
-            f"step {index + 1} of {len(steps)} ({step.describe()}) failed {max_attempts} times"
-        )
     tries[index] = tries.get(index, 0) + 1
     return NextStep(
         action=step.action,
