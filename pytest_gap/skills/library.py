@@ -247,8 +247,9 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
     (`perception.ground_name`); one it cannot resolve fails naming the candidates. An object
     open at the top and wider than the fingers open (a bowl) is gripped by its rim. Fails at
     once on a closed object wider than the fingers open, naming both widths."""
-    motion.hold_until_still(ctx, OPEN)  # things in flight are not where they will be
     scene_name = perception.ground_name(ctx, name)
+    _grip_plan(ctx, scene_name)  # refuse what the fingers cannot grip before spending a step
+    motion.hold_until_still(ctx, OPEN)  # things in flight are not where they will be
     seen, rim, by_handle = _grip_plan(ctx, scene_name)  # the first attempt's box: no second render
     perception.safe_height(ctx)
     attempts = 0
