@@ -47,6 +47,10 @@ PLAN = [
     ("do_task", "libero_pro", "10_swap", "success", 0.85),
     ("do_task", "libero_pro", "10_lan", "success", 0.85),
     ("do_task", "libero_pro", "10_object", "success", 0.85),
+    ("do_task", "libero", "spatial", "success", 0.95),
+    ("do_task", "libero_pro", "spatial_lan", "success", 0.85),
+    ("do_task", "libero_pro", "spatial_object", "success", 0.85),
+    ("do_task", "libero_pro", "spatial_task", "success", 0.85),
 ]
 
 
