@@ -122,6 +122,20 @@ def joint_speed(ctx: SkillContext) -> float:
     return float(np.linalg.norm(raw.sim.data.qvel[np.asarray(robot._ref_joint_vel_indexes)]))
 
 
+def _hold_step(ctx: SkillContext, target: np.ndarray, desired: np.ndarray, gripper: float) -> None:
+    """One control step pulling the hand back to `target`, turned as `desired`."""
+    pos, rot = hand_pose(ctx)
+    ctx.act(
+        np.concatenate(
+            [
+                np.clip(POS_GAIN * (target - pos), -1, 1),
+                np.clip(ROT_GAIN * rotation_error(rot, desired), -1, 1),
+                [gripper],
+            ]
+        )
+    )
+
+
 def settle(
     ctx: SkillContext,
     position,
@@ -138,16 +152,7 @@ def settle(
     for i in range(max_steps):
         if joint_speed(ctx) < max_speed:
             return i
-        pos, rot = hand_pose(ctx)
-        ctx.act(
-            np.concatenate(
-                [
-                    np.clip(POS_GAIN * (target - pos), -1, 1),
-                    np.clip(ROT_GAIN * rotation_error(rot, desired), -1, 1),
-                    [gripper],
-                ]
-            )
-        )
+        _hold_step(ctx, target, desired, gripper)
     return max_steps
 
 
@@ -163,16 +168,7 @@ def hold_until_still(ctx: SkillContext, gripper: float, max_steps: int = STILL_S
     desired = down_rotation(yaw)
     before, still = ctx.render("agentview"), 0
     for i in range(max_steps):
-        pos, rot = hand_pose(ctx)
-        ctx.act(
-            np.concatenate(
-                [
-                    np.clip(POS_GAIN * (target - pos), -1, 1),
-                    np.clip(ROT_GAIN * rotation_error(rot, desired), -1, 1),
-                    [gripper],
-                ]
-            )
-        )
+        _hold_step(ctx, target, desired, gripper)
         after = ctx.render("agentview")
         still = still + 1 if moving_pixels(before, after, names) < STILL_PIXELS else 0
         if still == 2:
