@@ -2,11 +2,14 @@
 
     python bench/graph_success.py [--tasks 0-9] [--seeds 5] [--first-seed 0] [--workers 2]
                                   [--only pick_place] [--family libero_pro]
-                                  [--variation spatial]
+                                  [--variation spatial] [--perception policy_cameras]
 
 Targets (issue 3): pick_place on libero/object >= 0.95 and on each posvar variation >= 0.90;
 pack_all on grocery_packing completion >= 0.95. Trials of one task share one env; tasks are
-spread over worker processes.
+spread over worker processes. Each cell prints its successes per task, and the failures are
+grouped by kind (`failure_kind`: from the skill that failed last, read from the trace).
+`--perception policy_cameras` runs the skills on the front and wrist cameras only, without the
+goal check (`skills.perception`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import json
 import multiprocessing as mp
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -54,8 +58,54 @@ PLAN = [
 ]
 
 
-def _run_task(job: tuple[int, list[int], list[tuple[str, str, str]]]) -> list[dict]:
-    task, seeds, cells = job
+# Which kind of failure a failing skill's message is, first match wins; else by the skill.
+PERCEPTION_WORDS = ("not visible", "candidates", "names no", "no object", "not found", "sees no")
+KIND_BY_SKILL = {
+    "pick": "grasp",
+    "place": "placement",
+    "open_fixture": "articulated",
+    "close_fixture": "articulated",
+    "turn_on": "articulated",
+    "turn_off": "articulated",
+    "push": "push",
+    "next_step": "instruction",
+    "read_task": "instruction",
+    "next_item": "instruction",
+}
+
+
+def failure_kind(row: dict, skills: dict[str, str]) -> str:
+    """Why a trial failed, in one word: `step limit`, `node limit`, or by the last skill that
+    failed (`skills`: node -> skill) and its message: perception (it could not find or see
+    what it needed), grasp, placement, articulated (drawers, doors, knobs), push, instruction;
+    `goal not met` when no skill failed but the goal check did not pass."""
+    if row["exit_status"] in ("step_limit", "node_limit", "loop_cap"):
+        return row["exit_status"].replace("_", " ")
+    node, error = row.get("failed_node"), (row.get("failed_error") or "").lower()
+    if node is None:
+        return "goal not met"
+    if any(word in error for word in PERCEPTION_WORDS):
+        return "perception"
+    return KIND_BY_SKILL.get(skills.get(node, ""), "other")
+
+
+def _last_failure(trace_path: Path) -> tuple[str | None, str | None]:
+    """The node that failed last in a run, and its message (from trace/dag_trace.json)."""
+    doc = json.loads(trace_path.read_text())
+    failed = [e for e in doc["events"] if e["kind"] == "on_error"]
+    errors = [
+        (n["id"], run["error"])
+        for n in doc["nodes"]
+        for run in n.get("executions", [])
+        if run.get("error")
+    ]
+    if failed:
+        return failed[-1]["node"], failed[-1]["error"]
+    return errors[-1] if errors else (None, None)
+
+
+def _run_task(job: tuple[int, list[int], list[tuple[str, str, str]], str]) -> list[dict]:
+    task, seeds, cells, perception = job
     from pytest_gap.sim.pool import EnvPool
     from pytest_gap.sim.variations import resolve
     from pytest_gap.workflow.executor import run_workflow
@@ -72,7 +122,12 @@ def _run_task(job: tuple[int, list[int], list[tuple[str, str, str]]]) -> list[di
             workflow = load_workflow(
                 ROOT / "examples/workflows" / graph, task_placeholders(obs.prompt)
             )
-            result = run_workflow(workflow, env)
+            with tempfile.TemporaryDirectory(prefix="gap-bench-") as tmp:
+                result = run_workflow(workflow, env, trace_dir=Path(tmp), perception=perception)
+                node, error = _last_failure(Path(tmp) / "dag_trace.json")
+            if result.exit_status == "error":
+                node, error = (result.error or ":").split(":", 1)[0], result.error
+            skills = {n: getattr(spec, "skill", "") for n, spec in workflow.nodes.items()}
             rows.append(
                 {
                     "graph": graph,
@@ -85,9 +140,14 @@ def _run_task(job: tuple[int, list[int], list[tuple[str, str, str]]]) -> list[di
                     "steps": result.steps,
                     "exit_status": result.exit_status,
                     "error": result.error,
+                    "failed_node": None if result.success else node,
+                    "failed_error": None if result.success else error,
+                    "failed_skill": None if result.success else skills.get(node or ""),
                     "wall_s": round(time.perf_counter() - t0, 2),
                 }
             )
+            if not result.success:
+                rows[-1]["kind"] = failure_kind(rows[-1], skills)
     pool.close()
     return rows
 
@@ -112,6 +172,12 @@ def main() -> int:
     )
     parser.add_argument("--variation", help="only this variation's cells, e.g. spatial")
     parser.add_argument("--out", help="write every trial as JSON here")
+    parser.add_argument(
+        "--perception",
+        choices=["privileged", "policy_cameras"],
+        default="privileged",
+        help="what the skills see with (skills.perception)",
+    )
     args = parser.parse_args()
 
     plan = [
@@ -123,7 +189,7 @@ def main() -> int:
     ]
     cells = [(g, f, v) for g, f, v, _, _ in plan]
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    jobs = [(t, seeds, cells) for t in _ids(args.tasks)]
+    jobs = [(t, seeds, cells, args.perception) for t in _ids(args.tasks)]
     t0 = time.perf_counter()
     # A worker that dies (a simulator crash) fails the run with BrokenProcessPool, where
     # multiprocessing.Pool would wait for its lost task forever.
@@ -155,13 +221,29 @@ def main() -> int:
             f"{sum(r['steps'] for r in cell) / n:6.0f} {sum(r['wall_s'] for r in cell) / n:7.1f}  "
             f"{metric} >= {target:.2f} {'MET' if met else 'MISSED'}"
         )
+        tasks = defaultdict(list)
+        for r in cell:
+            tasks[r["task"]].append(r["success"])
+        print(
+            "    per task: " + "  ".join(f"{t}:{sum(v)}/{len(v)}" for t, v in sorted(tasks.items()))
+        )
+        kinds = defaultdict(int)
+        for r in cell:
+            if not r["success"]:
+                kinds[r["kind"]] += 1
+        if kinds:
+            print(
+                "    failures: "
+                + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda x: -x[1]))
+            )
     failures = [r for r in rows if not r["success"]]
     for r in sorted(failures, key=lambda r: (r["graph"], r["family"], r["variation"], r["task"]))[
         :40
     ]:
         print(
             f"  fail {r['family']}/{r['variation']} task {r['task']} seed {r['seed']}: "
-            f"{r['exit_status']} completion {r['completion']:.2f} {r['error'] or ''}"
+            f"[{r['kind']}] {r['exit_status']} completion {r['completion']:.2f} "
+            f"{r['failed_error'] or r['error'] or ''}"
         )
     print(
         f"{len(rows)} trials in {wall:.0f} s with {args.workers} workers; "

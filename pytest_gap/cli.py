@@ -137,6 +137,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         workflow_dir=source,
         record_video=bool(args.video),
         objects=_parse_sets(args.set),  # filled over the instruction's placeholders
+        perception=args.perception,
     )
     trial = Trial(cell=cell, task_id=args.task, seed=args.seed)
     pool = EnvPool(max_envs=1)
@@ -399,6 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--wrist", action="store_true", help="add the wrist camera to the video")
     run.add_argument("--trace-dir", help="where trace/dag_trace.json goes")
     run.add_argument("--images", action="store_true", help="keep perception images in the trace")
+    run.add_argument(
+        "--perception",
+        choices=["privileged", "policy_cameras"],
+        default="privileged",
+        help="what the skills see with (skills.perception): policy_cameras is front + wrist "
+        "camera only, no goal check",
+    )
     run.add_argument(
         "--set",
         action="append",

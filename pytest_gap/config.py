@@ -46,6 +46,8 @@ DEFAULT_GATE_THRESHOLD = 0.90
 # point: the pooled success rate must reach the threshold (the spec's gate); wilson: its 95%
 # Wilson interval must lie above it (below: FAIL; straddling it: INCONCLUSIVE, exit 1).
 GateRule = Literal["point", "wilson"]
+# What skills see with: the names of skills.context.PERCEPTION_CAMERAS (a test keeps them equal).
+Perception = Literal["privileged", "policy_cameras"]
 FRAMES_EVERY_HINT = "a whole number N >= 0: every N-th frame into a WebP strip, 0 for none"
 
 
@@ -161,10 +163,14 @@ class CompositionConfig(_Strict):
 
 
 class SkillsConfig(_Strict):
-    """How skills move the arm. Only the builtin IK servo (`ik`) exists: cuRobo motion planning
-    was never wired into the skills, so asking for it is an error, not a silent fallback."""
+    """How skills move the arm and what they see. Only the builtin IK servo (`ik`) exists:
+    cuRobo motion planning was never wired into the skills, so asking for it is an error, not a
+    silent fallback. `perception`: `privileged` (default) sees through the front camera and an
+    overhead one and may ask the simulator's goal check; `policy_cameras` sees only through the
+    two cameras a policy gets (front and wrist) and never asks the goal check."""
 
     planner: Literal["ik"] = "ik"
+    perception: Perception = "privileged"
 
     @field_validator("planner", mode="before")
     @classmethod

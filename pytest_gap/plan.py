@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from pytest_gap.config import BenchmarkConfig, ConfigError, suite_variation
+from pytest_gap.config import BenchmarkConfig, ConfigError, Perception, suite_variation
 from pytest_gap.modes import BUILTIN, ModeTable
 
 
@@ -39,6 +39,8 @@ class Cell(BaseModel):
     record_video: bool = False
     frames_every: int = 0  # a sprite strip of every N-th frame per trial; 0: none
     enable_tracing: bool = True
+    # What the skills see with (config skills.perception; skills.context.PERCEPTION_CAMERAS).
+    perception: Perception = "privileged"
     task_prompts: dict[int, str] = {}
     objects: dict[str, str] = {}
     error: str | None = None
@@ -250,6 +252,7 @@ def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]
                             record_video=record_video,
                             frames_every=config.trials.frames_every or 0,
                             enable_tracing=config.trials.enable_tracing,
+                            perception=config.skills.perception,
                             error=_grid_cell_error(
                                 config, table, mode, override, policy_id, episode_modes(backend)
                             ),
@@ -381,6 +384,7 @@ def _suite_cells(config: BenchmarkConfig, source: str, table: ModeTable) -> list
                 record_video=config.trials.record_video,
                 frames_every=config.trials.frames_every or 0,
                 enable_tracing=config.trials.enable_tracing,
+                perception=config.skills.perception,
                 task_prompts=entry.task_prompts,
                 objects=entry.objects,
                 error=None if entry.workflow_dir else llm_problem(config),

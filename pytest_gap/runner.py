@@ -262,6 +262,7 @@ class TrialRun:
                 policies=self.policies,
                 task_prompt=prompts["prompt"],
                 keep_images=self.keep_images,
+                perception=cell.perception,
             )
         self.video_frames = env.finish_video()
         if run.infra_failure:

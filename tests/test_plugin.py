@@ -150,6 +150,11 @@ def test_collection_ids_keywords_and_markers(pytester):
             [],
             "skills.planner: cuRobo motion planning is not supported by this version",
         ),
+        (
+            {"skills": {"perception": "wrist"}, "benchmark": {"families": ["libero"]}},
+            [],
+            "skills.perception: Input should be 'privileged' or 'policy_cameras'",
+        ),
     ],
 )
 def test_config_errors_exit_2_with_the_message(pytester, data, args, message):

@@ -139,7 +139,7 @@ def _band_points(ctx: SkillContext, part: Part) -> np.ndarray:
     """The fixture's points seen at the drawer's height (its region site's, privileged)."""
     z = ctx.env.scene.region(part.region).pos[2]
     clouds = [np.zeros((0, 3))]
-    for camera in perception.CAMERAS:
+    for camera in ctx.cameras:
         frame = ctx.render(camera)
         clouds.append(frame.points(frame.mask(part.fixture)))
     points = np.concatenate(clouds)
@@ -434,7 +434,7 @@ def drawer_inside(ctx: SkillContext, phrase: str) -> tuple[str, Box] | None:
         raise SkillFailure(f"the {part.part} of {part.fixture} is not open: open it first")
     z = ctx.env.scene.region(part.region).pos[2]  # privileged: the site rides on the drawer
     clouds = [np.zeros((0, 3))]
-    for camera in perception.CAMERAS:
+    for camera in ctx.cameras:
         frame = ctx.render(camera)
         clouds.append(frame.points(frame.mask(part.fixture)))
     points = np.concatenate(clouds)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -12,6 +12,17 @@ from pytest_gap.sim.render import CameraFrame
 
 if TYPE_CHECKING:
     from pytest_gap.policies.endpoint import PolicyEndpoint
+
+
+# What skills see with (`skills.perception` in a benchmark YAML). "privileged" adds an overhead
+# camera (birdview) a policy never gets, and lets graphs ask the simulator's goal check;
+# "policy_cameras" sees only through the two cameras a policy gets (front and wrist) and has no
+# goal check: a graph ends on what its skills saw.
+Perception = Literal["privileged", "policy_cameras"]
+PERCEPTION_CAMERAS: dict[str, tuple[str, ...]] = {
+    "privileged": ("agentview", "birdview"),
+    "policy_cameras": ("agentview", "wrist"),
+}
 
 
 class TaskSucceeded(Exception):
@@ -37,6 +48,7 @@ class SkillContext:
     # Policy id -> metadata_digest of the handshake its server sent this run (the identity of
     # the policy that answered), filled as each client connects.
     served: dict[str, str] = field(default_factory=dict)
+    perception: Perception = "privileged"
     _clients: dict[str, Any] = field(default_factory=dict)
     _frames: dict[tuple[str, int, int, int], CameraFrame] = field(default_factory=dict)
 
@@ -67,6 +79,16 @@ class SkillContext:
     @property
     def instruction(self) -> str:
         return self.task_prompt or self.env.episode.prompt
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        """The cameras perception looks through (`perception`)."""
+        return PERCEPTION_CAMERAS[self.perception]
+
+    @property
+    def goal_check(self) -> bool:
+        """Whether a skill may ask the simulator's goal check (`check_success`)."""
+        return self.perception == "privileged"
 
     @property
     def steps(self) -> int:

@@ -759,7 +759,15 @@ def _inside(obj: Box, container: Box, height: float | None) -> bool:
 
 @skill(scene=False)
 def check_success(ctx: SkillContext) -> Success:
-    """Ask the simulator's goal check whether the task is done, and how much of it."""
+    """Ask the simulator's goal check whether the task is done, and how much of it.
+
+    Privileged: fails under `skills.perception: policy_cameras`, where a graph ends on what its
+    skills saw (route this node's on_error to its end)."""
+    if not ctx.goal_check:
+        raise SkillFailure(
+            "the simulator's goal check is privileged and skills.perception is policy_cameras: "
+            "end on what the skills saw"
+        )
     return Success(success=ctx.env.success(), completion=ctx.env.completion())
 
 

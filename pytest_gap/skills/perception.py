@@ -1,8 +1,9 @@
 """Perception from rendered images: segmentation + depth -> point cloud -> oriented box.
 
-Two cameras see each object from the front (agentview) and from above (birdview), so the
-box covers more than the camera-facing surface. Names are grounded against the scene's object
-categories ("the alphabet soup" -> alphabet_soup_1).
+Two cameras see each object (`SkillContext.cameras`): the front camera (agentview) and, by
+default, one from above (birdview; with `skills.perception: policy_cameras`, the wrist camera
+instead), so the box covers more than the camera-facing surface. Names are grounded against
+the scene's object categories ("the alphabet soup" -> alphabet_soup_1).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from pytest_gap.skills.geometry import (
 )
 from pytest_gap.skills.registry import SkillFailure
 
-CAMERAS = ("agentview", "birdview")
 MIN_PIXELS = 8
 WALL_REACH = 0.01  # a compartment's walls stand within this of its region site's footprint
 SURFACE_THICKNESS = 0.01  # a fixture's region site this thin is a surface to put things on
@@ -181,7 +181,7 @@ def scene_points(ctx: SkillContext, exclude: str | None = None) -> np.ndarray:
     """Points (N, 3) of every object the cameras see (fixtures included), but `exclude`."""
     names = {o.name for o in ctx.env.scene.objects()} - {exclude}
     clouds = [np.zeros((0, 3))]
-    for camera in CAMERAS:
+    for camera in ctx.cameras:
         frame = ctx.render(camera)
         ids = [i for i, n in frame.labels.items() if n in names]
         clouds.append(frame.points(np.isin(frame.segmentation, ids)))
@@ -227,14 +227,14 @@ def object_points(ctx: SkillContext, scene_name: str) -> tuple[np.ndarray, int]:
     """The named object's points (N, 3) from the cameras' depth and segmentation, and how
     many pixels showed it."""
     clouds, pixels = [], 0
-    for camera in CAMERAS:
+    for camera in ctx.cameras:
         frame = ctx.render(camera)
         mask = frame.mask(scene_name)
         pixels += int(mask.sum())
         if mask.sum() >= MIN_PIXELS:
             clouds.append(frame.points(mask))
     if not clouds:
-        raise SkillFailure(f"{scene_name} is not visible from {' or '.join(CAMERAS)}")
+        raise SkillFailure(f"{scene_name} is not visible from {' or '.join(ctx.cameras)}")
     points = np.concatenate(clouds)
     # Depth edges of neighbours can leak into a mask: keep the bulk of the cloud.
     center = np.median(points, axis=0)
@@ -271,7 +271,7 @@ def surroundings(ctx: SkillContext, scene_name: str) -> np.ndarray:
     """Points (N, 3) of everything the cameras see but the object and the robot: the surface
     it stands on among them."""
     clouds = [np.zeros((0, 3))]
-    for camera in CAMERAS:
+    for camera in ctx.cameras:
         frame = ctx.render(camera)
         ids = [i for i, n in frame.labels.items() if n in (scene_name, "robot")]
         clouds.append(frame.points(~np.isin(frame.segmentation, ids)))
@@ -288,7 +288,7 @@ def contents(ctx: SkillContext, container: str, box: Box, exclude: str | None = 
     """Points (N, 3) of everything seen inside a container's footprint, from above and the
     front: its walls and floor, the robot and `exclude` (what the hand holds) left out."""
     clouds = [np.zeros((0, 3))]
-    for camera in CAMERAS:
+    for camera in ctx.cameras:
         frame = ctx.render(camera)
         skip = {container, "robot", exclude}
         labels = [i for i, n in frame.labels.items() if n not in skip]

@@ -93,7 +93,8 @@ def place_point(ctx: SkillContext, obj: str, to: str) -> tuple[str, np.ndarray]:
 
     Beside the anchor's footprint seen, on the side named: its outermost point that way, plus
     the object's own extent that way, plus PUSH_CLEARANCE. A task region for the place, if
-    the scene has one, keeps the point within it (privileged backstop)."""
+    the scene has one, keeps the point within it (privileged backstop: not under
+    `skills.perception: policy_cameras`)."""
     side, phrase = parse_place(to)
     objects = [(o.name, o.category) for o in ctx.env.scene.objects()]
     try:
@@ -107,6 +108,8 @@ def place_point(ctx: SkillContext, obj: str, to: str) -> tuple[str, np.ndarray]:
     own_center = (own[:, :2].min(axis=0) + own[:, :2].max(axis=0)) / 2
     reach = _extent(seen, center, direction) + _extent(own, own_center, -direction)
     target = center + direction * (reach + PUSH_CLEARANCE)
+    if not ctx.goal_check:
+        return anchor, target
     return anchor, _region_backstop(ctx, anchor, side, target)
 
 

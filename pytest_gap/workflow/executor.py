@@ -17,7 +17,12 @@ from pydantic import BaseModel, ValidationError
 
 from pytest_gap.errors import InfraFailure
 from pytest_gap.sim.backend import Env
-from pytest_gap.skills.context import SkillContext, StepLimitReached, TaskSucceeded
+from pytest_gap.skills.context import (
+    Perception,
+    SkillContext,
+    StepLimitReached,
+    TaskSucceeded,
+)
 from pytest_gap.skills.registry import SkillFailure, get_skill, skill_names
 from pytest_gap.workflow.schema import (
     AllOf,
@@ -145,17 +150,20 @@ def run_workflow(
     keep_images: bool = False,
     policies: Mapping[str, PolicyEndpoint] | None = None,
     task_prompt: str | None = None,
+    perception: Perception = "privileged",
 ) -> RunResult:
     """Run from `workflow.start` on an env that was just reset; return what happened.
 
     `task_prompt` is the instruction the workflow was produced for, when it is not the env's
-    own (skills that read the task or prompt a policy use it)."""
+    own (skills that read the task or prompt a policy use it). `perception` is what the skills
+    see with (`skills.context.PERCEPTION_CAMERAS`)."""
     ctx = SkillContext(
         env,
         max_sim_steps=workflow.limits.max_sim_steps,
         keep_images=keep_images,
         policies=dict(policies or {}),
         task_prompt=task_prompt,
+        perception=perception,
     )
     try:
         return _run(workflow, env, ctx, trace_dir)
