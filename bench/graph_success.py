@@ -90,12 +90,15 @@ def failure_kind(row: dict, skills: dict[str, str]) -> str:
 
 
 def _last_failure(trace_path: Path) -> tuple[str | None, str | None]:
-    """The node that failed last in a run, and its message (from trace/dag_trace.json)."""
+    """The node that failed last in a run, and its message (from trace/dag_trace.json). The
+    goal check refusing under policy_cameras is not a failure of the task."""
     doc = json.loads(trace_path.read_text())
-    failed = [e for e in doc["events"] if e["kind"] == "on_error"]
+    refused = {n["id"] for n in doc["nodes"] if n.get("skill") == "check_success"}
+    failed = [e for e in doc["events"] if e["kind"] == "on_error" and e["node"] not in refused]
     errors = [
         (n["id"], run["error"])
         for n in doc["nodes"]
+        if n["id"] not in refused
         for run in n.get("executions", [])
         if run.get("error")
     ]
