@@ -4,8 +4,8 @@
                                   [--only pick_place] [--family libero_pro]
                                   [--variation spatial] [--perception policy_cameras]
 
-Targets (issue 3): pick_place on libero/object >= 0.95 and on each posvar variation >= 0.90;
-pack_all on grocery_packing completion >= 0.95. Trials of one task share one env; tasks are
+Targets (issues 3 and 16, on held-out seeds): pick_place on libero/object and on each posvar
+variation >= 0.95; pack_all on grocery_packing completion >= 0.97; the rest as PLAN says. Trials of one task share one env; tasks are
 spread over worker processes. Each cell prints its successes per task, and the failures are
 grouped by kind (`failure_kind`: from the skill that failed last, read from the trace).
 `--perception policy_cameras` runs the skills on the front and wrist cameras only, without the
@@ -27,12 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = [
     ("pick_place", "libero", "object", "success", 0.95),
-    ("pick_place", "posvar", "pos_var", "success", 0.90),
-    ("pick_place", "posvar", "permutation", "success", 0.90),
-    ("pick_place", "posvar", "basket_swap", "success", 0.90),
-    ("pick_place", "posvar", "all", "success", 0.90),
-    ("pack_all", "grocery_packing", "object", "completion", 0.95),
-    ("pack_all", "grocery_packing", "permutation", "completion", 0.95),
+    ("pick_place", "posvar", "pos_var", "success", 0.95),
+    ("pick_place", "posvar", "permutation", "success", 0.95),
+    ("pick_place", "posvar", "basket_swap", "success", 0.95),
+    ("pick_place", "posvar", "all", "success", 0.95),
+    ("pack_all", "grocery_packing", "object", "completion", 0.97),
+    ("pack_all", "grocery_packing", "permutation", "completion", 0.97),
     # Issue 16: libero_object's LIBERO-PRO variants (paraphrased instructions, swapped models).
     ("pack_all", "libero_pro", "object_lan", "success", 0.90),
     ("pack_all", "libero_pro", "object_object", "success", 0.90),
