@@ -272,7 +272,7 @@ def _open_drawer(ctx: SkillContext, part: Part) -> Articulated:
     # Let go while backing off: the way out is the way the drawer opens, so the fingers
     # still on the bar as they open pull it no further than it goes.
     pos = ctx.env.scene.gripper().eef_pos
-    _servo_pose(ctx, pos + out * 0.08, rot, OPEN, max_steps=40, tolerance=0.02, limit=1.0)
+    _servo_pose(ctx, pos + out * 0.08, rot, OPEN, max_steps=40, tolerance=0.02, limit=0.5)
     return _measure(ctx, part, front, closed, opening=True)
 
 
