@@ -24,7 +24,6 @@ from pytest_gap.skills.registry import SkillFailure, skill
 
 HOME_XY = (-0.15, 0.0)  # above the near half of the table, the arm's comfortable middle
 OPEN, CLOSE = -1.0, 1.0
-OPEN_SLACK = 0.005  # fingers this near their widest are open: no steps spent opening them
 HOLD_WIDTH = 0.004  # fingers stopped this far apart: something is between them
 BOX_BIAS = 0.005  # boxes from depth run wide by the points on silhouette edges
 # The hand's body starts about 4.5 cm above the grip site: the grip site may go this far
@@ -274,8 +273,7 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
                 f"the grasp of {scene_name} at {np.round(grasp.position, 3).tolist()} is out of "
                 "the arm's reach, the hand turned either way"
             )
-        if _width(ctx) < ctx.env.scene.gripper().max_width - OPEN_SLACK:
-            _gripper(ctx, OPEN, min_steps=4)
+        _gripper(ctx, OPEN, min_steps=4)
         # Over what stands on the way there, not over the tallest thing in the scene.
         eef = ctx.env.scene.gripper().eef_pos
         tallest = perception.tallest_along(ctx, eef[:2], above[:2], exclude=scene_name)
