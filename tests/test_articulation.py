@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
-from pytest_gap.skills import articulation, library
+from pytest_gap.skills import articulation, library, perception, steps
 from pytest_gap.skills.context import SkillContext, TaskSucceeded
 from pytest_gap.skills.registry import SkillFailure
 
@@ -55,6 +55,38 @@ def test_open_leaves_most_of_the_episode_for_the_steps_after_it(envs):
     assert env.steps <= 130, env.steps
     approach = next(e for e in ctx.events if e["message"] == "drawer approach")
     assert approach["cruise"] < ctx.memory["safe_z"] - 0.1  # below the scene's travel height
+
+
+def test_open_first_pushes_what_a_later_step_picks_out_from_under_the_drawer(envs):
+    """libero_goal task 3 ("open the top drawer and put the bowl inside"): the opened top
+    drawer hangs over the bowl's far half and no hand reaches it from above. next_step names
+    the bowl as picked later; open_fixture pushes it out from under first, and pick then
+    holds it with the drawer open."""
+    env = envs("libero_goal", 3)
+    env.reset(0)
+    ctx = SkillContext(env)
+    step = steps.next_step(ctx)
+    assert (step.action, step.later_picks) == ("open", ["bowl"])
+    part = articulation.resolve_part(ctx, step.object)
+    opened = articulation.open_fixture(ctx, step.object, keep_clear=step.later_picks)
+    assert opened.open
+    assert any(e["message"] == "pushing out from under the drawer" for e in ctx.events)
+    _, across, _, (v_lo, v_hi) = articulation.sweep(ctx, part)
+    box, _ = perception.locate_box(ctx, "akita_black_bowl_1")
+    v = box.center[0] * across[0] + box.center[1] * across[1]
+    assert v > v_hi + 0.03 or v < v_lo - 0.03, (v, v_lo, v_hi)  # beside the drawer now
+    assert env.steps <= 200, env.steps  # room left for the pick and the place
+    assert library.pick(ctx, "the bowl").holding
+
+
+def test_a_thing_clear_of_the_drawer_is_not_pushed(envs):
+    """libero_goal task 0: nothing picked later stands under the middle drawer: no step."""
+    env = envs("libero_goal", 0)
+    env.reset(0)
+    ctx = SkillContext(env)
+    part = articulation.resolve_part(ctx, "the middle drawer of the cabinet")
+    assert not articulation.clear_sweep(ctx, part, "the wine bottle")
+    assert env.steps == 0
 
 
 def test_close_pushes_an_open_drawer_shut(envs):

@@ -49,3 +49,14 @@ def test_finger_slide_moves_the_grip_along_the_box_away_from_what_stands_beside_
     low = wall.copy()
     low[:, 2] = 0.43  # below the fingertips: not in the way
     assert skills.finger_slide(low, grip, 0.0, 0.025) == 0.0
+
+
+def test_a_rim_grasp_whose_hand_meets_an_overhang_is_not_clear():
+    """The hand's body over a grip at the origin, fingers closing along x: a shelf 6 cm over
+    the grip and 8 cm along the closing axis is in its way; beside it (across) or below the
+    hand's body it is not."""
+    grip, closing = np.zeros(2), np.array([1.0, 0.0])
+    shelf = np.array([[0.08, dy, 0.06] for dy in np.linspace(-0.01, 0.01, 5)])
+    assert not skills._hand_clear(shelf, grip, closing, 0.0)
+    assert skills._hand_clear(shelf + np.array([0.0, 0.08, 0.0]), grip, closing, 0.0)
+    assert skills._hand_clear(shelf - np.array([0.0, 0.0, 0.03]), grip, closing, 0.0)

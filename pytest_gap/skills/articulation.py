@@ -46,6 +46,19 @@ LEVEL_HAND_REACH, LEVEL_CLEARANCE = 0.1, 0.02
 # it stands along its arc; it is stuck when it turned less than DOOR_PROGRESS in
 # `motion.STALL_STEPS` steps.
 DOOR_SWEEP_STEPS, DOOR_LEAD, DOOR_PROGRESS = 200, 0.3, 0.005
+# Where an open drawer hangs: from its closed front SWEEP_BEHIND in (the cabinet's face) to
+# SWEEP_REACH out (LIBERO's wooden cabinet: its handle stands 0.158 m further out when
+# opened, measured on libero_goal task 3). A thing to be picked is pushed until its centre
+# is SWEEP_CLEAR outside it: a hand going down to it, 0.034 m to either side of its closing
+# axis (robosuite's Panda), misses the drawer. SPOT_ROOM: what stands this near where it goes
+# would be met.
+SWEEP_BEHIND, SWEEP_REACH, SWEEP_CLEAR, SPOT_ROOM = 0.05, 0.17, 0.045, 0.01
+# A push ends within a couple of centimetres of its aim, short of it more often (a round
+# bowl pushed off its centre line slides aside): aimed this much further out, the first
+# push is enough (libero_goal task 3 seed 4: aimed 1 cm further, it took a second round).
+PUSH_SPARE = 0.02
+APPROACH_LEAD = 0.02  # `_approach` aims this far past where it goes
+PULL_PAST = 0.004
 
 
 class Articulated(BaseModel):
@@ -249,16 +262,41 @@ def _open_drawer(ctx: SkillContext, part: Part) -> Articulated:
     _servo_pose(ctx, [*standoff[:2], cruise], rot, OPEN, max_steps=150, tolerance=0.015)
     _servo_pose(ctx, standoff, rot, OPEN, max_steps=150, tolerance=0.01)
     grip = handle - out * HANDLE_REACH
-    _servo_pose(ctx, grip, rot, OPEN, max_steps=80, tolerance=0.005, limit=0.4)
+    _approach(ctx, grip, rot, OPEN, tolerance=0.005)
     for _ in range(12):
         _servo_pose(ctx, grip, rot, CLOSE, max_steps=1, tolerance=0.0)
-    pulled = grip + out * (DRAWER_OPEN_TRAVEL + 0.015)
-    _servo_pose(ctx, pulled, rot, CLOSE, max_steps=120, tolerance=0.005, limit=1.0)
+    # To PULL_PAST beyond its travel, short of where it stops (0.158 m out, libero_goal task
+    # 3): aimed past the stop, the pull waited out a stall against it (15 steps) every time.
+    pulled = grip + out * (DRAWER_OPEN_TRAVEL + PULL_PAST)
+    _approach(ctx, pulled, rot, CLOSE, tolerance=0.006, max_steps=120)
     # Let go while backing off: the way out is the way the drawer opens, so the fingers
     # still on the bar as they open pull it no further than it goes.
     pos = ctx.env.scene.gripper().eef_pos
     _servo_pose(ctx, pos + out * 0.08, rot, OPEN, max_steps=40, tolerance=0.02, limit=0.5)
     return _measure(ctx, part, front, closed, opening=True)
+
+
+def _approach(ctx, position, rot, gripper, *, tolerance: float, max_steps: int = 60) -> float:
+    """`_servo_pose` to `position`, aimed APPROACH_LEAD past it on the line there: the
+    controller moves the hand in proportion to how far ahead it is aimed, and aimed at the
+    point itself the last few centimetres crawl (2-4 mm a step: 20 steps for the 6 cm to a
+    drawer's handle, libero_goal task 3 seed 0). Stops within `tolerance` of it, or stalled."""
+    target = np.asarray(position, float)
+    error, best, best_at = np.inf, np.inf, 0
+    for i in range(max_steps):
+        pos, _ = motion.hand_pose(ctx)
+        gap = target - pos
+        error = float(np.linalg.norm(gap))
+        if error < tolerance:
+            break
+        if error < best - 0.002:
+            best, best_at = error, i
+        elif i - best_at > motion.STALL_STEPS:
+            ctx.note("approach stalled", target=target.round(3).tolist(), error=round(error, 4))
+            break
+        aim = target + gap / error * APPROACH_LEAD
+        _servo_pose(ctx, aim, rot, gripper, max_steps=1, tolerance=0.0)
+    return error
 
 
 def _level_cruise(ctx: SkillContext, fixture: str, standoff: np.ndarray) -> float:
@@ -317,9 +355,13 @@ def _measure(ctx, part, front, closed, *, opening: bool) -> Articulated:
 
 # -- skills ---------------------------------------------------------------------------------------
 @skill
-def open_fixture(ctx: SkillContext, name: str) -> Articulated:
+def open_fixture(ctx: SkillContext, name: str, keep_clear: list[str] | None = None) -> Articulated:
     """Open a drawer ("the middle drawer of the cabinet"): grip its handle and pull it out
     along its slide axis; `moved` is how far its front moved as the cameras see it.
+
+    `keep_clear`: things to be picked later ("the bowl"). One standing where the open drawer
+    will hang over it is first pushed out from under (`clear_sweep`): no grasp from above
+    reaches it there.
 
     Fails naming the candidates when `name` fits no drawer, and with how far the front moved
     when it did not open (`drawer front moved 0.01 m of 0.14 m`). Privileged: the joint's axis
@@ -327,7 +369,79 @@ def open_fixture(ctx: SkillContext, name: str) -> Articulated:
     part = resolve_part(ctx, name)
     if part.part == "door":
         raise SkillFailure(f"opening the door of {part.fixture} is not supported yet")
+    for thing in keep_clear or []:
+        clear_sweep(ctx, part, thing)
     return _open_drawer(ctx, part)
+
+
+def sweep(ctx: SkillContext, part: Part) -> tuple[np.ndarray, np.ndarray, tuple, tuple]:
+    """Where a closed drawer will hang once open, from the cameras: its slide direction
+    `out`, the direction across it, and the (min, max) it spans along `out` (from its front
+    now to SWEEP_REACH past it) and across (the fixture's width seen at the drawer's
+    height)."""
+    out = _slide_out(ctx, part)
+    across = np.array([-out[1], out[0]])
+    front, _ = drawer_front(ctx, part)
+    v = _band_points(ctx, part)[:, :2] @ across
+    return out[:2], across, (front - SWEEP_BEHIND, front + SWEEP_REACH), (v.min(), v.max())
+
+
+def clear_sweep(ctx: SkillContext, part: Part, thing: str) -> bool:
+    """Push `thing` out from under where the drawer will hang once open (`sweep`), when it
+    stands there lower than the drawer: to the nearest free spot SWEEP_CLEAR outside it,
+    along the slide or across it either way (`push.push_to`). Return whether it was pushed;
+    a thing not seen, not under the sweep, or with no free spot found is left (noted)."""
+    from pytest_gap.skills import push  # push -> library -> articulation: import when used
+
+    try:
+        name = perception.ground_name(ctx, thing)
+        points, _ = perception.object_points(ctx, name)
+    except SkillFailure as exc:
+        ctx.note("sweep not checked", thing=thing, reason=str(exc))
+        return False
+    out, across, (u_lo, u_hi), (v_lo, v_hi) = sweep(ctx, part)
+    drawer_z = ctx.env.scene.region(part.region).pos[2]  # privileged: the site rides on it
+    low = points[points[:, 2] < drawer_z]
+    u, v = low[:, :2] @ out, low[:, :2] @ across
+    under = (u > u_lo) & (u < u_hi) & (v > v_lo) & (v < v_hi)
+    if not under.any():
+        return False
+    others = perception.scene_points(ctx, exclude=name)
+    others = others[others[:, 2] > float(points[:, 2].min()) + 0.01]
+    center = (points[:, :2].min(axis=0) + points[:, :2].max(axis=0)) / 2
+    radius = float(np.percentile(np.linalg.norm(low[:, :2] - center, axis=1), 98)) + SPOT_ROOM
+
+    # Its centre SWEEP_CLEAR outside: a hand whose long side lies along that edge comes down
+    # clear (`library._rim_grasps` looks for such a grasp).
+    def clear(at, margin: float) -> bool:
+        u, v = float(at @ out), float(at @ across)
+        return u > u_hi + margin or v > v_hi + margin or v < v_lo - margin
+
+    if clear(center, SWEEP_CLEAR):
+        return False
+    grid = np.arange(-0.25, 0.26, 0.01)
+    spots = [center + a * out + b * across for a in grid if a >= 0 for b in grid]
+    spots = [at for at in spots if clear(at, SWEEP_CLEAR + PUSH_SPARE)]
+    for target in sorted(spots, key=lambda t: float(np.linalg.norm(t - center))):
+        # Nothing seen where it goes nor on its way there: what it met would be pushed along,
+        # or stop it.
+        # Behind it (what it leans on now) is left out.
+        way = target - center
+        ahead = (others[:, :2] - center) @ way / float(way @ way)
+        t = np.clip(ahead, 0.0, 1.0)
+        gap = np.linalg.norm(others[:, :2] - (center + t[:, None] * way), axis=1)
+        if np.any((gap < radius) & (ahead > 0.0)):
+            continue
+        ctx.note(
+            "pushing out from under the drawer",
+            thing=name,
+            drawer=part.part,
+            to=np.round(target, 3).tolist(),
+        )
+        push.push_to(ctx, name, target, there=lambda at: clear(at, SWEEP_CLEAR))
+        return True
+    ctx.note("no free spot out from under the drawer", thing=name, drawer=part.part)
+    return False
 
 
 @skill

@@ -38,6 +38,10 @@ FINGER_REACH = 0.045  # the open fingers' outer faces, from the grip site along 
 # is between them), their half width across it and how far in from the object's end they
 # may grip it.
 FINGER_INNER, FINGER_SIDE, FINGER_ON_END = 0.03, 0.02, 0.015
+# The hand's body over a top-down grip: from HAND_BODY_ABOVE over the grip site up, half
+# HAND_HALF_LENGTH along the closing axis and HAND_HALF_WIDTH across (robosuite's Panda
+# collision mesh reaches 0.034 either side, 0.1 along; a few mm slack).
+HAND_BODY_ABOVE, HAND_HALF_LENGTH, HAND_HALF_WIDTH = 0.04, 0.105, 0.04
 # Lowering that stops this far above the release height is blocked, not done: plan again,
 # keeping these clearances in turn.
 BLOCKED, UNBLOCK_MARGINS = 0.02, (0.01, 0.02)
@@ -392,16 +396,18 @@ def _rim_grasps(ctx: SkillContext, scene_name: str, box: Box) -> list[Grasp]:
         outer = center + (radius + FINGER_REACH) * radial
         low = around[around[:, 2] > z - 0.03]
         room = float(np.min(np.linalg.norm(low[:, :2] - outer, axis=1))) if len(low) else 1.0
-        options.append((round(min(room, 0.05), 2), -radial[0], [*grip, z], angle))
-    rims = [o[2][2] for o in options]
+        clear = _hand_clear(around, grip, radial, z)
+        options.append((clear, round(min(room, 0.05), 2), -radial[0], [*grip, z], angle))
+    rims = [o[3][2] for o in options]
     # With the room alike: on a tilted rim (leaning on something) its high side, where the
     # wall stands nearly upright between the fingers (the low side leans out and slips: task
     # 5's bowl on the ramekin, seeds 0-4, 1/5 first grasps held on the near side, 4/5 on the
     # high side); on a level one the near side (towards the robot, -x), the arm's easiest reach.
+    # First those whose hand comes down clear of what hangs over the object (an open drawer).
     tilted = max(rims) - min(rims) > TILT
-    options.sort(key=lambda o: (o[0], o[2][2] if tilted else o[1]), reverse=True)
+    options.sort(key=lambda o: (o[0], o[1], o[3][2] if tilted else o[2]), reverse=True)
     grasps = []
-    for room, _, grip, angle in options:
+    for _, room, _, grip, angle in options:
         # The fingers close along hand y, world -y at yaw 0: turn it onto the radius.
         yaw = wrap_half_turn(angle + np.pi / 2)
         position = [float(v) for v in grip]
@@ -412,6 +418,18 @@ def _rim_grasps(ctx: SkillContext, scene_name: str, box: Box) -> list[Grasp]:
         if len(grasps) == 2:
             break
     return grasps
+
+
+def _hand_clear(around: np.ndarray, grip, closing, z: float) -> bool:
+    """Whether the hand's body, coming down to a grip at `grip` (x, y) and height `z` with
+    its fingers closing along `closing`, meets nothing seen: no point above HAND_BODY_ABOVE
+    over the grip within HAND_HALF_LENGTH of it along the closing axis and HAND_HALF_WIDTH
+    across (libero_goal task 3: the top drawer opened over the bowl's far half stopped the
+    hand 4 cm over the rim, every seed)."""
+    rel = around[around[:, 2] > z + HAND_BODY_ABOVE, :2] - np.asarray(grip)[:2]
+    along = np.abs(rel @ np.asarray(closing))
+    across = np.abs(rel @ np.array([-closing[1], closing[0]]))
+    return int(np.count_nonzero((along < HAND_HALF_LENGTH) & (across < HAND_HALF_WIDTH))) <= 2
 
 
 @skill

@@ -33,6 +33,9 @@ class NextStep(BaseModel):
     index: int
     total: int
     done: bool
+    # What later steps pick: an open drawer must not hang over it (`open_fixture`'s
+    # keep_clear).
+    later_picks: list[str] = []
 
 
 class StepDone(BaseModel):
@@ -111,9 +114,10 @@ def _settled(ctx: SkillContext, step: Step) -> str | None:
 def next_step(ctx: SkillContext, max_attempts: int = 2) -> NextStep:
     """The instruction's next step not yet done (`instruction_steps.parse_steps`): its action
     (pick_place, open, close, turn_on, turn_off, push), object, target and relation; `done`
-    when every step is. A step handed out `max_attempts` times without `step_done` is given up
-    (noted) and the next one handed out, as is a pick-and-place whose object is already in its
-    container or seen by no camera: the goal check after the last step has the final word.
+    when every step is; `later_picks`, what the steps after it pick. A step handed out
+    `max_attempts` times without `step_done` is given up (noted) and the next one handed out,
+    as is a pick-and-place whose object is already in its container or seen by no camera: the
+    goal check after the last step has the final word.
     Fails when the instruction cannot be read."""
     steps = _plan(ctx)
     tries = ctx.memory.setdefault("step_attempts", {})
@@ -132,7 +136,9 @@ def next_step(ctx: SkillContext, max_attempts: int = 2) -> NextStep:
             total=len(steps), done=True,
         )  # fmt: skip
     tries[index] = tries.get(index, 0) + 1
+    later = [s.object for s in steps[index + 1 :] if s.action == "pick_place"]
     return NextStep(
+        later_picks=list(dict.fromkeys(later)),
         action=step.action,
         object=step.object,
         target=step.target,
