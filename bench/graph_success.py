@@ -5,11 +5,11 @@
                                   [--variation spatial] [--perception policy_cameras]
 
 Targets (issues 3 and 16, on held-out seeds): pick_place on libero/object and on each posvar
-variation >= 0.95; pack_all on grocery_packing completion >= 0.97; the rest as PLAN says. Trials of one task share one env; tasks are
-spread over worker processes. Each cell prints its successes per task, and the failures are
-grouped by kind (`failure_kind`: from the skill that failed last, read from the trace).
-`--perception policy_cameras` runs the skills on the front and wrist cameras only, without the
-goal check (`skills.perception`).
+variation >= 0.95; pack_all on grocery_packing completion >= 0.97; the rest as PLAN says.
+Trials of one task share one env; tasks are spread over worker processes. Each cell prints
+its successes per task, and the failures are grouped by kind (`failure_kind`: from the skill
+that failed last, read from the trace). `--perception policy_cameras` runs the skills on the
+front and wrist cameras only, without the goal check (`skills.perception`).
 """
 
 from __future__ import annotations
