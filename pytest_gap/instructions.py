@@ -201,8 +201,12 @@ _RELATION = re.compile(
     r"inside(?:\s+of)?|in)\s+(?P<anchor>.+)$"
 )
 _DRAWER = re.compile(
-    r"^(?:the\s+)?(?P<level>top|upper|middle|bottom|lower)\s+drawer\s+(?:of|in)\s+(?P<anchor>.+)$"
+    r"^(?:the\s+)?(?:(?P<level>top|upper|middle|bottom|lower)\s+)?drawer"
+    r"(?:\s+(?:of|in)\s+(?P<anchor>.+))?$"
 )
+# "From the top drawer" names no piece of furniture: the one thing here whose name says it has
+# drawers is meant (LIBERO-PRO spatial_lan task 4: "take the black bowl from the top drawer").
+_HAS_DRAWERS = ("cabinet", "dresser", "drawer", "chest")
 # "the left plate", "the rightmost bowl", "the front mug": a side as the front camera
 # (agentview) sees the table, as LIBERO's instructions are written.
 _SIDE = re.compile(r"^(?P<side>left|right|front|back|near|far)(?:most)?\s+(?P<noun>.+)$")
@@ -290,8 +294,8 @@ def parse_reference(phrase: str) -> Reference:
         return Reference(
             noun=noun,
             relation="in",
-            anchors=[_phrase(drawer["anchor"])],
-            level=_LEVELS[drawer["level"]],
+            anchors=[_phrase(drawer["anchor"])] if drawer["anchor"] else [],
+            level=_LEVELS[drawer["level"]] if drawer["level"] else None,
         )
     relation = "in" if rel.startswith(("in", "inside")) else "on"
     return Reference(noun=noun, relation=relation, anchors=[_phrase(anchor)])
@@ -357,7 +361,7 @@ def resolve_reference(
     if ref.relation is None:
         return resolve_phrase(ref.noun, objects)
     by_name = {t.name: t for t in things}
-    anchors = [by_name[resolve_phrase(a, objects)] for a in ref.anchors]
+    anchors = [by_name[a] for a in anchor_names(ref, objects, phrase)]
     cands = [by_name[n] for n in names if n not in {a.name for a in anchors}]
     listed = ", ".join(c.name for c in cands) or "none"
     if ref.relation == "side":
@@ -397,6 +401,30 @@ def resolve_reference(
             f"({', '.join(c.name for c in fits) or 'none'}); candidates: {listed}"
         )
     return fits[0].name
+
+
+def anchor_names(ref: Reference, objects: Sequence[tuple[str, str]], phrase: str = "") -> list[str]:
+    """The scene names of a reference's anchors; for a drawer named without its furniture
+    ("from the top drawer"), the one thing with drawers (`_drawer_owner`)."""
+    if ref.relation == "in" and not ref.anchors:
+        return [_drawer_owner(phrase, objects)]
+    return [resolve_phrase(a, objects) for a in ref.anchors]
+
+
+def _drawer_owner(phrase: str, objects: Sequence[tuple[str, str]]) -> str:
+    """The one object whose name or category says it has drawers (`_HAS_DRAWERS`), for a
+    drawer named without its furniture."""
+    owners = [
+        name
+        for name, category in objects
+        if any(word in f"{name} {category}".lower() for word in _HAS_DRAWERS)
+    ]
+    if len(owners) != 1:
+        raise PhraseError(
+            f"{phrase!r}: a drawer of which? things with drawers here: "
+            f"{', '.join(owners) or 'none'}; name it ('the top drawer of the cabinet')"
+        )
+    return owners[0]
 
 
 def _level(thing: Thing, anchor: Thing) -> str:
