@@ -77,7 +77,7 @@ def test_a_bowl_wider_than_the_fingers_is_picked_by_its_rim_and_placed_on_the_pl
 def test_a_bowl_tipped_on_the_ramekin_is_no_mug_and_is_picked_by_its_rim(envs):
     """Task 5's bowl falls from leaning 12 to 50 degrees on the ramekin in its first steps:
     its top band is an arc, not a ring with a handle, and once tipped it no longer looks open
-    at the top; seen open as it stood, it is gripped by its rim, not refused as too wide."""
+    at the top; a bowl by name, it is gripped by its rim, not refused as too wide."""
     from pytest_gap.skills import interior, motion
 
     env = envs(5)
@@ -89,10 +89,9 @@ def test_a_bowl_tipped_on_the_ramekin_is_no_mug_and_is_picked_by_its_rim(envs):
     assert interior.handle_grasps(ctx, "akita_black_bowl_1") is None
     env.reset(3)  # seed 3: tipped, its narrower side 8.8 cm, wider than the fingers open
     ctx = SkillContext(env)
-    skills._fits_the_fingers(ctx, "akita_black_bowl_1")  # upright still: open at the top
     motion.hold_until_still(ctx, skills.OPEN)
     assert skills._fits_the_fingers(ctx, "akita_black_bowl_1")[1]  # by the rim
-    assert any(e["message"] == "seen open before: gripped by the rim" for e in ctx.events)
+    assert any(e["message"] == "a bowl tipped over: gripped by the rim" for e in ctx.events)
 
 
 @pytest.mark.parametrize("task", [2, 7])
