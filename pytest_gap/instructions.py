@@ -196,7 +196,8 @@ _CENTER = re.compile(
     r"(?:the\s+)?table))$"
 )
 _RELATION = re.compile(
-    r"^(?P<noun>.+?)\s+(?:that\s+is\s+|which\s+is\s+|sitting\s+|standing\s+|lying\s+)?"
+    r"^(?P<noun>.+?)\s+(?:that\s+is\s+|which\s+is\s+|that's\s+)?(?P<not>not\s+|isn't\s+)?"
+    r"(?:sitting\s+|standing\s+|lying\s+)?"
     r"(?P<rel>between|next\s+to|beside|near|by|close\s+to|on\s+top\s+of|on|atop|from|"
     r"inside(?:\s+of)?|in)\s+(?P<anchor>.+)$"
 )
@@ -239,6 +240,7 @@ class Reference(BaseModel):
     anchors: list[str] = []
     side: Literal["left", "right", "front", "back"] | None = None  # "the left plate"
     level: Literal["top", "middle", "bottom"] | None = None  # "in the top drawer of A"
+    negated: bool = False  # "the bowl not between A and B": the one the rest does not name
 
 
 class Thing(BaseModel):
@@ -281,7 +283,11 @@ def parse_reference(phrase: str) -> Reference:
         if side:
             return Reference(noun=_phrase(side["noun"]), relation="side", side=_SIDES[side["side"]])
         return Reference(noun=_phrase(text))
-    noun, rel, anchor = _phrase(match["noun"]), match["rel"], match["anchor"]
+    reference = _related(phrase, _phrase(match["noun"]), match["rel"], match["anchor"])
+    return reference.model_copy(update={"negated": bool(match["not"])})
+
+
+def _related(phrase: str, noun: str, rel: str, anchor: str) -> Reference:
     if rel == "between":
         parts = re.split(r"\s+and\s+", anchor, maxsplit=1)
         if len(parts) != 2:
@@ -355,8 +361,33 @@ def resolve_reference(
     top, middle or bottom third of A's height by where its bottom is); table center: the nearest to
     `table_center` (x, y). Names are never read for order (`bowl_1` is not "the first bowl").
     Raises PhraseError naming the candidates when none fits or two fit equally well."""
-    objects = [(t.name, t.category) for t in things]
     ref = parse_reference(phrase)
+    if not ref.negated:
+        return _resolve(phrase, ref, things, table_center)
+    # "Not between A and B": of the candidates, the one that is not the one it would be
+    # (LIBERO-PRO spatial_task: "the akita black bowl not between the plate and the ramekin").
+    objects = [(t.name, t.category) for t in things]
+    anchors = set(anchor_names(ref, objects, phrase))
+    names = [n for n in phrase_candidates(ref.noun, objects) if n not in anchors]
+    try:
+        excluded = {
+            _resolve(phrase, ref.model_copy(update={"negated": False}), things, table_center)
+        }
+    except PhraseError:  # none is so: every candidate is not
+        excluded = set()
+    rest = [n for n in names if n not in excluded]
+    if len(rest) != 1:
+        raise PhraseError(
+            f"{phrase!r}: {len(rest)} {ref.noun}(s) fit once "
+            f"{', '.join(sorted(excluded)) or 'none'} is left out ({', '.join(rest) or 'none'})"
+        )
+    return rest[0]
+
+
+def _resolve(
+    phrase: str, ref: Reference, things: Sequence[Thing], table_center: Sequence[float]
+) -> str:
+    objects = [(t.name, t.category) for t in things]
     names = phrase_candidates(ref.noun, objects)
     if ref.relation is None:
         return resolve_phrase(ref.noun, objects)

@@ -199,3 +199,19 @@ def test_a_drawer_named_alone_is_the_one_of_the_thing_with_drawers():
     second = CABINET.model_copy(update={"name": "white_cabinet_1", "category": "white_cabinet"})
     with pytest.raises(PhraseError, match=r"wooden_cabinet_1, white_cabinet_1"):
         resolve_reference("black bowl from the top drawer", [*things, second])
+
+
+def test_not_between_names_the_other_one():
+    # LIBERO-PRO spatial_task: "the akita black bowl not between the plate and the ramekin"
+    things = [
+        *BOWLS,
+        _thing("plate_1", "plate", (-0.1, 0.0, 0.905), (0.07, 0.07, 0.005)),
+        _thing("ramekin_1", "glazed_rim_porcelain_ramekin", (0.1, 0.0, 0.91)),
+    ]
+    phrase = "the black bowl not between the plate and the ramekin"
+    assert parse_reference(phrase).negated
+    assert resolve_reference("the black bowl between the plate and the ramekin", things) == "bowl_a"
+    assert resolve_reference(phrase, things) == "bowl_b"
+    third = _thing("bowl_c", "akita_black_bowl", (-0.3, 0.2, 0.93))
+    with pytest.raises(PhraseError, match=r"2 black bowl\(s\) fit once bowl_a is left out"):
+        resolve_reference(phrase, [*things, third])
