@@ -101,3 +101,19 @@ def test_the_reference_graph_puts_the_named_bowl_on_the_plate(envs, task):
     graph = load_workflow("examples/workflows/pick_place_on", task_placeholders(obs.prompt))
     result = run_workflow(graph, env)
     assert result.success, result.error
+
+
+def test_the_approach_height_comes_down_to_where_the_arm_reaches(envs):
+    """Task 4 seed 4: 10 cm over the bowl in the top drawer (z 1.22 at x 0.14) is out of the
+    arm's reach; the approach goes as high as it reaches there instead."""
+    from pytest_gap.skills import motion
+
+    env = envs(4)
+    env.reset(4)
+    ctx = SkillContext(env)
+    xy, yaw = (0.14, -0.131), 1.5708
+    assert motion.solve_ik(ctx, [*xy, 1.22], yaw) > motion.IK_TOLERANCE
+    z = motion.reachable_height(ctx, xy, yaw, 1.22, 1.1)
+    assert 1.1 <= z < 1.22
+    assert motion.solve_ik(ctx, [*xy, z], yaw) <= motion.IK_TOLERANCE
+    assert motion.reachable_height(ctx, xy, yaw, 1.22, 1.2) == 1.22  # none: as asked

@@ -271,6 +271,8 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
                 f"the grasp of {scene_name} at {np.round(grasp.position, 3).tolist()} is out of "
                 "the arm's reach, the hand turned either way"
             )
+        # Clear of the object's top, and lower where the arm does not reach that high there.
+        above[2] = motion.reachable_height(ctx, above[:2], yaw, above[2], box.top + 0.02)
         _gripper(ctx, OPEN, min_steps=4)
         # Over what stands on the way there, not over the tallest thing in the scene.
         eef = ctx.env.scene.gripper().eef_pos
@@ -288,7 +290,9 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
             motion.servo(ctx, above, yaw, OPEN, max_steps=40)
             continue
         # High enough to see it rose and to carry it on (`place` climbs as the way needs).
-        lift_to = [*grasp.position[:2], min(motion.travel_height(ctx), box.top + LIFT_ABOVE)]
+        lift_z = min(motion.travel_height(ctx), box.top + LIFT_ABOVE)
+        lift_z = motion.reachable_height(ctx, grasp.position[:2], yaw, lift_z, box.top + 0.07)
+        lift_to = [*grasp.position[:2], lift_z]
         motion.servo(ctx, lift_to, yaw, CLOSE, tolerance=0.02)
         after, _ = perception.locate_box(ctx, scene_name)
         rose = after.bottom - box.bottom
