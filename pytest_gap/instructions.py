@@ -196,13 +196,18 @@ _CENTER = re.compile(
     r"(?:the\s+)?table))$"
 )
 _RELATION = re.compile(
-    r"^(?P<noun>.+?)\s+(?:that\s+is\s+|which\s+is\s+|sitting\s+|standing\s+|lying\s+)?"
+    r"^(?P<noun>.+?)\s+(?:that\s+is\s+|which\s+is\s+|that's\s+)?(?P<not>not\s+|isn't\s+)?"
+    r"(?:sitting\s+|standing\s+|lying\s+)?"
     r"(?P<rel>between|next\s+to|beside|near|by|close\s+to|on\s+top\s+of|on|atop|from|"
     r"inside(?:\s+of)?|in)\s+(?P<anchor>.+)$"
 )
 _DRAWER = re.compile(
-    r"^(?:the\s+)?(?P<level>top|upper|middle|bottom|lower)\s+drawer\s+(?:of|in)\s+(?P<anchor>.+)$"
+    r"^(?:the\s+)?(?:(?P<level>top|upper|middle|bottom|lower)\s+)?drawer"
+    r"(?:\s+(?:of|in)\s+(?P<anchor>.+))?$"
 )
+# "From the top drawer" names no piece of furniture: the one thing here whose name says it has
+# drawers is meant (LIBERO-PRO spatial_lan task 4: "take the black bowl from the top drawer").
+_HAS_DRAWERS = ("cabinet", "dresser", "drawer", "chest")
 # "the left plate", "the rightmost bowl", "the front mug": a side as the front camera
 # (agentview) sees the table, as LIBERO's instructions are written.
 _SIDE = re.compile(r"^(?P<side>left|right|front|back|near|far)(?:most)?\s+(?P<noun>.+)$")
@@ -235,6 +240,7 @@ class Reference(BaseModel):
     anchors: list[str] = []
     side: Literal["left", "right", "front", "back"] | None = None  # "the left plate"
     level: Literal["top", "middle", "bottom"] | None = None  # "in the top drawer of A"
+    negated: bool = False  # "the bowl not between A and B": the one the rest does not name
 
 
 class Thing(BaseModel):
@@ -277,7 +283,11 @@ def parse_reference(phrase: str) -> Reference:
         if side:
             return Reference(noun=_phrase(side["noun"]), relation="side", side=_SIDES[side["side"]])
         return Reference(noun=_phrase(text))
-    noun, rel, anchor = _phrase(match["noun"]), match["rel"], match["anchor"]
+    reference = _related(phrase, _phrase(match["noun"]), match["rel"], match["anchor"])
+    return reference.model_copy(update={"negated": bool(match["not"])})
+
+
+def _related(phrase: str, noun: str, rel: str, anchor: str) -> Reference:
     if rel == "between":
         parts = re.split(r"\s+and\s+", anchor, maxsplit=1)
         if len(parts) != 2:
@@ -290,8 +300,8 @@ def parse_reference(phrase: str) -> Reference:
         return Reference(
             noun=noun,
             relation="in",
-            anchors=[_phrase(drawer["anchor"])],
-            level=_LEVELS[drawer["level"]],
+            anchors=[_phrase(drawer["anchor"])] if drawer["anchor"] else [],
+            level=_LEVELS[drawer["level"]] if drawer["level"] else None,
         )
     relation = "in" if rel.startswith(("in", "inside")) else "on"
     return Reference(noun=noun, relation=relation, anchors=[_phrase(anchor)])
@@ -351,13 +361,38 @@ def resolve_reference(
     top, middle or bottom third of A's height by where its bottom is); table center: the nearest to
     `table_center` (x, y). Names are never read for order (`bowl_1` is not "the first bowl").
     Raises PhraseError naming the candidates when none fits or two fit equally well."""
-    objects = [(t.name, t.category) for t in things]
     ref = parse_reference(phrase)
+    if not ref.negated:
+        return _resolve(phrase, ref, things, table_center)
+    # "Not between A and B": of the candidates, the one that is not the one it would be
+    # (LIBERO-PRO spatial_task: "the akita black bowl not between the plate and the ramekin").
+    objects = [(t.name, t.category) for t in things]
+    anchors = set(anchor_names(ref, objects, phrase))
+    names = [n for n in phrase_candidates(ref.noun, objects) if n not in anchors]
+    try:
+        excluded = {
+            _resolve(phrase, ref.model_copy(update={"negated": False}), things, table_center)
+        }
+    except PhraseError:  # none is so: every candidate is not
+        excluded = set()
+    rest = [n for n in names if n not in excluded]
+    if len(rest) != 1:
+        raise PhraseError(
+            f"{phrase!r}: {len(rest)} {ref.noun}(s) fit once "
+            f"{', '.join(sorted(excluded)) or 'none'} is left out ({', '.join(rest) or 'none'})"
+        )
+    return rest[0]
+
+
+def _resolve(
+    phrase: str, ref: Reference, things: Sequence[Thing], table_center: Sequence[float]
+) -> str:
+    objects = [(t.name, t.category) for t in things]
     names = phrase_candidates(ref.noun, objects)
     if ref.relation is None:
         return resolve_phrase(ref.noun, objects)
     by_name = {t.name: t for t in things}
-    anchors = [by_name[resolve_phrase(a, objects)] for a in ref.anchors]
+    anchors = [by_name[a] for a in anchor_names(ref, objects, phrase)]
     cands = [by_name[n] for n in names if n not in {a.name for a in anchors}]
     listed = ", ".join(c.name for c in cands) or "none"
     if ref.relation == "side":
@@ -397,6 +432,30 @@ def resolve_reference(
             f"({', '.join(c.name for c in fits) or 'none'}); candidates: {listed}"
         )
     return fits[0].name
+
+
+def anchor_names(ref: Reference, objects: Sequence[tuple[str, str]], phrase: str = "") -> list[str]:
+    """The scene names of a reference's anchors; for a drawer named without its furniture
+    ("from the top drawer"), the one thing with drawers (`_drawer_owner`)."""
+    if ref.relation == "in" and not ref.anchors:
+        return [_drawer_owner(phrase, objects)]
+    return [resolve_phrase(a, objects) for a in ref.anchors]
+
+
+def _drawer_owner(phrase: str, objects: Sequence[tuple[str, str]]) -> str:
+    """The one object whose name or category says it has drawers (`_HAS_DRAWERS`), for a
+    drawer named without its furniture."""
+    owners = [
+        name
+        for name, category in objects
+        if any(word in f"{name} {category}".lower() for word in _HAS_DRAWERS)
+    ]
+    if len(owners) != 1:
+        raise PhraseError(
+            f"{phrase!r}: a drawer of which? things with drawers here: "
+            f"{', '.join(owners) or 'none'}; name it ('the top drawer of the cabinet')"
+        )
+    return owners[0]
 
 
 def _level(thing: Thing, anchor: Thing) -> str:

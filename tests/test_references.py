@@ -50,6 +50,11 @@ def _thing(name: str, category: str, center, half=(0.05, 0.05, 0.025)) -> Thing:
             "the black bowl in the top drawer of the wooden cabinet",
             Reference(noun="black bowl", relation="in", anchors=["wooden cabinet"], level="top"),
         ),
+        (
+            "black bowl from the top drawer",
+            Reference(noun="black bowl", relation="in", level="top"),
+        ),
+        ("the bowl in the drawer", Reference(noun="bowl", relation="in")),
     ],
 )
 def test_references_are_read_into_noun_relation_and_anchors(phrase, reference):
@@ -176,3 +181,37 @@ def test_every_libero_spatial_reference_names_the_goal_bowl(suite):
                 if (got, again) != ("akita_black_bowl_1", "akita_black_bowl_2"):
                     wrong.append((task, seed, target, got, again))
     assert not wrong
+
+
+CABINET = _thing("wooden_cabinet_1", "wooden_cabinet", (0.0, -0.3, 0.8), (0.1, 0.1, 0.15))
+
+
+def test_a_drawer_named_alone_is_the_one_of_the_thing_with_drawers():
+    # LIBERO-PRO spatial_lan task 4: "take the black bowl from the top drawer"
+    in_drawer = _thing("bowl_in", "akita_black_bowl", (0.0, -0.3, 0.91), (0.05, 0.05, 0.025))
+    on_table = _thing("bowl_out", "akita_black_bowl", (0.2, 0.1, 0.68), (0.05, 0.05, 0.025))
+    things = [CABINET, in_drawer, on_table]
+    assert resolve_reference("black bowl from the top drawer", things) == "bowl_in"
+    with pytest.raises(PhraseError, match=r"0 black bowl\(s\) in the bottom drawer of wooden"):
+        resolve_reference("black bowl from the bottom drawer", things)
+    with pytest.raises(PhraseError, match=r"a drawer of which\? .*: none"):
+        resolve_reference("black bowl from the top drawer", [in_drawer, on_table])
+    second = CABINET.model_copy(update={"name": "white_cabinet_1", "category": "white_cabinet"})
+    with pytest.raises(PhraseError, match=r"wooden_cabinet_1, white_cabinet_1"):
+        resolve_reference("black bowl from the top drawer", [*things, second])
+
+
+def test_not_between_names_the_other_one():
+    # LIBERO-PRO spatial_task: "the akita black bowl not between the plate and the ramekin"
+    things = [
+        *BOWLS,
+        _thing("plate_1", "plate", (-0.1, 0.0, 0.905), (0.07, 0.07, 0.005)),
+        _thing("ramekin_1", "glazed_rim_porcelain_ramekin", (0.1, 0.0, 0.91)),
+    ]
+    phrase = "the black bowl not between the plate and the ramekin"
+    assert parse_reference(phrase).negated
+    assert resolve_reference("the black bowl between the plate and the ramekin", things) == "bowl_a"
+    assert resolve_reference(phrase, things) == "bowl_b"
+    third = _thing("bowl_c", "akita_black_bowl", (-0.3, 0.2, 0.93))
+    with pytest.raises(PhraseError, match=r"2 black bowl\(s\) fit once bowl_a is left out"):
+        resolve_reference(phrase, [*things, third])

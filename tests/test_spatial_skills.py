@@ -74,6 +74,26 @@ def test_a_bowl_wider_than_the_fingers_is_picked_by_its_rim_and_placed_on_the_pl
         skills.place(ctx, "plate", relation="on")
 
 
+def test_a_bowl_tipped_on_the_ramekin_is_no_mug_and_is_picked_by_its_rim(envs):
+    """Task 5's bowl falls from leaning 12 to 50 degrees on the ramekin in its first steps:
+    its top band is an arc, not a ring with a handle, and once tipped it no longer looks open
+    at the top; a bowl by name, it is gripped by its rim, not refused as too wide."""
+    from pytest_gap.skills import interior, motion
+
+    env = envs(5)
+    env.reset(0)  # seed 0: the arc fitted a circle with the rest of the rim outside it
+    ctx = SkillContext(env)
+    motion.hold_until_still(ctx, skills.OPEN)
+    points, _ = perception.object_points(ctx, "akita_black_bowl_1")
+    assert interior.rim_circle(points) is None
+    assert interior.handle_grasps(ctx, "akita_black_bowl_1") is None
+    env.reset(3)  # seed 3: tipped, its narrower side 8.8 cm, wider than the fingers open
+    ctx = SkillContext(env)
+    motion.hold_until_still(ctx, skills.OPEN)
+    assert skills._fits_the_fingers(ctx, "akita_black_bowl_1")[1]  # by the rim
+    assert any(e["message"] == "a bowl tipped over: gripped by the rim" for e in ctx.events)
+
+
 @pytest.mark.parametrize("task", [2, 7])
 def test_the_reference_graph_puts_the_named_bowl_on_the_plate(envs, task):
     env = envs(task)
@@ -81,3 +101,19 @@ def test_the_reference_graph_puts_the_named_bowl_on_the_plate(envs, task):
     graph = load_workflow("examples/workflows/pick_place_on", task_placeholders(obs.prompt))
     result = run_workflow(graph, env)
     assert result.success, result.error
+
+
+def test_the_approach_height_comes_down_to_where_the_arm_reaches(envs):
+    """Task 4 seed 4: 10 cm over the bowl in the top drawer (z 1.22 at x 0.14) is out of the
+    arm's reach; the approach goes as high as it reaches there instead."""
+    from pytest_gap.skills import motion
+
+    env = envs(4)
+    env.reset(4)
+    ctx = SkillContext(env)
+    xy, yaw = (0.14, -0.131), 1.5708
+    assert motion.solve_ik(ctx, [*xy, 1.22], yaw) > motion.IK_TOLERANCE
+    z = motion.reachable_height(ctx, xy, yaw, 1.22, 1.1)
+    assert 1.1 <= z < 1.22
+    assert motion.solve_ik(ctx, [*xy, z], yaw) <= motion.IK_TOLERANCE
+    assert motion.reachable_height(ctx, xy, yaw, 1.22, 1.2) == 1.22  # none: as asked

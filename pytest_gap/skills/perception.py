@@ -13,6 +13,7 @@ import numpy as np
 from pytest_gap.instructions import (
     PhraseError,
     Thing,
+    anchor_names,
     parse_reference,
     phrase_candidates,
     resolve_phrase,
@@ -148,7 +149,7 @@ def seen_things(ctx: SkillContext, reference) -> list:
     where it stands (`locate_box`): its own lowest points are hidden by what is on it."""
     objects = [(o.name, o.category) for o in ctx.env.scene.objects()]
     nouns = phrase_candidates(reference.noun, objects)
-    anchors = [resolve_phrase(a, objects) for a in reference.anchors]
+    anchors = anchor_names(reference, objects)
     categories = dict(objects)
     things = []
     for scene_name in dict.fromkeys(nouns + anchors):
