@@ -54,7 +54,8 @@ def test_gap_skills_lists_the_catalogue():
     assert any("naming the candidates" in f for f in entries["pick"]["failures"])
     assert any("cannot be read" in f for f in entries["next_step"]["failures"])
     assert all(entries[n]["failures"] for n in ("place", "open_fixture", "close_fixture", "push"))
-    assert entries["check_success"]["failures"] == []
+    assert entries["home"]["failures"] == []
+    assert any("policy_cameras" in f for f in entries["check_success"]["failures"])
 
 
 def test_gap_run_prints_outcome_trace_and_video(tmp_path):
