@@ -343,7 +343,9 @@ def test_a_vla_eval_session_runs_vla_evals_loop_and_records_it(vla_session, serv
     assert warm["url"] == server.url and warm["vla_eval_version"] == "0.8.0"
     assert warm["inference_s"] >= SLOW_FIRST_INFERENCE_S
     walls = [records[s]["wall_s"] for s in SEEDS]
-    assert walls[0] < walls[1] + 5.0, (walls, warm)
+    # Charged to the first trial, the warm-up would add its whole time to it; the margin is half
+    # of it, as measured this run, so a loaded machine (every wall longer) does not fail this.
+    assert walls[0] < walls[1] + warm["seconds"] / 2, (walls, warm)
     assert sum(walls) + warm["seconds"] < session_s
     # Summary, gate and JUnit as for any backend.
     summary = json.loads((run_dir / "summary.json").read_text())
