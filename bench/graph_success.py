@@ -23,6 +23,10 @@ import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import get_args
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from pytest_gap.config import Perception
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN = [
@@ -177,7 +181,7 @@ def main() -> int:
     parser.add_argument("--out", help="write every trial as JSON here")
     parser.add_argument(
         "--perception",
-        choices=["privileged", "policy_cameras"],
+        choices=get_args(Perception),
         default="privileged",
         help="what the skills see with (skills.perception)",
     )

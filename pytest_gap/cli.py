@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from typing import get_args
 
+from pytest_gap.config import Perception
 from pytest_gap.errors import GapError
 
 
@@ -402,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--images", action="store_true", help="keep perception images in the trace")
     run.add_argument(
         "--perception",
-        choices=["privileged", "policy_cameras"],
+        choices=get_args(Perception),
         default="privileged",
         help="what the skills see with (skills.perception): policy_cameras is front + wrist "
         "camera only, no goal check",
