@@ -90,7 +90,7 @@ def pytest_args(
     verbose: bool = False,
     report_json: Path,
 ) -> list[str]:
-    args = [str(config_path), f"--gap-report-json={report_json}"]
+    args = [str(config_path), f"--gap-report-json={report_json}", "--gap-progress"]
     if not gate:
         args.append("--gap-no-gate")
     if resume:

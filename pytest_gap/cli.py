@@ -308,6 +308,34 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _cmd_viz(args: argparse.Namespace) -> int:
+    """Write the HTML report (exit 0, its path printed) or serve it until interrupted."""
+    from pathlib import Path
+
+    from pytest_gap.viz.model import check_run_dir
+
+    if len(args.runs) > 2:
+        raise GapError(f"gap viz: give one run dir, or two to compare, not {len(args.runs)}")
+    runs = [Path(r) for r in args.runs]
+    for run in runs:
+        check_run_dir(run)
+    run, against = runs[-1], (runs[0] if len(runs) == 2 else None)
+    if args.serve:
+        from pytest_gap.viz.serve import make_server
+
+        server = make_server(run, args.port, against=against)
+        host, port = server.server_address[:2]
+        print(f"gap viz: serving {run} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.serve_forever()
+        server.server_close()
+        return 0
+    from pytest_gap.viz.html import write_report
+
+    print(write_report(run, Path(args.out) if args.out else None, against=against))
+    return 0
+
+
 def _probability(text: str) -> float:
     try:
         value = float(text)
@@ -504,6 +532,15 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--json", action="store_true", help="machine-readable output")
     output.add_argument("--markdown", action="store_true", help="a Markdown table (PR comment)")
     comp.set_defaults(func=_cmd_compare)
+    viz = sub.add_parser(
+        "viz",
+        help="an HTML report of a run dir (RUN_A RUN_B: of RUN_B, compared with RUN_A)",
+    )
+    viz.add_argument("runs", nargs="+", metavar="RUN", help="a run dir, or two to compare")
+    viz.add_argument("--out", help="where to write the report (default: RUN/report.html)")
+    viz.add_argument("--serve", action="store_true", help="serve it on loopback instead")
+    viz.add_argument("--port", type=int, default=0, help="--serve's port (default: any free)")
+    viz.set_defaults(func=_cmd_viz)
     schema = sub.add_parser("schema", help="print the benchmark YAML's JSON Schema")
     schema.set_defaults(func=_cmd_schema)
     return parser

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from pytest_gap.errors import GapError
+from pytest_gap.progress import Progress
 from pytest_gap.results import (
     EXIT_TIMEOUT,
     Corrupt,
@@ -170,6 +171,9 @@ class _Lead(GapSession):
         self.selected: set[str] = set()  # node ids of the trials collected and not deselected
         self.outcomes: list[dict[str, Any]] = []
         self.policies = None  # SessionPolicies, when a config needs servers
+        self.started = time.monotonic()
+        self.progress: dict[Path, Progress] = {}
+        self.live_progress = bool(config.getoption("gap_progress"))
         from pytest_gap import outputs
 
         outputs.register(config)
@@ -214,15 +218,31 @@ class _Lead(GapSession):
             path = Path(getattr(report, "gap_result", {}).get("config") or "")
             if path.name:
                 self.touched[path] = self.load(path)
+                result = TrialResult.model_validate(report.gap_result)
+                replayed = getattr(report, "gap_replayed", False)
                 self.config.hook.pytest_gap_trial_result(
-                    config=self.config,
-                    result=TrialResult.model_validate(report.gap_result),
-                    run_dir=Path(run_dir),
-                    replayed=getattr(report, "gap_replayed", False),
+                    config=self.config, result=result, run_dir=Path(run_dir), replayed=replayed
                 )
+                self._progress(self.touched[path], result, replayed)
             self.notes += getattr(report, "gap_notes", [])
         elif report.failed and not _is_trial_nodeid(report.nodeid):
             self.other_failures += 1
+
+    def _progress(self, loaded: LoadedConfig, result: TrialResult, replayed: bool) -> None:
+        progress = self.progress.get(loaded.path)
+        if progress is None:
+            workers = getattr(self.config.option, "numprocesses", None)
+            progress = self.progress[loaded.path] = Progress(
+                name=loaded.path.name,
+                total=len(self._selected_trials(loaded)),
+                started=self.started,
+                parallel=workers if isinstance(workers, int) and workers > 0 else 1,
+            )
+        progress.record(result, replayed)
+        progress.total = max(progress.total, progress.done)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if self.live_progress and reporter is not None and self.config.get_verbosity() >= 0:
+            reporter.write_line(f"gap progress {progress.line(time.monotonic())}")
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if session.config.option.collectonly or not self.touched:
@@ -274,6 +294,7 @@ class _Lead(GapSession):
                     "run_dir": str(loaded.run_dir),
                     "gate": summary.gate,
                     "cells": summary.cells,
+                    "progress": self.progress.get(loaded.path),
                 }
             )
 
@@ -303,6 +324,9 @@ class _Lead(GapSession):
                 terminalreporter.write_line(console_table(outcome["cells"]))
             gate = outcome["gate"]
             suffix = "" if self.gate_on else "  [--gap-no-gate: not deciding the exit status]"
+            progress = outcome["progress"]
+            if progress is not None and self.config.get_verbosity() >= 0:
+                terminalreporter.write_line(f"progress: {progress.line(time.monotonic())}")
             terminalreporter.write_line(
                 gate.line() + suffix,
                 bold=True,
@@ -475,6 +499,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         help="write a WebP strip of every N-th agentview frame of each trial into the run "
         "dir's frames/ (overrides trials.frames_every; 0 turns it off)",
+    )
+    group.addoption(
+        "--gap-progress",
+        action="store_true",
+        help="print each config's progress (trials done, successes, errored, elapsed, ETA) "
+        "as every trial is recorded (`gap benchmark` turns it on)",
+    )
+    group.addoption(
+        "--gap-no-plots",
+        action="store_true",
+        help="do not draw the run dir's plots/ (PNG heatmap and per-family bars)",
     )
     parser.addini(
         "gap_benchmark_dirs",

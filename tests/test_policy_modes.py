@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from pytest_gap.viz.model import read_trace
+
 pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,9 +82,13 @@ def test_policy_only_runs_a_managed_server_through_run_policy(pytester):
     assert record["steps"] == HOLD_STEPS  # zero motion until the step limit
     assert record["exit_status"] == "step_limit"
     assert "policy_only@hold" in out and "hold" in out
-    trace = Path(pytester.path / "runs").rglob("dag_trace.json")
-    nodes = json.loads(next(trace).read_text())["nodes"]
+    trace = next(Path(pytester.path / "runs").rglob("dag_trace.json"))
+    nodes = json.loads(trace.read_text())["nodes"]
     assert {n["id"] for n in nodes if n["status"] == "ok"} >= {"home", "open"}
+    # every inference is timed in the trace (what `gap viz` shows per window)
+    windows = read_trace(trace.parent, trace.parent).windows
+    assert windows and [w.window for w in windows] == sorted(w.window for w in windows)
+    assert all(w.infer_ms is not None and w.infer_ms > 0 and w.actions for w in windows)
 
 
 def test_a_server_killed_mid_trial_is_an_infra_failure_not_a_policy_failure(pytester):

@@ -1,8 +1,8 @@
 """The run dir's files, each written by one implementation of `pytest_gap_write_outputs`.
 
 One module per output (summary.tsv, summary.json with the cell_result.json files,
-episodes.parquet, videos/, run_manifest.json, the done flags): each has a plain function that
-does the writing and a one-line hookimpl over it. The plugin registers `WRITERS` on the process
+episodes.parquet, videos/, plots/, run_manifest.json, the done flags): each has a plain function
+that does the writing and a one-line hookimpl over it. The plugin registers `WRITERS` on the process
 that writes outputs; a third-party writer registers itself the same way (see
 pytest_gap/hookspecs.py) and needs no change here.
 """
@@ -13,7 +13,7 @@ import importlib
 
 import pytest
 
-WRITERS = ("tsv", "json", "parquet", "videos", "manifest", "done")
+WRITERS = ("tsv", "json", "parquet", "videos", "plots", "manifest", "done")
 
 
 def register(config: pytest.Config) -> None:

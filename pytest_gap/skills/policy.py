@@ -19,6 +19,7 @@ infrastructure failure: the trial is not scored as a policy failure.
 
 from __future__ import annotations
 
+import time
 from typing import Literal
 
 import numpy as np
@@ -87,11 +88,15 @@ def run_policy(
             obs = fmt.observation(ctx.env, prompt, server)
             if privileged:
                 obs["privileged"] = privileged_state(ctx)
+            asked = time.perf_counter()
             reply = client.infer(obs)
+            infer_ms = round(1000 * (time.perf_counter() - asked), 1)
             try:
                 chunk = fmt.actions(reply, replan_every)[:pending]
             except ReplyError as exc:
                 raise SkillFailure(f"policy {policy} ({fmt.name}) {exc}") from None
+            # each inference's latency, for `gap viz` and anyone reading the trace
+            ctx.note("policy window", window=window, infer_ms=infer_ms, actions=len(chunk))
             for action in chunk:
                 ctx.act(action)
                 if action[6] > CLOSE_THRESHOLD:

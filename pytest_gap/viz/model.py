@@ -1,0 +1,497 @@
+"""What the report shows, read from a run dir: pure functions from files to pydantic models.
+
+The HTML page (`html.py`) only draws these models; the browser never reads the run dir's own
+formats. Paths in the models are relative to the directory the report is written to, so the
+page finds videos, frame strips and perception images beside it (file:// or `--serve`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from pytest_gap import intervals
+from pytest_gap.errors import GapError
+from pytest_gap.report import Gate
+from pytest_gap.results import EXIT_TIMEOUT, STAMP_RE, TrialResult, scan_results
+
+Outcome = Literal["success", "failed", "errored", "infra", "timeout"]
+SUMMARY = "summary.json"
+DAG_TRACE = "dag_trace.json"
+POLICY_WINDOW = "policy window"  # the event run_policy records per observation -> actions
+
+
+def outcome(result: TrialResult) -> Outcome:
+    """The filter a trial falls under: the watchdog's stop first, then infrastructure, then a
+    trial the harness could not run, then whether the task was done."""
+    if result.exit_code == EXIT_TIMEOUT:
+        return "timeout"
+    if result.infra_failure:
+        return "infra"
+    if result.errored:
+        return "errored"
+    return "success" if result.success else "failed"
+
+
+class TaskBar(BaseModel):
+    task_id: int
+    n_success: int
+    n_trials: int
+    rate: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+class CellView(BaseModel):
+    key: str
+    row: str
+    column: str
+    success_rate: float | None
+    completion_rate: float | None
+    success_ci: tuple[float, float] | None
+    completion_ci: tuple[float, float] | None
+    n_success: int
+    n_trials: int
+    n_errored: int
+    n_infra: int
+    n_planned: int
+    error: str | None
+    tasks: list[TaskBar]
+
+
+class TrialView(BaseModel):
+    key: str  # the trial dir relative to the run dir: the page's id for it
+    cell: str
+    nodeid: str
+    task_id: int
+    seed: int
+    init_state: int | None
+    outcome: Outcome
+    exit_code: int
+    exit_status: str | None
+    completion: float
+    steps: int
+    wall_s: float
+    reason: str | None  # why it failed, or why it could not be scored
+    prompt: str | None
+    video: str | None  # relative to the report
+    frames: str | None
+    trace: str | None  # the trace dir, relative to the report
+    agent_traces: str | None  # the LLM agents' prompts and answers dir (LLM modes)
+
+
+class Overview(BaseModel):
+    rows: list[str]
+    columns: list[str]
+    gate: str | None
+    verdict: str | None
+    coverage: str | None
+
+
+class Report(BaseModel):
+    title: str
+    run_dir: str
+    overview: Overview
+    cells: list[CellView]
+    trials: list[TrialView]
+    traces: dict[str, TraceView] = {}  # trial key -> trace, for the trials inlined
+    agents: dict[str, list[AgentTurn]] = {}  # agent_traces dir -> its turns
+    compare: dict[str, Any] | None = None  # `gap compare --json` of (another run, this run)
+    serve: bool = False  # traces not inlined are fetched from the server
+
+
+class NodeRun(BaseModel):
+    seq: int
+    status: str
+    duration_ms: float | None
+    start_step: int | None
+    end_step: int | None
+    inputs: Any = None
+    outputs: Any = None
+    error: str | None = None
+    decision: Any = None
+    images: list[str] = []  # what a perception node looked at, relative to the report
+
+
+class GraphNode(BaseModel):
+    id: str
+    type: str
+    skill: str | None
+    status: str
+    runs: list[NodeRun]
+    x: float
+    y: float
+
+
+class GraphEdge(BaseModel):
+    source: str
+    target: str
+    kind: str
+    taken: int
+
+
+class PolicyWindow(BaseModel):
+    window: int
+    step: int | None
+    infer_ms: float | None
+    actions: int | None
+
+
+class TraceView(BaseModel):
+    workflow: str | None
+    result: dict[str, Any]
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+    events: list[dict[str, Any]]
+    windows: list[PolicyWindow]
+    width: float
+    height: float
+
+
+class AgentTurn(BaseModel):
+    name: str
+    text: str  # the file as recorded (already redacted when it was written)
+
+
+# -- layout -------------------------------------------------------------------------------------
+NODE_W, NODE_H, GAP_X, GAP_Y = 150.0, 44.0, 30.0, 46.0
+
+
+def layered_layout(node_ids: list[str], edges: list[tuple[str, str]]) -> dict[str, tuple[int, int]]:
+    """(layer, slot) per node: layer is the fewest edges from the first node (the workflow's
+    start), so loops back to a router do not stretch the drawing; nodes no edge reaches go in a
+    last layer of their own."""
+    if not node_ids:
+        return {}
+    following: dict[str, list[str]] = {n: [] for n in node_ids}
+    for source, target in edges:
+        if source in following and target in following:
+            following[source].append(target)
+    depth = {node_ids[0]: 0}
+    queue = deque([node_ids[0]])
+    while queue:
+        node = queue.popleft()
+        for nxt in following[node]:
+            if nxt not in depth:
+                depth[nxt] = depth[node] + 1
+                queue.append(nxt)
+    last = max(depth.values()) + 1
+    slots: dict[int, int] = {}
+    placed = {}
+    for node in node_ids:  # workflow order within a layer keeps the drawing stable
+        layer = depth.get(node, last)
+        placed[node] = (layer, slots.get(layer, 0))
+        slots[layer] = slots.get(layer, 0) + 1
+    return placed
+
+
+# -- reading ------------------------------------------------------------------------------------
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _rel(path: Path | None, base: Path) -> str | None:
+    if path is None or not path.exists():
+        return None
+    return Path(os.path.relpath(path, base)).as_posix()
+
+
+def _policy_windows(events: list[dict[str, Any]]) -> list[PolicyWindow]:
+    return [
+        PolicyWindow(
+            window=int(e.get("window", i + 1)),
+            step=e.get("step"),
+            infer_ms=e.get("infer_ms"),
+            actions=e.get("actions"),
+        )
+        for i, e in enumerate(x for x in events if x.get("message") == POLICY_WINDOW)
+    ]
+
+
+def read_trace(trace_dir: Path, base: Path) -> TraceView | None:
+    """The workflow graph of one trial as it ran: nodes with their executions (inputs,
+    outputs, router decisions, perception images), edges with how often each was taken, the
+    skill events and the policy's per-window timing. None without a readable dag_trace.json."""
+    dag = _read_json(trace_dir / DAG_TRACE)
+    if not isinstance(dag, dict) or not isinstance(dag.get("nodes"), list):
+        return None
+    io: dict[int, dict[str, Any]] = {}
+    for path in sorted((trace_dir / "nodes").glob("*.json")):
+        record = _read_json(path)
+        if isinstance(record, dict) and isinstance(record.get("seq"), int):
+            io[record["seq"]] = record
+    images: dict[int, list[str]] = {}
+    for path in sorted((trace_dir / "images").glob("*.png")):
+        head = path.name.split("_", 1)[0]
+        if head.isdigit():
+            images.setdefault(int(head), []).append(_rel(path, base) or "")
+    raw_nodes = [n for n in dag["nodes"] if isinstance(n, dict) and "id" in n]
+    raw_edges = [e for e in dag.get("edges", []) if isinstance(e, dict)]
+    edges = [
+        GraphEdge(
+            source=str(e.get("source")),
+            target=str(e.get("target")),
+            kind=str(e.get("kind", "")),
+            taken=int(e.get("taken", 0)),
+        )
+        for e in raw_edges
+    ]
+    ids = [str(n["id"]) for n in raw_nodes]
+    places = layered_layout(ids, [(e.source, e.target) for e in edges])
+    nodes = []
+    for n in raw_nodes:
+        runs = []
+        for ex in n.get("executions", []):
+            seq = ex.get("seq")
+            record = io.get(seq, {})
+            runs.append(
+                NodeRun(
+                    seq=seq if isinstance(seq, int) else 0,
+                    status=str(ex.get("status", "")),
+                    duration_ms=ex.get("duration_ms"),
+                    start_step=ex.get("start_step"),
+                    end_step=ex.get("end_step"),
+                    inputs=record.get("inputs"),
+                    outputs=record.get("outputs"),
+                    error=record.get("error") or ex.get("error"),
+                    decision=ex.get("decision"),
+                    images=images.get(seq, []) if isinstance(seq, int) else [],
+                )
+            )
+        layer, slot = places[str(n["id"])]
+        nodes.append(
+            GraphNode(
+                id=str(n["id"]),
+                type=str(n.get("type", "")),
+                skill=n.get("skill"),
+                status=str(n.get("status", "")),
+                runs=runs,
+                x=GAP_X + slot * (NODE_W + GAP_X),
+                y=GAP_Y / 2 + layer * (NODE_H + GAP_Y),
+            )
+        )
+    events = [e for e in dag.get("events", []) if isinstance(e, dict)]
+    return TraceView(
+        workflow=dag.get("workflow"),
+        result=dag.get("result") if isinstance(dag.get("result"), dict) else {},
+        nodes=nodes,
+        edges=edges,
+        events=events,
+        windows=_policy_windows(events),
+        width=max((n.x for n in nodes), default=0.0) + NODE_W + GAP_X,
+        height=max((n.y for n in nodes), default=0.0) + NODE_H + GAP_Y / 2,
+    )
+
+
+def read_agents(directory: Path) -> list[AgentTurn]:
+    """The LLM agents' recorded prompts and answers, in the order they were written."""
+    return [
+        AgentTurn(name=p.stem, text=p.read_text(errors="replace"))
+        for p in sorted(directory.glob("*.json"))
+    ]
+
+
+def _cell_view(cell: dict[str, Any]) -> CellView:
+    tasks = []
+    for t in cell.get("tasks", []):
+        ci = intervals.wilson(t.get("n_success", 0), t.get("n_trials", 0))
+        tasks.append(
+            TaskBar(
+                task_id=t["task_id"],
+                n_success=t.get("n_success", 0),
+                n_trials=t.get("n_trials", 0),
+                rate=t.get("success_rate"),
+                ci_low=ci[0] if ci else None,
+                ci_high=ci[1] if ci else None,
+            )
+        )
+
+    def pair(low: str, high: str) -> tuple[float, float] | None:
+        if cell.get(low) is None or cell.get(high) is None:
+            return None
+        return (cell[low], cell[high])
+
+    return CellView(
+        key=cell["key"],
+        row=cell["row"],
+        column=cell["column"],
+        success_rate=cell.get("success_rate"),
+        completion_rate=cell.get("completion_rate"),
+        success_ci=pair("success_ci_low", "success_ci_high"),
+        completion_ci=pair("completion_ci_low", "completion_ci_high"),
+        n_success=cell.get("n_success", 0),
+        n_trials=cell.get("n_trials", 0),
+        n_errored=cell.get("n_errored", 0),
+        n_infra=cell.get("n_infra", 0),
+        n_planned=cell.get("n_planned", 0),
+        error=cell.get("error"),
+        tasks=tasks,
+    )
+
+
+def _cells_from_records(results: dict[str, TrialResult]) -> list[dict[str, Any]]:
+    """Cell rows for a run dir without summary.json (its session was killed before the end):
+    counted from the records alone, so the report still opens."""
+    grouped: dict[str, list[TrialResult]] = {}
+    for key, r in results.items():
+        grouped.setdefault(key.rsplit("/", 2)[0], []).append(r)
+    cells = []
+    for key, records in grouped.items():
+        first = records[0]
+        scored = [r for r in records if not r.errored]
+        k = sum(r.success for r in scored)
+        ci = intervals.wilson(k, len(scored))
+        by_task: dict[int, list[TrialResult]] = {}
+        for r in scored:
+            by_task.setdefault(r.task_id, []).append(r)
+        errored = [r for r in records if r.errored]
+        cells.append(
+            {
+                "key": key,
+                "row": first.mode + (f"@{first.policy_id}" if first.policy_id else ""),
+                "column": first.suite_name or f"{first.family}/{first.variation}",
+                "success_rate": k / len(scored) if scored else None,
+                "completion_rate": (
+                    sum(r.completion for r in scored) / len(scored) if scored else None
+                ),
+                "success_ci_low": ci[0] if ci else None,
+                "success_ci_high": ci[1] if ci else None,
+                "n_success": k,
+                "n_trials": len(scored),
+                "n_errored": len(errored),
+                "n_infra": sum(r.infra_failure for r in records),
+                "n_planned": len(records),
+                "error": f"{len(errored)} of {len(records)} trials errored" if errored else None,
+                "tasks": [
+                    {
+                        "task_id": t,
+                        "n_success": sum(r.success for r in rs),
+                        "n_trials": len(rs),
+                        "success_rate": sum(r.success for r in rs) / len(rs),
+                    }
+                    for t, rs in sorted(by_task.items())
+                ],
+            }
+        )
+    return cells
+
+
+def check_run_dir(path: Path) -> None:
+    """A run dir, or a one-line error naming what was given and what to give."""
+    if not path.is_dir():
+        raise GapError(f"{path}: not a directory; give a run dir (<output_dir>/<YYYYMMDD_HHMMSS>)")
+    stamps = sorted(p.name for p in path.iterdir() if p.is_dir() and STAMP_RE.match(p.name))
+    if stamps and not (path / SUMMARY).is_file():
+        raise GapError(
+            f"{path}: an output dir holding run dirs ({', '.join(stamps[-3:])}); give one run "
+            f"dir, e.g. {path / stamps[-1]}"
+        )
+
+
+def load_report(
+    run_dir: Path,
+    out_dir: Path,
+    *,
+    inline_budget: int,
+    serve: bool = False,
+) -> Report:
+    """The report of `run_dir`, with paths relative to `out_dir`. Traces are inlined, failed
+    trials first, until their JSON reaches `inline_budget` bytes; the rest load from the
+    server (`serve`) or say how to see them."""
+    check_run_dir(run_dir)
+    results = scan_results(run_dir)
+    summary = _read_json(run_dir / SUMMARY)
+    summary = summary if isinstance(summary, dict) else {}
+    if not results and not summary.get("cells"):
+        raise GapError(
+            f"{run_dir}: no trial records (result.json) and no summary.json in it; give the run "
+            "dir of a session that ran trials"
+        )
+    raw_cells = summary.get("cells") or _cells_from_records(results)
+    cells = [_cell_view(c) for c in raw_cells if isinstance(c, dict) and "key" in c]
+    gate = _gate(summary.get("gate"))
+    overview = Overview(
+        rows=list(dict.fromkeys(c.row for c in cells)),
+        columns=list(dict.fromkeys(c.column for c in cells)),
+        gate=gate.model_copy(update={"coverage": None}).line() if gate else None,
+        verdict=gate.verdict if gate else None,
+        coverage=gate.coverage.line() if gate and gate.coverage else None,
+    )
+    trials = []
+    for key, r in results.items():
+        trial_dir = run_dir / key
+        trace_dir = run_dir / r.trace if r.trace else trial_dir / "trace"
+        if trace_dir.name == DAG_TRACE:  # records name the file; the images sit beside it
+            trace_dir = trace_dir.parent
+        agents = run_dir / r.workflow / "agent_traces" if r.workflow else None
+        trials.append(
+            TrialView(
+                key=key,
+                cell=key.rsplit("/", 2)[0],
+                nodeid=r.nodeid,
+                task_id=r.task_id,
+                seed=r.seed,
+                init_state=r.init_state,
+                outcome=outcome(r),
+                exit_code=r.exit_code,
+                exit_status=r.exit_status,
+                completion=r.completion,
+                steps=r.steps,
+                wall_s=r.wall_s,
+                reason=r.error if r.errored else r.reason,
+                prompt=r.prompt,
+                video=_rel(run_dir / r.video, out_dir) if r.video else None,
+                frames=_rel(run_dir / r.frames, out_dir) if r.frames else None,
+                trace=_rel(trace_dir / DAG_TRACE, out_dir) and _rel(trace_dir, out_dir),
+                agent_traces=_rel(agents, out_dir) if agents and agents.is_dir() else None,
+            )
+        )
+    report = Report(
+        title=f"{run_dir.parent.name}/{run_dir.name}",
+        run_dir=str(run_dir),
+        overview=overview,
+        cells=cells,
+        trials=trials,
+        serve=serve,
+    )
+    _inline(report, run_dir, out_dir, inline_budget)
+    return report
+
+
+def _inline(report: Report, run_dir: Path, out_dir: Path, budget: int) -> None:
+    """Inline traces and agent traces, trials that did not succeed first, within `budget`."""
+    order = sorted(report.trials, key=lambda t: (t.outcome == "success", t.key))
+    used = 0
+    for trial in order:
+        if trial.trace is None:
+            continue
+        trace = read_trace(out_dir / trial.trace, out_dir)
+        if trace is None:
+            continue
+        size = len(trace.model_dump_json())
+        if used + size > budget:
+            break
+        report.traces[trial.key] = trace
+        used += size
+    for trial in order:
+        if trial.agent_traces and trial.agent_traces not in report.agents:
+            report.agents[trial.agent_traces] = read_agents(out_dir / trial.agent_traces)
+
+
+def _gate(gate: Any) -> Gate | None:
+    """The recorded gate, or None when summary.json has none this harness can read."""
+    try:
+        return Gate.model_validate(gate) if isinstance(gate, dict) else None
+    except ValueError:
+        return None
+
+
+Report.model_rebuild()
