@@ -320,6 +320,7 @@ class _Lead(GapSession):
         for outcome in self.outcomes:
             terminalreporter.write_line(f"{outcome['config']}")
             terminalreporter.write_line(f"run dir: {outcome['run_dir']}")
+            terminalreporter.write_line(f"report:  gap viz {outcome['run_dir']}")
             if outcome["cells"]:
                 terminalreporter.write_line(console_table(outcome["cells"]))
             gate = outcome["gate"]

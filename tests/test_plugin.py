@@ -700,6 +700,10 @@ def test_gap_benchmark_exit_codes_and_api(fake, monkeypatch):
     gap = [str(Path(os.sys.executable).with_name("gap"))]
     ungated = fake.pytester.run(*gap, "benchmark", str(grid), "--resume", timeout=TIMEOUT)
     assert ungated.ret == 0
+    # its progress line, for the one (replayed) trial: no trial ran, so no time to go by
+    assert "gap progress grid.yaml: 1/1 trials, 0 succeeded (0.00), 0 errored" in (
+        ungated.stdout.str()
+    )
     gated = fake.pytester.run(*gap, "benchmark", str(grid), "--resume", "--gate", timeout=TIMEOUT)
     assert gated.ret == 1
     assert "gate FAIL: success_rate=0.000 threshold=0.500" in gated.stdout.str()
