@@ -336,6 +336,146 @@ def _cmd_viz(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """The bearer token from --token-file (never a command-line value: it would show in `ps`)."""
+    from pathlib import Path
+
+    if not getattr(args, "token_file", None):
+        return None
+    try:
+        token = Path(args.token_file).read_text().strip()
+    except OSError as exc:
+        raise GapError(f"--token-file {args.token_file}: cannot read it: {exc.strerror}") from None
+    if not token:
+        raise GapError(f"--token-file {args.token_file}: the file is empty; put the token in it")
+    return token
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    from pathlib import Path
+
+    from pytest_gap.service.server import EvalServer
+
+    server = EvalServer(Path(args.runs_dir), host=args.host, port=args.port, token=_token(args))
+
+    async def main() -> None:
+        started = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(server.serve(started))
+        port = await started
+        print(f"gap serve: http://{args.host}:{port}/ runs in {server.runs_dir}", flush=True)
+        await task
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+    return 0
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pytest_gap.service.client import submit
+
+    done = submit(f"{args.host}:{args.port}", Path(args.config), args.run_id, _token(args))
+    print(done.message)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from pytest_gap.service.client import run_status
+
+    status = run_status(args.url, args.run_id, _token(args))
+    if args.json:
+        print(json.dumps(status.model_dump(mode="json"), indent=1))
+        return 0
+    print(
+        f"run {status.run_id}: {status.state}; {status.saved}/{status.expected} episodes saved, "
+        f"{status.in_progress} in progress, {status.remaining} remaining"
+        + (f", {status.infra_failures} handed out again" if status.infra_failures else "")
+        + (f", {status.smoke_episodes} smoke (not scored)" if status.smoke_episodes else "")
+    )
+    for w in status.workers:
+        doing = f", running {w.current}" if w.current else ""
+        smoke = " [smoke]" if w.smoke else ""
+        print(f"  worker {w.worker_id}{smoke}: {w.state} ({w.host}), {w.episodes_done} done{doing}")
+    if status.gate:
+        print(status.gate)
+    return 0
+
+
+def _run_id(text: str) -> str:
+    from pytest_gap.service.protocol import check_run_id
+
+    try:
+        return check_run_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _worker_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give distinct worker ids >= 0, comma-separated (e.g. 0,1)"
+        )
+    return ids
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    """One process per worker id (as EBench's clients): several ids start one `gap eval` each.
+    Exit 0 when the run finished with every episode saved, 1 when episodes are missing."""
+    import subprocess
+
+    from pytest_gap.service.client import FAKE_REPLY, EvalClient, policy_act, run_status
+
+    if args.policy is None and not args.fake_actions:
+        raise GapError(
+            "gap eval: give --policy ws://HOST:PORT (the model server), or --fake-actions"
+        )
+    if len(args.worker_ids) > 1:
+        base = [sys.executable, "-m", "pytest_gap.cli", "eval", "--url", args.url]
+        base += ["--run-id", args.run_id, "--protocol", args.protocol]
+        base += ["--policy", args.policy] if args.policy else ["--fake-actions"]
+        base += ["--token-file", args.token_file] if args.token_file else []
+        children = [
+            subprocess.Popen([*base, "--worker-ids", str(worker)]) for worker in args.worker_ids
+        ]
+        return max(child.wait() for child in children)
+    (worker,) = args.worker_ids
+    if args.fake_actions:
+        act, metadata = (lambda obs: FAKE_REPLY), {}
+    else:
+        act, metadata = policy_act(args.policy, args.protocol)
+    token = _token(args)
+    client = EvalClient(
+        args.url, args.run_id, worker, token=token, smoke=args.fake_actions, metadata=metadata
+    )
+    finished = client.run(act)
+    if args.fake_actions:
+        print(
+            f"worker {worker}: smoke episode answered ({client.answered} observations); not scored"
+        )
+        return 0
+    status = run_status(args.url, args.run_id, token)
+    print(
+        f"worker {worker}: answered {client.answered} observations; run {args.run_id} "
+        f"{status.state}, {status.saved}/{status.expected} episodes saved"
+    )
+    if finished.get("saved", 0) < finished.get("expected", 0) and status.saved < status.expected:
+        print(
+            f"gap eval: run {args.run_id} ended with {status.expected - status.saved} episodes "
+            "missing",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
 def _probability(text: str) -> float:
     try:
         value = float(text)
@@ -532,6 +672,40 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--json", action="store_true", help="machine-readable output")
     output.add_argument("--markdown", action="store_true", help="a Markdown table (PR comment)")
     comp.set_defaults(func=_cmd_compare)
+    serve = sub.add_parser("serve", help="the evaluation server: remote policy clients attach")
+    serve.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (loopback only)")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--runs-dir", default="service_runs", help="where runs are kept")
+    serve.add_argument("--token-file", help="a file holding the bearer token clients must send")
+    serve.set_defaults(func=_cmd_serve)
+    submit = sub.add_parser("submit", help="schedule a config's trials on an evaluation server")
+    submit.add_argument("config", help="a benchmark YAML (modes: [policy_only], one policy)")
+    submit.add_argument("--run-id", required=True, type=_run_id)
+    submit.add_argument("--host", default="127.0.0.1")
+    submit.add_argument("--port", type=int, default=8765)
+    submit.add_argument("--token-file")
+    submit.set_defaults(func=_cmd_submit)
+    evaluate = sub.add_parser("eval", help="attach a policy to a run on an evaluation server")
+    evaluate.add_argument("--url", required=True, help="the evaluation server, http://HOST:PORT")
+    evaluate.add_argument("--run-id", required=True, type=_run_id)
+    evaluate.add_argument(
+        "--worker-ids", type=_worker_ids, default=[0], help="e.g. 0,1: one process each"
+    )
+    evaluate.add_argument("--policy", help="the model server the client asks, ws://HOST:PORT")
+    evaluate.add_argument("--protocol", choices=["openpi", "vla-eval"], default="openpi")
+    evaluate.add_argument(
+        "--fake-actions",
+        action="store_true",
+        help="a connectivity smoke with a fixed action: one episode, never scored",
+    )
+    evaluate.add_argument("--token-file")
+    evaluate.set_defaults(func=_cmd_eval)
+    status = sub.add_parser("status", help="where a run on an evaluation server stands")
+    status.add_argument("--url", required=True)
+    status.add_argument("--run-id", required=True, type=_run_id)
+    status.add_argument("--token-file")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=_cmd_status)
     viz = sub.add_parser(
         "viz",
         help="an HTML report of a run dir (RUN_A RUN_B: of RUN_B, compared with RUN_A)",

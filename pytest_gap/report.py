@@ -14,7 +14,8 @@ from pydantic import BaseModel, model_validator
 from pytest_gap import intervals
 from pytest_gap.config import GateRule
 from pytest_gap.plan import Cell
-from pytest_gap.results import TrialResult
+from pytest_gap.redaction import redact_tree
+from pytest_gap.results import TrialResult, now_iso
 
 TSV_COLUMNS = (
     "mode",
@@ -401,3 +402,26 @@ def fold_run(
         completion_groups=completion_groups,
     )
     return RunSummary(cells=summaries, gate=gate, run=run, by_mode=by_mode)
+
+
+def summary_document(summary: RunSummary, grid: dict) -> dict:
+    """summary.json: the config echoed without secrets, cells, pivots, gate, the pooled rates
+    with their intervals."""
+    gate = summary.gate
+    matrix = {m: pivot(summary.cells, m)[2] for m in ("success_rate", "completion_rate")}
+    return {
+        "grid": redact_tree(grid),  # a policy url's password, a token in a command
+        "cells": [s.model_dump(mode="json") for s in summary.cells],
+        "matrix": matrix,
+        "gate": gate.model_dump(mode="json"),
+        "n_trials": gate.n_trials,
+        "n_success": gate.n_success,
+        "success_rate": gate.success_rate,
+        "completion_rate": gate.completion_rate,
+        # 95% intervals of the pooled rates (pytest_gap/intervals.py); null with no trial
+        "success_ci_low": gate.success_ci_low,
+        "success_ci_high": gate.success_ci_high,
+        "completion_ci_low": gate.completion_ci_low,
+        "completion_ci_high": gate.completion_ci_high,
+        "updated_at": now_iso(),
+    }

@@ -149,6 +149,13 @@ REACH_RULES = [
         for m in ("pytest_gap.instructions", "pytest_gap.instruction_steps")
     ],
 ]
+# The report viewer and the evaluation service are applications over the session layer: they
+# run without pytest (a server host, a laptop opening a report).
+REACH_RULES += [
+    ("pytest_gap.viz", ("pytest", *UPPER)),
+    ("pytest_gap.service", ("pytest", *UPPER)),
+    ("pytest_gap.progress", ("pytest", *UPPER)),
+]
 # (who, what it must never import directly): the layers above reach the ones below only.
 IMPORT_RULES = [
     ("pytest_gap.config", ("pytest", *UPPER, *SESSION, "pytest_gap.results")),

@@ -1,0 +1,8 @@
+"""Evaluation as a service: the simulator runs here, a team's policy runs elsewhere as a client.
+
+`gap serve` (server.py) holds runs under a runs dir; `gap submit` schedules a benchmark config's
+trials under a run id; clients (`gap eval`, or `EvalClient` in client.py) attach with that run id
+and a worker id and answer each observation with actions; `gap status` reports where a run is.
+Records land in `<runs dir>/<run id>/` in the harness's own layout, so summaries, `gap viz` and
+`gap compare` read them like any pytest run. protocol.py has the messages both sides speak.
+"""

@@ -1,0 +1,151 @@
+"""Clients of the evaluation server: `EvalClient` attaches as one worker and answers every
+observation with `act(obs)`; `policy_act` makes `act` from an openpi or vla-eval policy server;
+`submit` and `run_status` are the control plane. `gap eval`, `gap submit` and `gap status` are
+thin commands over these."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from pytest_gap.errors import GapError
+from pytest_gap.policies.wire import packb, unpackb
+from pytest_gap.service.protocol import (
+    CONTROL_PATH,
+    EPISODES_PATH,
+    RUNS_PATH,
+    Hello,
+    RunStatus,
+    Submit,
+    Submitted,
+)
+
+MAX_FRAME_BYTES = 64 * 2**20
+# A connectivity smoke's answer: five steps of no motion with the gripper open (openpi's
+# `actions` chunk). Episodes answered so are labelled smoke and never scored.
+FAKE_REPLY = {"actions": np.tile(np.array([0, 0, 0, 0, 0, 0, -1.0]), (5, 1))}
+
+
+class ServiceError(GapError):
+    """The server refused, or could not be reached; the message says which and why."""
+
+
+def _base(url: str, scheme: str) -> str:
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
+        raise ServiceError(f"--url {url}: give the evaluation server as http://HOST:PORT")
+    secure = parts.scheme in ("https", "wss")
+    scheme = {"ws": "wss" if secure else "ws", "http": "https" if secure else "http"}[scheme]
+    return urlunsplit((scheme, parts.netloc, "", "", ""))
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _connect(url: str, path: str, token: str | None):
+    target = _base(url, "ws") + path
+    try:
+        return connect(
+            target, additional_headers=_headers(token), max_size=MAX_FRAME_BYTES, compression=None
+        )
+    except InvalidStatus as exc:
+        code = exc.response.status_code
+        why = "missing or wrong token (--token-file)" if code == 401 else f"HTTP {code}"
+        raise ServiceError(f"{_base(url, 'http')} refused the connection: {why}") from None
+    except OSError as exc:
+        raise ServiceError(f"cannot reach the evaluation server at {url}: {exc}") from None
+
+
+def submit(url: str, config: Path, run_id: str, token: str | None = None) -> Submitted:
+    """Schedule `config`'s trials on the server under `run_id` (idempotent)."""
+    try:
+        text = config.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ServiceError(f"{config}: cannot read the config: {exc}") from None
+    request = Submit(run_id=run_id, config_name=config.name, config_text=text)
+    with _connect(url, CONTROL_PATH, token) as ws:
+        ws.send(packb(request.model_dump()))
+        answer = unpackb(ws.recv(), "answer")
+    if not answer.get("ok"):
+        raise ServiceError(f"gap submit refused: {answer.get('error')}")
+    return Submitted.model_validate({k: v for k, v in answer.items() if k != "ok"})
+
+
+def run_status(url: str, run_id: str, token: str | None = None) -> RunStatus:
+    request = urllib.request.Request(
+        _base(url, "http") + RUNS_PATH + run_id, headers=_headers(token)
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return RunStatus.model_validate(json.loads(answer.read()))
+    except urllib.error.HTTPError as exc:
+        detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
+        raise ServiceError(f"{_base(url, 'http')}: {detail} (HTTP {exc.code})") from None
+    except OSError as exc:
+        raise ServiceError(f"cannot reach the evaluation server at {url}: {exc}") from None
+
+
+class EvalClient:
+    """One worker of a run: attach, answer observations until the server says finished."""
+
+    def __init__(
+        self,
+        url: str,
+        run_id: str,
+        worker_id: int,
+        *,
+        token: str | None = None,
+        smoke: bool = False,
+        metadata: dict | None = None,
+    ):
+        self.url, self.token = url, token
+        self.hello = Hello(
+            run_id=run_id,
+            worker_id=worker_id,
+            smoke=smoke,
+            host=socket.gethostname(),
+            metadata=metadata or {},
+        )
+        self.answered = 0
+
+    def run(self, act: Callable[[dict], dict]) -> dict[str, Any]:
+        """Answer every observation with `act(obs)`; returns the server's `finished` frame."""
+        with _connect(self.url, EPISODES_PATH, self.token) as ws:
+            ws.send(packb(self.hello.model_dump()))
+            while True:
+                try:
+                    frame = unpackb(ws.recv(), "frame")
+                except ConnectionClosed:
+                    raise ServiceError(
+                        f"the evaluation server closed worker {self.hello.worker_id}'s "
+                        "connection before the run finished"
+                    ) from None
+                kind = frame.get("type") if isinstance(frame, dict) else None
+                if kind == "obs":
+                    ws.send(packb({"type": "reply", "reply": dict(act(frame["obs"]))}))
+                    self.answered += 1
+                elif kind == "finished":
+                    return frame
+                elif kind == "error":
+                    raise ServiceError(f"the evaluation server refused: {frame['error']}")
+                else:
+                    raise ServiceError(f"the evaluation server sent an unknown frame {kind!r}")
+
+
+def policy_act(url: str, protocol: str = "openpi") -> tuple[Callable[[dict], dict], dict]:
+    """`act` that asks a policy server (openpi or vla-eval protocol), and its metadata."""
+    from pytest_gap.policies.client import connect_policy
+
+    client = connect_policy(url, protocol)
+    return client.infer, dict(getattr(client, "metadata", None) or {})

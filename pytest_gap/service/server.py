@@ -1,0 +1,323 @@
+"""`gap serve`: the evaluation server. One asyncio websockets server answers the control plane
+(HTTP GET: health, run status; websocket `/control`: submissions) and the data plane (websocket
+`/episodes`: attached clients). See protocol.py for the messages.
+
+Each attached client gets one simulator slot (its own env pool, on its own thread, since a GL
+context belongs to the thread that made it) and a relay: an in-process policy server on
+loopback whose policy is the client itself. A trial then runs exactly as a pytest `policy_only`
+trial does (runner.TrialRun: the mode's template, run_policy, the goal check, result.json,
+trace), with the relay as the policy's server; every observation goes down the client's
+websocket and its reply comes back as the policy's answer. A client that goes away mid-episode
+breaks the relay: the trial is recorded as an infrastructure failure and handed out again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Response
+
+from pytest_gap.policies.server import PolicyServer
+from pytest_gap.policies.wire import HEALTH_PATH, packb, unpackb
+from pytest_gap.report import format_tsv, summary_document
+from pytest_gap.results import write_json
+from pytest_gap.service.protocol import (
+    CONTROL_PATH,
+    EPISODES_PATH,
+    RUNS_PATH,
+    SMOKE_DIR,
+    Hello,
+    RunStatus,
+    Submit,
+    WorkerStatus,
+)
+from pytest_gap.service.runs import SERVICE_FILE, RunRefused, ServiceRun, submit
+
+log = logging.getLogger(__name__)
+LOOPBACK = "127.0.0.1"
+REPLY_TIMEOUT_S = 300.0  # a client that has not answered an observation by then is gone
+MAX_FRAME_BYTES = 64 * 2**20
+IDLE_POLL_S = 0.5  # a worker with nothing to claim waits this long for episodes to come back
+
+
+class Relay:
+    """The attached client as a policy (`infer(obs) -> reply`), called from a trial's thread."""
+
+    def __init__(self, ws: ServerConnection, loop: asyncio.AbstractEventLoop, timeout_s: float):
+        self.ws, self.loop, self.timeout_s = ws, loop, timeout_s
+        self.broken: str | None = None  # why the client can no longer answer
+        self.replies = 0
+
+    async def _ask(self, obs: dict) -> dict:
+        await self.ws.send(packb({"type": "obs", "obs": obs}))
+        frame = unpackb(await self.ws.recv(), "reply")
+        if not isinstance(frame, dict) or frame.get("type") != "reply":
+            raise ValueError("the client answered something other than a reply frame")
+        if not isinstance(frame.get("reply"), dict):
+            raise ValueError("the client's reply frame holds no reply mapping")
+        self.replies += 1
+        return frame["reply"]
+
+    def infer(self, obs: dict) -> dict:
+        if self.broken:
+            raise ConnectionError(self.broken)
+        future = asyncio.run_coroutine_threadsafe(self._ask(obs), self.loop)
+        try:
+            return future.result(self.timeout_s)
+        except Exception as exc:
+            future.cancel()
+            self.broken = f"the evaluation client went away mid-episode ({type(exc).__name__})"
+            raise ConnectionError(self.broken) from None
+
+
+class EvalServer:
+    def __init__(
+        self,
+        runs_dir: Path,
+        *,
+        host: str = LOOPBACK,
+        port: int = 0,
+        token: str | None = None,
+        reply_timeout_s: float = REPLY_TIMEOUT_S,
+    ):
+        self.runs_dir, self.host, self.port = runs_dir.resolve(), host, port
+        self.token, self.reply_timeout_s = token, reply_timeout_s
+        self.runs: dict[str, ServiceRun] = {}
+        self.workers: dict[tuple[str, int], WorkerStatus] = {}
+        self.relays: dict[tuple[str, int], Relay] = {}
+
+    # -- runs -----------------------------------------------------------------------------------
+    def run(self, run_id: str) -> ServiceRun | None:
+        """The run, loaded from the runs dir the first time it is asked for (a restarted server
+        resumes every run it finds there)."""
+        if run_id not in self.runs:
+            run_dir = self.runs_dir / run_id
+            if not (run_dir / SERVICE_FILE).is_file() or run_dir.parent != self.runs_dir:
+                return None
+            self.runs[run_id] = ServiceRun(run_dir)
+        return self.runs[run_id]
+
+    def status(self, run: ServiceRun) -> RunStatus:
+        workers = [w for (rid, _), w in sorted(self.workers.items()) if rid == run.run_id]
+        attached = [w for w in workers if w.state == "attached"]
+        replies = sum(r.replies for (rid, _), r in self.relays.items() if rid == run.run_id)
+        if run.complete:
+            state = "finished"
+        elif not attached:
+            state = "waiting for clients"
+        elif not run.saved and not replies:
+            state = "model loading"
+        else:
+            state = "active"
+        gate = run.summary().gate.line() if run.complete else None
+        return RunStatus(
+            run_id=run.run_id,
+            state=state,
+            expected=len(run.trials),
+            saved=len(run.saved),
+            in_progress=len(run.in_progress),
+            remaining=len(run.trials) - len(run.saved) - len(run.in_progress),
+            infra_failures=run.infra_failures,
+            smoke_episodes=run.smoke_episodes,
+            workers=workers,
+            gate=gate,
+        )
+
+    # -- control plane --------------------------------------------------------------------------
+    def _authorized(self, headers: Headers) -> bool:
+        return self.token is None or headers.get("Authorization") == f"Bearer {self.token}"
+
+    @staticmethod
+    def _json(status: HTTPStatus, body: dict) -> Response:
+        data = (json.dumps(body) + "\n").encode()
+        headers = Headers(
+            [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+        )
+        return Response(status.value, status.phrase, headers, data)
+
+    def _http(self, connection: ServerConnection, request) -> Response | None:
+        path = urlsplit(request.path).path
+        if path == HEALTH_PATH:
+            return connection.respond(HTTPStatus.OK, "OK\n")
+        if not self._authorized(request.headers):
+            return self._json(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
+        if path in (EPISODES_PATH, CONTROL_PATH):
+            return None  # the websocket handshake goes on
+        if path.startswith(RUNS_PATH):
+            run_id = path[len(RUNS_PATH) :]
+            run = self.run(run_id)
+            if run is None:
+                error = f"no run {run_id} on this server; `gap submit` it first"
+                return self._json(HTTPStatus.NOT_FOUND, {"error": error})
+            return self._json(HTTPStatus.OK, self.status(run).model_dump(mode="json"))
+        return self._json(HTTPStatus.NOT_FOUND, {"error": f"no such path {path}"})
+
+    async def _session(self, ws: ServerConnection) -> None:
+        path = urlsplit(ws.request.path).path
+        try:
+            if path == CONTROL_PATH:
+                await self._control(ws)
+            else:
+                await self._episodes(ws)
+        except ConnectionClosed:
+            pass
+
+    async def _control(self, ws: ServerConnection) -> None:
+        try:
+            request = Submit.model_validate(unpackb(await ws.recv(), "submission"))
+            done = await asyncio.to_thread(submit, self.runs_dir, request)
+        except (ValidationError, ValueError, RunRefused) as exc:
+            message = str(exc).splitlines()[0] if isinstance(exc, ValidationError) else str(exc)
+            await ws.send(packb({"ok": False, "error": message}))
+            return
+        self.runs.pop(request.run_id, None)  # reloaded from disk as submitted
+        await ws.send(packb({"ok": True, **done.model_dump()}))
+
+    # -- data plane -----------------------------------------------------------------------------
+    async def _refuse(self, ws: ServerConnection, error: str) -> None:
+        await ws.send(packb({"type": "error", "error": error}))
+
+    async def _episodes(self, ws: ServerConnection) -> None:
+        try:
+            hello = Hello.model_validate(unpackb(await ws.recv(), "hello"))
+        except (ValidationError, ValueError) as exc:
+            return await self._refuse(ws, f"the first frame must be a hello: {exc}")
+        run = self.run(hello.run_id)
+        if run is None:
+            return await self._refuse(
+                ws,
+                f"no run {hello.run_id} on this server; `gap submit CONFIG --run-id "
+                f"{hello.run_id}` first",
+            )
+        key = (hello.run_id, hello.worker_id)
+        live = self.workers.get(key)
+        if live is not None and live.state == "attached":
+            return await self._refuse(
+                ws,
+                f"worker id {hello.worker_id} of run {hello.run_id} is already attached "
+                f"(from {live.host or 'another client'}); give each client its own worker id",
+            )
+        status = WorkerStatus(
+            worker_id=hello.worker_id,
+            state="attached",
+            host=hello.host,
+            smoke=hello.smoke,
+            episodes_done=live.episodes_done if live else 0,
+        )
+        self.workers[key] = status
+        relay = Relay(ws, asyncio.get_running_loop(), self.reply_timeout_s)
+        self.relays[key] = relay
+        policy = PolicyServer(relay, host=LOOPBACK, metadata=hello.metadata).start()
+        # One thread per slot: its env's GL context lives and dies on it.
+        slot = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gap-slot-{hello.worker_id}")
+        from pytest_gap.sim.pool import EnvPool
+
+        pool = EnvPool(max_envs=1)
+        loop = asyncio.get_running_loop()
+        try:
+            if hello.smoke:
+                trial = run.smoke_trial()
+                await loop.run_in_executor(
+                    slot,
+                    self._run_trial,
+                    run,
+                    run.run_dir / SMOKE_DIR,
+                    trial,
+                    pool,
+                    policy.url,
+                    hello.worker_id,
+                )
+                run.smoke_episodes += 1
+            while not hello.smoke and relay.broken is None:
+                trial = run.claim(hello.worker_id)
+                if trial is None:
+                    if run.complete or not run.in_progress:
+                        break
+                    await asyncio.sleep(IDLE_POLL_S)  # another client's episode may come back
+                    continue
+                status.current = trial.key
+                try:
+                    await loop.run_in_executor(
+                        slot,
+                        self._run_trial,
+                        run,
+                        run.run_dir,
+                        trial,
+                        pool,
+                        policy.url,
+                        hello.worker_id,
+                    )
+                finally:  # whatever happened, the trial is saved or handed out again
+                    run.finish(trial.key)
+                    status.current = None
+                status.episodes_done += trial.key in run.saved
+            if relay.broken is None:
+                if run.complete:
+                    await asyncio.to_thread(self._write_summary, run)
+                await ws.send(
+                    packb(
+                        {
+                            "type": "finished",
+                            "smoke": hello.smoke,
+                            "expected": len(run.trials),
+                            "saved": len(run.saved),
+                        }
+                    )
+                )
+        finally:
+            status.state, status.current = "detached", None
+            policy.stop()
+            await loop.run_in_executor(slot, pool.close)
+            slot.shutdown(wait=False)
+
+    @staticmethod
+    def _run_trial(run, run_dir, trial, pool, url, worker_id) -> None:
+        from pytest_gap.runner import TrialRun
+
+        config = run.card["config_name"]
+        TrialRun(
+            trial,
+            run_dir,
+            nodeid=f"{config}::{trial.id}",
+            config=config,
+            pool=pool,
+            worker=f"service-{worker_id}",
+            policies={run.policy_id: run.endpoint(url)},
+        ).execute()
+
+    @staticmethod
+    def _write_summary(run: ServiceRun) -> None:
+        summary = run.summary()
+        (run.run_dir / "summary.tsv").write_text(format_tsv(summary.cells))
+        write_json(run.run_dir / "summary.json", summary_document(summary, run.config.echo()))
+
+    # -- serving --------------------------------------------------------------------------------
+    async def serve(self, started: asyncio.Future | None = None) -> None:
+        """Serve until cancelled; `started` receives the bound port."""
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        if self.host != LOOPBACK:
+            log.warning(
+                "gap serve: listening on %s, not loopback: reachable from other hosts", self.host
+            )
+        async with serve(
+            self._session,
+            self.host,
+            self.port,
+            compression=None,
+            max_size=MAX_FRAME_BYTES,
+            process_request=self._http,
+        ) as server:
+            self.port = server.sockets[0].getsockname()[1]
+            if started is not None:
+                started.set_result(self.port)
+            await asyncio.get_running_loop().create_future()

@@ -1,0 +1,340 @@
+"""The evaluation service end to end on loopback: a real `gap serve` process, real `gap submit`,
+`gap eval` and `gap status` processes, real LIBERO episodes (20 control steps) and a real policy
+server (the built-in `hold`, served in this process, slowed down where a test must catch an
+episode in the middle). Faults are real too: SIGKILL of a client mid-episode and of the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from pytest_gap.policies.builtin import HoldPolicy
+from pytest_gap.policies.server import PolicyServer
+from pytest_gap.policies.wire import packb, unpackb
+
+GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
+TIMEOUT = 240
+STEPS = 20
+LONG_STEPS = 120  # with SlowHold, about 10 s of episode: long enough to interrupt
+
+
+class SlowHold(HoldPolicy):
+    """Holds still, taking its time: an episode lasts long enough to be interrupted."""
+
+    def infer(self, obs: dict) -> dict:
+        time.sleep(0.4)
+        return super().infer(obs)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _config(path: Path, tasks=(0, 1), steps: int = STEPS) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "policies": {"remote": {"url": "ws://127.0.0.1:1", "obs_format": "gap"}},
+                "trials": {"max_steps": steps},
+                "benchmark": {
+                    "families": ["libero"],
+                    "variations": ["object"],
+                    "modes": ["policy_only"],
+                    "policies": ["remote"],
+                    "task_ids": list(tasks),
+                    "n_seeds": 1,
+                    "gate_threshold": 0.0,
+                    "mode_overrides": {"policy_only": {"template": "policy_only"}},
+                },
+            }
+        )
+    )
+    return path
+
+
+class Server:
+    """A `gap serve` process on a free loopback port."""
+
+    def __init__(self, home: Path, token: str | None = None, port: int | None = None):
+        self.home, self.port = home, port or _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [GAP, "serve", "--port", str(self.port), "--runs-dir", str(home / "runs")]
+        if token:
+            (home / "token").write_text(token + "\n")
+            argv += ["--token-file", str(home / "token")]
+        self.log = open(home / f"serve_{self.port}.log", "a")  # noqa: SIM115 (closed in stop)
+        self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{self.url}/healthz", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"gap serve did not come up: {(home / 'serve.log').read_text()}")
+
+    def gap(self, *args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [GAP, *args], capture_output=True, text=True, timeout=timeout, cwd=self.home
+        )
+
+    def submit(self, config: Path, run_id: str, *extra: str):
+        return self.gap("submit", str(config), "--run-id", run_id, "--port", str(self.port), *extra)
+
+    def status(self, run_id: str) -> dict:
+        """GET /runs/<run id> (what `gap status --json` prints), without a process per poll."""
+        with urllib.request.urlopen(f"{self.url}/runs/{run_id}", timeout=30) as answer:
+            return json.loads(answer.read())
+
+    def eval(self, run_id: str, policy: str, *extra: str) -> subprocess.Popen:
+        argv = [GAP, "eval", "--url", self.url, "--run-id", run_id, "--policy", policy, *extra]
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(timeout=30)
+        self.log.close()
+
+
+@pytest.fixture
+def home(tmp_path) -> Path:
+    return tmp_path
+
+
+@pytest.fixture
+def start(home):
+    """Start a `gap serve` in `home`; every one started is killed at the end of the test."""
+    servers: list[Server] = []
+
+    def _start(**kwargs) -> Server:
+        servers.append(Server(home, **kwargs))
+        return servers[-1]
+
+    yield _start
+    for server in servers:
+        server.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def hold():
+    with PolicyServer(HoldPolicy(), metadata={"name": "hold"}).start() as running:
+        yield running.url
+
+
+def _wait(predicate, what: str, timeout: float = TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _records(home: Path, run_id: str) -> dict[str, dict]:
+    run = home / "runs" / run_id
+    return {
+        p.parent.relative_to(run).as_posix(): json.loads(p.read_text())
+        for p in run.rglob("result.json")
+    }
+
+
+def test_two_clients_with_disjoint_worker_ids_finish_a_run(home, start, hold):
+    server = start()
+    config = _config(home / "run.yaml")
+    first = server.submit(config, "r1")
+    assert first.returncode == 0 and first.stdout.strip() == "run r1: 2 trials scheduled"
+    again = server.submit(config, "r1")
+    assert again.returncode == 0 and "already submitted" in again.stdout
+    other = _config(home / "other.yaml", tasks=(2,))
+    taken = server.submit(other, "r1")
+    assert taken.returncode == 2 and "run id r1 is taken by another config" in taken.stderr
+    waiting = server.gap("status", "--url", server.url, "--run-id", "r1")
+    assert waiting.stdout.startswith(
+        "run r1: waiting for clients; 0/2 episodes saved, 0 in progress, 2 remaining"
+    )
+    assert not (home / "runs/r1/policy_only").exists()  # submitting ran nothing
+
+    client = server.eval("r1", hold, "--worker-ids", "0,1")
+    out, err = client.communicate(timeout=TIMEOUT)
+    assert client.returncode == 0, out + err
+    assert out.count("run r1 finished, 2/2 episodes saved") == 2
+    status = server.status("r1")
+    assert status["state"] == "finished" and status["saved"] == status["expected"] == 2
+    assert sorted(w["worker_id"] for w in status["workers"]) == [0, 1]
+    assert status["gate"].startswith("gate PASS: success_rate=0.000")
+    records = _records(home, "r1")
+    assert sorted(records) == [
+        "policy_only/remote/libero/object/task_00/seed_000",
+        "policy_only/remote/libero/object/task_01/seed_000",
+    ]
+    for record in records.values():
+        assert record["error"] is None and record["steps"] == STEPS
+        assert record["exit_status"] == "step_limit"  # holding still, to the last step
+    assert {r["worker"] for r in records.values()} <= {"service-0", "service-1"}
+    summary = json.loads((home / "runs/r1/summary.json").read_text())
+    assert summary["n_trials"] == 2 and summary["gate"]["verdict"] == "PASS"
+
+
+def test_a_client_killed_mid_episode_has_its_episode_handed_out_again(home, start):
+    server = start()
+    long = _config(home / "run.yaml", tasks=(0,), steps=LONG_STEPS)
+    assert server.submit(long, "r2").returncode == 0
+    with PolicyServer(SlowHold()).start() as slow:
+        client = server.eval("r2", slow.url, "--worker-ids", "3")
+        _wait(lambda: server.status("r2")["state"] == "active", "the first reply")
+        client.send_signal(signal.SIGKILL)
+        client.communicate(timeout=30)  # closes its pipes too
+        broken = _wait(
+            lambda: (s := server.status("r2"))["infra_failures"] == 1 and s, "the infra record"
+        )
+        assert broken["saved"] == 0 and broken["remaining"] == 1
+        (record,) = _records(home, "r2").values()
+        assert record["infra_failure"] and record["error"]
+        # the same worker id again, now that the first is gone
+        again = server.eval("r2", slow.url, "--worker-ids", "3")
+        out, err = again.communicate(timeout=TIMEOUT)
+    assert again.returncode == 0, out + err
+    (record,) = _records(home, "r2").values()
+    assert record["error"] is None and not record["infra_failure"]
+    assert record["steps"] == LONG_STEPS
+    assert server.status("r2")["saved"] == 1
+
+
+def test_a_killed_server_restarted_on_its_runs_dir_loses_nothing(home, start, hold):
+    server = start()
+    long = _config(home / "run.yaml", tasks=(0, 1), steps=LONG_STEPS)
+    assert server.submit(long, "r3").returncode == 0
+    with PolicyServer(SlowHold()).start() as slow:
+        client = server.eval("r3", slow.url)
+        _wait(lambda: server.status("r3")["saved"] == 1, "one saved episode")
+        saved = {k: v for k, v in _records(home, "r3").items() if v["error"] is None}
+        (key,) = saved
+        stamp = (home / "runs/r3" / key / "result.json").stat().st_mtime_ns
+        server.stop(signal.SIGKILL)
+        client.communicate(timeout=60)
+        assert client.returncode != 0  # its server vanished before the run finished
+
+    restarted = start(port=server.port)
+    status = restarted.status("r3")
+    assert status["saved"] == 1 and status["remaining"] == 1 and status["state"] != "finished"
+    client = restarted.eval("r3", hold)
+    out, err = client.communicate(timeout=TIMEOUT)
+    assert client.returncode == 0, out + err
+    assert restarted.status("r3")["saved"] == 2
+    assert (home / "runs/r3" / key / "result.json").stat().st_mtime_ns == stamp  # untouched
+
+
+def test_fake_actions_are_a_smoke_that_is_never_scored(home, start):
+    server = start()
+    assert server.submit(_config(home / "run.yaml", tasks=(0,)), "r4").returncode == 0
+    smoke = server.gap("eval", "--url", server.url, "--run-id", "r4", "--fake-actions")
+    assert smoke.returncode == 0 and "not scored" in smoke.stdout
+    status = server.status("r4")
+    assert status["smoke_episodes"] == 1 and status["saved"] == 0 and status["remaining"] == 1
+    assert status["state"] != "finished"
+    assert not (home / "runs/r4/summary.json").exists()
+    assert len(list((home / "runs/r4/smoke").rglob("result.json"))) == 1  # kept apart
+
+
+def test_tokens_guard_every_door_and_stay_out_of_the_records(home, start, hold):
+    secret = "s3cr3t-token-value"
+    server = start(token=secret)
+    config = _config(home / "run.yaml", tasks=(0,))
+    (home / "bad").write_text("wrong\n")
+    refused = server.submit(config, "r5", "--token-file", str(home / "bad"))
+    assert refused.returncode == 2 and "missing or wrong token" in refused.stderr
+    assert server.submit(config, "r5").returncode == 2  # no token at all
+    assert server.submit(config, "r5", "--token-file", str(home / "token")).returncode == 0
+    with pytest.raises(urllib.error.HTTPError) as unauthorized:
+        urllib.request.urlopen(f"{server.url}/runs/r5")
+    assert unauthorized.value.code == 401
+    denied = server.eval("r5", hold)
+    _, err = denied.communicate(timeout=60)
+    assert denied.returncode == 2 and "missing or wrong token" in err
+    client = server.eval("r5", hold, "--token-file", str(home / "token"))
+    out, err = client.communicate(timeout=TIMEOUT)
+    assert client.returncode == 0, out + err
+    for path in (home / "runs").rglob("*"):
+        if path.is_file() and path.name != "token":
+            assert secret not in path.read_text(errors="replace"), path
+
+
+# websockets' sync client leaves its socket to the collector after the server's 1009 close
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_bad_frames_get_a_clear_error_and_the_server_serves_on(home, start, hold):
+    server = start()
+    assert server.submit(_config(home / "run.yaml", tasks=(0,)), "r6").returncode == 0
+    ws_url = f"ws://127.0.0.1:{server.port}/episodes"
+    with connect(ws_url) as ws:
+        ws.send(b"\x00garbage")
+        answer = unpackb(ws.recv())
+    assert answer["type"] == "error" and "the first frame must be a hello" in answer["error"]
+    with connect(ws_url) as ws:
+        ws.send(packb({"run_id": "nope", "worker_id": 0}))
+        answer = unpackb(ws.recv())
+    assert "no run nope on this server" in answer["error"]
+    with connect(ws_url, max_size=None) as ws:
+        ws.send(b"\x00" * (65 * 2**20))  # over the server's frame limit: closed with 1009
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv()
+    assert closed.value.rcvd.code == 1009
+    # A second client with a live client's worker id is refused; the first, gone mid-episode,
+    # leaves its episode to be handed out again.
+    with connect(ws_url, max_size=None) as first:
+        first.send(packb({"run_id": "r6", "worker_id": 5}))
+        assert unpackb(first.recv())["type"] == "obs"  # its episode is under way
+        with connect(ws_url) as twin:
+            twin.send(packb({"run_id": "r6", "worker_id": 5}))
+            refused = unpackb(twin.recv())
+        assert "worker id 5 of run r6 is already attached" in refused["error"]
+    _wait(lambda: server.status("r6")["infra_failures"] == 1, "the dropped episode")
+    client = server.eval("r6", hold, "--worker-ids", "5")  # others are still served
+    out, err = client.communicate(timeout=TIMEOUT)
+    assert client.returncode == 0, out + err
+    assert server.status("r6")["saved"] == 1
+
+
+def test_gap_eval_and_submit_name_what_is_wrong(home, start):
+    server = start()
+    suites = home / "suites.yaml"
+    suites.write_text(yaml.safe_dump({"suites": [{"suite_name": "libero_object"}]}))
+    wrong = server.submit(suites, "r7")
+    assert wrong.returncode == 2
+    assert "a service run evaluates one remote policy: set benchmark.modes: [policy_only]" in (
+        wrong.stderr
+    )
+    bad_id = server.submit(_config(home / "run.yaml"), "../escape")
+    assert bad_id.returncode == 2 and "run id '../escape': use letters" in bad_id.stderr
+    nothing = server.gap("eval", "--url", server.url, "--run-id", "r7")
+    assert nothing.returncode == 2 and "give --policy" in nothing.stderr
+    ids = server.gap("eval", "--url", server.url, "--run-id", "r7", "--worker-ids", "1,1")
+    assert ids.returncode == 2 and "distinct worker ids" in ids.stderr
+    missing = server.gap("status", "--url", server.url, "--run-id", "r7")
+    assert missing.returncode == 2 and "no run r7 on this server" in missing.stderr
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch):
+    """urllib must reach loopback directly, whatever proxy the machine sets."""
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    os.environ.setdefault("NO_PROXY", "127.0.0.1")
