@@ -353,11 +353,18 @@ def _token(args: argparse.Namespace) -> str | None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
+    import logging
     from pathlib import Path
 
+    from pytest_gap.service.runs import load_splits
     from pytest_gap.service.server import EvalServer
 
-    server = EvalServer(Path(args.runs_dir), host=args.host, port=args.port, token=_token(args))
+    logging.basicConfig(level=logging.INFO, format="gap serve: %(message)s")
+    logging.getLogger("websockets").setLevel(logging.WARNING)  # not a line per connection
+    splits = load_splits(Path(args.splits)) if args.splits else None
+    server = EvalServer(
+        Path(args.runs_dir), host=args.host, port=args.port, token=_token(args), splits=splits
+    )
 
     async def main() -> None:
         started = asyncio.get_running_loop().create_future()
@@ -677,6 +684,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--runs-dir", default="service_runs", help="where runs are kept")
     serve.add_argument("--token-file", help="a file holding the bearer token clients must send")
+    serve.add_argument(
+        "--splits", help="YAML {val_train|val_unseen|test: {seeds: [...]}}: the server's splits"
+    )
     serve.set_defaults(func=_cmd_serve)
     submit = sub.add_parser("submit", help="schedule a config's trials on an evaluation server")
     submit.add_argument("config", help="a benchmark YAML (modes: [policy_only], one policy)")

@@ -71,10 +71,17 @@ def _config(path: Path, tasks=(0, 1), steps: int = STEPS) -> Path:
 class Server:
     """A `gap serve` process on a free loopback port."""
 
-    def __init__(self, home: Path, token: str | None = None, port: int | None = None):
+    def __init__(
+        self,
+        home: Path,
+        token: str | None = None,
+        port: int | None = None,
+        splits: Path | None = None,
+    ):
         self.home, self.port = home, port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [GAP, "serve", "--port", str(self.port), "--runs-dir", str(home / "runs")]
+        argv += ["--splits", str(splits)] if splits else []
         if token:
             (home / "token").write_text(token + "\n")
             argv += ["--token-file", str(home / "token")]
@@ -191,6 +198,16 @@ def test_two_clients_with_disjoint_worker_ids_finish_a_run(home, start, hold):
     assert {r["worker"] for r in records.values()} <= {"service-0", "service-1"}
     summary = json.loads((home / "runs/r1/summary.json").read_text())
     assert summary["n_trials"] == 2 and summary["gate"]["verdict"] == "PASS"
+    card = json.loads((home / "runs/r1/service.json").read_text())  # the run's own record
+    assert card["run_id"] == "r1" and card["config_name"] == "run.yaml"
+    assert sorted(w["worker_id"] for w in card["workers"]) == [0, 1]
+    assert all(w["host"] == socket.gethostname() for w in card["workers"])
+    assert card["coverage"] == {
+        "expected": 2,
+        "saved": 2,
+        "infra_failures": 0,
+        "smoke_episodes": 0,
+    }
 
 
 def test_a_client_killed_mid_episode_has_its_episode_handed_out_again(home, start):
@@ -310,6 +327,37 @@ def test_bad_frames_get_a_clear_error_and_the_server_serves_on(home, start, hold
     out, err = client.communicate(timeout=TIMEOUT)
     assert client.returncode == 0, out + err
     assert server.status("r6")["saved"] == 1
+
+
+def test_a_split_takes_its_seeds_from_the_server_and_is_never_substituted(home, start, hold):
+    (home / "splits.yaml").write_text(
+        yaml.safe_dump({"val_train": {"seeds": [0]}, "test": {"seeds": [7]}})
+    )
+    server = start(splits=home / "splits.yaml")
+    config = yaml.safe_load(_config(home / "run.yaml", tasks=(0,)).read_text())
+    del config["benchmark"]["n_seeds"]
+    (home / "test.yaml").write_text(yaml.safe_dump({**config, "split": "test"}))
+    assert server.submit(home / "test.yaml", "held").returncode == 0
+    client = server.eval("held", hold)
+    out, err = client.communicate(timeout=TIMEOUT)
+    assert client.returncode == 0, out + err
+    assert list(_records(home, "held")) == ["policy_only/remote/libero/object/task_00/seed_007"]
+    assert "seed" not in out + err  # the client learns no seed
+    status = server.status("held")
+    assert status["split"] == "test" and all(w["current"] is None for w in status["workers"])
+
+    (home / "unseen.yaml").write_text(yaml.safe_dump({**config, "split": "val_unseen"}))
+    refused = server.submit(home / "unseen.yaml", "unseen")
+    assert refused.returncode == 2
+    assert "split: val_unseen is not a split of this server (it has: test, val_train)" in (
+        refused.stderr
+    )
+    seeded = {**config, "split": "val_train", "benchmark": {**config["benchmark"], "seeds": [3]}}
+    (home / "seeded.yaml").write_text(yaml.safe_dump(seeded))
+    both = server.submit(home / "seeded.yaml", "seeded")
+    assert both.returncode == 2 and "remove benchmark.seeds and benchmark.n_seeds" in both.stderr
+    plain = start()  # a server without splits refuses any
+    assert "(it has: none)" in plain.submit(home / "test.yaml", "x").stderr
 
 
 def test_gap_eval_and_submit_name_what_is_wrong(home, start):

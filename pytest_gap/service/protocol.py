@@ -22,6 +22,8 @@ EPISODES_PATH = "/episodes"
 CONTROL_PATH = "/control"
 RUNS_PATH = "/runs/"
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+SplitName = Literal["val_train", "val_unseen", "test"]
+HELD_OUT: SplitName = "test"  # its seeds stay on the server: status names no trial of it
 SMOKE_DIR = "smoke"  # fake-action episodes: recorded here, never folded into a rate
 
 
@@ -63,11 +65,12 @@ class WorkerStatus(BaseModel):
     host: str = ""
     smoke: bool = False
     episodes_done: int = 0
-    current: str | None = None  # the trial it is running
+    current: str | None = None  # the trial it is running (never named on the held-out split)
 
 
 class RunStatus(BaseModel):
     run_id: str
+    split: SplitName | None = None
     state: Literal["waiting for clients", "model loading", "active", "finished"]
     expected: int  # trials planned
     saved: int  # trials with a scored record

@@ -6,9 +6,11 @@ where it stood; which are in progress lives in memory only (a restart hands them
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from pytest_gap.config import BenchmarkConfig, ConfigError, parse_config
 from pytest_gap.errors import GapError
@@ -16,8 +18,9 @@ from pytest_gap.plan import Cell, Trial, all_trials, plan
 from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.report import RunSummary, fold_run
 from pytest_gap.results import TrialResult, now_iso, read_result, scan_results, write_json
-from pytest_gap.service.protocol import SMOKE_DIR, Submit, Submitted
+from pytest_gap.service.protocol import SMOKE_DIR, SplitName, Submit, Submitted
 
+log = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
 SERVICE_FILE = "service.json"
 SERVICE_MODE = "policy_only"  # a remote client's policy acts alone, from the arm's home pose
@@ -27,9 +30,59 @@ class RunRefused(GapError):
     """A submission or attach the server will not take; the message says why and the fix."""
 
 
-def _config(text: str, name: str, run_dir: Path) -> tuple[BenchmarkConfig, list[Cell]]:
+class Split(BaseModel):
+    """A split the server holds: its seeds are the server's alone (clients never see them)."""
+
+    model_config = ConfigDict(extra="forbid")
+    seeds: list[int] = Field(min_length=1)
+
+
+Splits = dict[SplitName, Split]
+
+
+def load_splits(path: Path) -> Splits:
+    """`gap serve --splits FILE`: {val_train|val_unseen|test: {seeds: [...]}}."""
     try:
-        config = parse_config(yaml.safe_load(text), name, base=run_dir)
+        data = yaml.safe_load(path.read_text())
+        return TypeAdapter(Splits).validate_python(data or {})
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise GapError(f"--splits {path}: cannot read it: {exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise GapError(f"--splits {path}: {where}: {first['msg']}") from None
+
+
+def _with_split(data: dict, name: str, splits: Splits) -> tuple[dict, str | None]:
+    """The config data with the server's seeds of its `split:`, and the split's name."""
+    split = data.pop("split", None)
+    if split is None:
+        return data, None
+    if split not in splits:
+        have = ", ".join(splits) or "none"
+        raise RunRefused(
+            f"{name}: split: {split} is not a split of this server (it has: {have}); ask for "
+            "one it has: a split is never substituted"
+        )
+    block = data.get("benchmark")
+    if not isinstance(block, dict) or block.get("seeds") is not None or "n_seeds" in block:
+        raise RunRefused(
+            f"{name}: split: {split} takes its seeds from the server; remove benchmark.seeds "
+            "and benchmark.n_seeds (and use a benchmark: grid)"
+        )
+    data["benchmark"] = {**block, "seeds": list(splits[split].seeds)}
+    return data, split
+
+
+def _config(
+    text: str, name: str, run_dir: Path, splits: Splits
+) -> tuple[BenchmarkConfig, list[Cell], str | None]:
+    try:
+        data = yaml.safe_load(text)
+        split = None
+        if isinstance(data, dict):
+            data, split = _with_split(dict(data), name, splits)
+        config = parse_config(data, name, base=run_dir)
         cells = plan(config)
     except yaml.YAMLError as exc:
         raise RunRefused(f"{name}: not valid YAML: {str(exc).splitlines()[0]}") from None
@@ -43,15 +96,17 @@ def _config(text: str, name: str, run_dir: Path) -> tuple[BenchmarkConfig, list[
             f"[{SERVICE_MODE}] and benchmark.policies to one registry entry (got modes "
             f"{', '.join(modes)}; policies {', '.join(policies) or 'none'})"
         )
-    return config, cells
+    return config, cells, split
 
 
 class ServiceRun:
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, splits: Splits | None = None):
         self.run_dir = run_dir
         self.card = json.loads((run_dir / SERVICE_FILE).read_text())
         text = (run_dir / CONFIG_FILE).read_text()
-        self.config, self.cells = _config(text, self.card["config_name"], run_dir)
+        self.config, self.cells, self.split = _config(
+            text, self.card["config_name"], run_dir, splits or {}
+        )
         self.trials: dict[str, Trial] = {t.key: t for t in all_trials(self.cells)}
         self.policy_id: str = self.cells[0].policy_id
         entry = self.config.policies[self.policy_id]
@@ -90,8 +145,10 @@ class ServiceRun:
         result = read_result(self.run_dir / key)
         if isinstance(result, TrialResult) and not result.errored:
             self.saved.add(key)
-        else:
-            self.infra_failures += 1
+            return
+        self.infra_failures += 1
+        why = result.error if isinstance(result, TrialResult) else "no record"
+        log.warning("run %s: %s is handed out again: %s", self.run_id, key, why)
 
     @property
     def complete(self) -> bool:
@@ -103,7 +160,7 @@ class ServiceRun:
         )
 
 
-def submit(runs_dir: Path, request: Submit) -> Submitted:
+def submit(runs_dir: Path, request: Submit, splits: Splits | None = None) -> Submitted:
     """Schedule a config's trials under a run id; the same submission again adds nothing."""
     run_dir = runs_dir / request.run_id
     if (run_dir / SERVICE_FILE).is_file():
@@ -112,7 +169,7 @@ def submit(runs_dir: Path, request: Submit) -> Submitted:
                 f"run id {request.run_id} is taken by another config on this server; pick a "
                 "new run id (or resubmit the same config to reuse it)"
             )
-        run = ServiceRun(run_dir)
+        run = ServiceRun(run_dir, splits)
         return Submitted(
             run_id=request.run_id,
             created=False,
@@ -120,12 +177,17 @@ def submit(runs_dir: Path, request: Submit) -> Submitted:
             message=f"run {request.run_id} was already submitted ({len(run.trials)} trials, "
             f"{len(run.saved)} saved); nothing added",
         )
-    _, cells = _config(request.config_text, request.config_name, run_dir)
+    _, cells, split = _config(request.config_text, request.config_name, run_dir, splits or {})
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(request.config_text)
     write_json(
         run_dir / SERVICE_FILE,
-        {"run_id": request.run_id, "config_name": request.config_name, "submitted_at": now_iso()},
+        {
+            "run_id": request.run_id,
+            "config_name": request.config_name,
+            "split": split,
+            "submitted_at": now_iso(),
+        },
     )
     n = len(all_trials(cells))
     return Submitted(

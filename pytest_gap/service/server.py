@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from pathlib import Path
@@ -30,10 +31,11 @@ from websockets.http11 import Response
 from pytest_gap.policies.server import PolicyServer
 from pytest_gap.policies.wire import HEALTH_PATH, packb, unpackb
 from pytest_gap.report import format_tsv, summary_document
-from pytest_gap.results import write_json
+from pytest_gap.results import now_iso, write_json
 from pytest_gap.service.protocol import (
     CONTROL_PATH,
     EPISODES_PATH,
+    HELD_OUT,
     RUNS_PATH,
     SMOKE_DIR,
     Hello,
@@ -41,7 +43,7 @@ from pytest_gap.service.protocol import (
     Submit,
     WorkerStatus,
 )
-from pytest_gap.service.runs import SERVICE_FILE, RunRefused, ServiceRun, submit
+from pytest_gap.service.runs import SERVICE_FILE, RunRefused, ServiceRun, Splits, submit
 
 log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
@@ -80,6 +82,22 @@ class Relay:
             raise ConnectionError(self.broken) from None
 
 
+class _OneBuildAtATime:
+    """A slot's env pool whose env creation takes a lock shared by every slot: two threads
+    importing a simulator at once break its imports (robosuite's `controllers` package raised
+    a circular ImportError when two slots made their first env together)."""
+
+    def __init__(self, pool, lock: threading.Lock):
+        self.pool, self.lock = pool, lock
+
+    def get(self, *args, **kwargs):
+        with self.lock:
+            return self.pool.get(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.pool, name)
+
+
 class EvalServer:
     def __init__(
         self,
@@ -89,9 +107,12 @@ class EvalServer:
         port: int = 0,
         token: str | None = None,
         reply_timeout_s: float = REPLY_TIMEOUT_S,
+        splits: Splits | None = None,
     ):
         self.runs_dir, self.host, self.port = runs_dir.resolve(), host, port
         self.token, self.reply_timeout_s = token, reply_timeout_s
+        self.splits: Splits = splits or {}
+        self._building = threading.Lock()
         self.runs: dict[str, ServiceRun] = {}
         self.workers: dict[tuple[str, int], WorkerStatus] = {}
         self.relays: dict[tuple[str, int], Relay] = {}
@@ -104,11 +125,13 @@ class EvalServer:
             run_dir = self.runs_dir / run_id
             if not (run_dir / SERVICE_FILE).is_file() or run_dir.parent != self.runs_dir:
                 return None
-            self.runs[run_id] = ServiceRun(run_dir)
+            self.runs[run_id] = ServiceRun(run_dir, self.splits)
         return self.runs[run_id]
 
     def status(self, run: ServiceRun) -> RunStatus:
         workers = [w for (rid, _), w in sorted(self.workers.items()) if rid == run.run_id]
+        if run.split == HELD_OUT:  # a trial key names its seed
+            workers = [w.model_copy(update={"current": None}) for w in workers]
         attached = [w for w in workers if w.state == "attached"]
         replies = sum(r.replies for (rid, _), r in self.relays.items() if rid == run.run_id)
         if run.complete:
@@ -122,6 +145,7 @@ class EvalServer:
         gate = run.summary().gate.line() if run.complete else None
         return RunStatus(
             run_id=run.run_id,
+            split=run.split,
             state=state,
             expected=len(run.trials),
             saved=len(run.saved),
@@ -155,7 +179,10 @@ class EvalServer:
             return None  # the websocket handshake goes on
         if path.startswith(RUNS_PATH):
             run_id = path[len(RUNS_PATH) :]
-            run = self.run(run_id)
+            try:
+                run = self.run(run_id)
+            except RunRefused as exc:  # e.g. restarted without the --splits its run asked for
+                return self._json(HTTPStatus.CONFLICT, {"error": str(exc)})
             if run is None:
                 error = f"no run {run_id} on this server; `gap submit` it first"
                 return self._json(HTTPStatus.NOT_FOUND, {"error": error})
@@ -175,7 +202,7 @@ class EvalServer:
     async def _control(self, ws: ServerConnection) -> None:
         try:
             request = Submit.model_validate(unpackb(await ws.recv(), "submission"))
-            done = await asyncio.to_thread(submit, self.runs_dir, request)
+            done = await asyncio.to_thread(submit, self.runs_dir, request, self.splits)
         except (ValidationError, ValueError, RunRefused) as exc:
             message = str(exc).splitlines()[0] if isinstance(exc, ValidationError) else str(exc)
             await ws.send(packb({"ok": False, "error": message}))
@@ -192,7 +219,10 @@ class EvalServer:
             hello = Hello.model_validate(unpackb(await ws.recv(), "hello"))
         except (ValidationError, ValueError) as exc:
             return await self._refuse(ws, f"the first frame must be a hello: {exc}")
-        run = self.run(hello.run_id)
+        try:
+            run = self.run(hello.run_id)
+        except RunRefused as exc:
+            return await self._refuse(ws, str(exc))
         if run is None:
             return await self._refuse(
                 ws,
@@ -222,7 +252,7 @@ class EvalServer:
         slot = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gap-slot-{hello.worker_id}")
         from pytest_gap.sim.pool import EnvPool
 
-        pool = EnvPool(max_envs=1)
+        pool = _OneBuildAtATime(EnvPool(max_envs=1), self._building)
         loop = asyncio.get_running_loop()
         try:
             if hello.smoke:
@@ -295,11 +325,25 @@ class EvalServer:
             policies={run.policy_id: run.endpoint(url)},
         ).execute()
 
-    @staticmethod
-    def _write_summary(run: ServiceRun) -> None:
+    def _write_summary(self, run: ServiceRun) -> None:
+        """summary.tsv/json, and the run's card completed: who ran it, what was saved."""
         summary = run.summary()
         (run.run_dir / "summary.tsv").write_text(format_tsv(summary.cells))
         write_json(run.run_dir / "summary.json", summary_document(summary, run.config.echo()))
+        status = self.status(run)
+        card = {
+            **run.card,
+            "workers": [{"worker_id": w.worker_id, "host": w.host} for w in status.workers],
+            "coverage": {
+                "expected": status.expected,
+                "saved": status.saved,
+                "infra_failures": status.infra_failures,
+                "smoke_episodes": status.smoke_episodes,
+            },
+            "gate": status.gate,
+            "finished_at": now_iso(),
+        }
+        write_json(run.run_dir / SERVICE_FILE, card)
 
     # -- serving --------------------------------------------------------------------------------
     async def serve(self, started: asyncio.Future | None = None) -> None:
