@@ -149,3 +149,36 @@ def policy_act(url: str, protocol: str = "openpi") -> tuple[Callable[[dict], dic
 
     client = connect_policy(url, protocol)
     return client.infer, dict(getattr(client, "metadata", None) or {})
+
+
+# -- the online platform ------------------------------------------------------------------------
+def _platform(base_url: str, token: str, method: str, path: str, body: dict | None = None):
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {**_headers(token), "Content-Type": "application/json"}
+    request = urllib.request.Request(
+        _base(base_url, "http") + path, data=data, headers=headers, method=method
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
+        raise ServiceError(f"{_base(base_url, 'http')}: {detail} (HTTP {exc.code})") from None
+    except OSError as exc:
+        raise ServiceError(f"cannot reach the platform at {base_url}: {exc}") from None
+
+
+def online_submit(
+    base_url: str, token: str, model_name: str, benchmark_set: str, key: str | None = None
+) -> dict:
+    """Create a task (or find the pending one a retried submit already made)."""
+    body = {"model_name": model_name, "benchmark_set": benchmark_set, "idempotency_key": key}
+    return _platform(base_url, token, "POST", "/tasks", body)
+
+
+def online_task(base_url: str, token: str, task_id: str) -> dict:
+    return _platform(base_url, token, "GET", f"/tasks/{task_id}")
+
+
+def online_tasks(base_url: str, token: str) -> list[dict]:
+    return _platform(base_url, token, "GET", "/tasks")

@@ -1,0 +1,190 @@
+"""The online platform end to end on loopback: a real `gap online serve` process with capacity 1,
+two tasks (the second waits in the queue, then runs), real `gap serve` processes it starts, real
+`gap eval` clients on real LIBERO, and its tokens (wrong, missing, another owner's)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from pytest_gap.policies.builtin import HoldPolicy
+from pytest_gap.policies.server import PolicyServer
+from tests.test_service import GAP, TIMEOUT, _config, _free_port, _wait
+
+ALICE, BOB = "alice-token-0123456789", "bob-token-9876543210"
+
+
+@pytest.fixture
+def platform(tmp_path):
+    (tmp_path / "tokens").write_text(f"# token owner\n{ALICE} alice\n{BOB} bob\n")
+    _config(tmp_path / "smoke.yaml", tasks=(0,))
+    (tmp_path / "sets.yaml").write_text("libero_smoke: smoke.yaml\n")
+    port = _free_port()
+    log = open(tmp_path / "online.log", "w")  # noqa: SIM115 (closed below)
+    process = subprocess.Popen(
+        [
+            GAP,
+            "online",
+            "serve",
+            "--port",
+            str(port),
+            "--capacity",
+            "1",
+            "--runs-dir",
+            str(tmp_path / "online_runs"),
+            "--sets",
+            str(tmp_path / "sets.yaml"),
+            "--tokens",
+            str(tmp_path / "tokens"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/tasks"), timeout=1)
+        except urllib.error.HTTPError:
+            return True  # 401 without a token: it answers
+        except OSError:
+            return False
+        return True
+
+    _wait(up, "gap online serve", timeout=60)
+    yield tmp_path, url
+    process.terminate()
+    process.wait(timeout=60)
+    log.close()
+
+
+def _gap(*args, timeout=TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run([GAP, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _online(url: str, command: str, token: str, *args, timeout=TIMEOUT):
+    return _gap("online", command, "--base-url", url, "--token", token, *args, timeout=timeout)
+
+
+def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
+    home, url = platform
+    first = _online(
+        url,
+        "submit",
+        ALICE,
+        "--model-name",
+        "m1",
+        "--benchmark-set",
+        "libero_smoke",
+        "--timeout",
+        "60",
+        "--print-endpoint",
+    )
+    assert first.returncode == 0, first.stderr
+    ready = json.loads(first.stdout)
+    assert set(ready) == {"task_id", "endpoint"} and ready["endpoint"].startswith(
+        "http://127.0.0.1:"
+    )
+    retried = _online(
+        url,
+        "submit",
+        ALICE,
+        "--model-name",
+        "m1",
+        "--benchmark-set",
+        "libero_smoke",
+        "--timeout",
+        "5",
+        "--print-endpoint",
+    )
+    assert json.loads(retried.stdout) == ready  # the same task, not a second one
+
+    second = _online(
+        url,
+        "submit",
+        ALICE,
+        "--model-name",
+        "m2",
+        "--benchmark-set",
+        "libero_smoke",
+        "--timeout",
+        "3",
+    )
+    assert second.returncode == 1 and "is still queued after 3 s" in second.stderr
+    queued_id = second.stderr.split()[1]
+    waiting = _online(url, "ready", ALICE, "--task-id", queued_id)
+    assert waiting.returncode == 1 and waiting.stdout.strip() == f"task {queued_id}: queued"
+
+    with PolicyServer(HoldPolicy()).start() as hold:
+        done = _gap(
+            "eval", "--url", ready["endpoint"], "--run-id", ready["task_id"], "--policy", hold.url
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        # the first task finished: its place goes to the queued one
+        became = _wait(
+            lambda: (
+                (r := _online(url, "ready", ALICE, "--task-id", queued_id)).returncode == 0 and r
+            ),
+            "the queued task to start",
+        )
+        endpoint = json.loads(became.stdout)["endpoint"]
+        again = _gap("eval", "--url", endpoint, "--run-id", queued_id, "--policy", hold.url)
+        assert again.returncode == 0, again.stdout + again.stderr
+
+    listing = _online(url, "status", ALICE).stdout.splitlines()
+    states = {line.split()[0]: line.split()[1] for line in listing}
+    assert states[ready["task_id"]] == "finished"
+    _wait(
+        lambda: "finished" in _online(url, "status", ALICE).stdout.split(queued_id)[1][:12],
+        "the second task to finish",
+    )
+    records = list((home / "online_runs").rglob("result.json"))
+    assert len(records) == 2 and all(json.loads(r.read_text())["error"] is None for r in records)
+
+
+def test_a_token_sees_only_its_own_tasks_and_never_lands_on_disk(platform):
+    home, url = platform
+    mine = _online(
+        url,
+        "submit",
+        ALICE,
+        "--model-name",
+        "m",
+        "--benchmark-set",
+        "libero_smoke",
+        "--timeout",
+        "60",
+        "--print-endpoint",
+    )
+    task_id = json.loads(mine.stdout)["task_id"]
+    theirs = _online(url, "ready", BOB, "--task-id", task_id)
+    assert theirs.returncode == 2 and "no such task (HTTP 404)" in theirs.stderr
+    assert _online(url, "status", BOB).stdout == ""
+    wrong = _online(url, "status", "not-a-token")
+    assert wrong.returncode == 2 and "missing or wrong bearer token (HTTP 401)" in wrong.stderr
+    missing = _gap("online", "status", "--base-url", url)
+    assert missing.returncode == 2 and "give the platform token" in missing.stderr
+    unknown = _online(url, "submit", ALICE, "--model-name", "m", "--benchmark-set", "nope")
+    assert unknown.returncode == 2 and "no benchmark set 'nope' here (it has: libero_smoke)" in (
+        unknown.stderr
+    )
+    time.sleep(1)
+    for path in [*(home / "online_runs").rglob("*"), home / "online.log"]:
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert ALICE not in text and BOB not in text, path
+
+
+def test_bad_platform_inputs_are_one_line_errors(tmp_path):
+    (tmp_path / "tokens").write_text("just-one-word\n")
+    (tmp_path / "sets.yaml").write_text("s: missing.yaml\n")
+    args = ["online", "serve", "--port", str(_free_port()), "--sets", str(tmp_path / "sets.yaml")]
+    bad_tokens = _gap(*args, "--tokens", str(tmp_path / "tokens"), timeout=60)
+    assert bad_tokens.returncode == 2
+    assert "no config at" in bad_tokens.stderr or "TOKEN OWNER" in bad_tokens.stderr
+    assert len(bad_tokens.stderr.strip().splitlines()) == 1
