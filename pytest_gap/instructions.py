@@ -240,8 +240,8 @@ def stand_in(
     white mug. Of those, in order: the one of the phrase's kind (its last noun: "the yellow and
     white mug" -> the one mug left); the one object left; the one whose name is spelled
     closest to the phrase's noun (STAND_IN_SPELLING, STAND_IN_LEAD: "book" -> black_bowl over
-    white_yellow_mug). Raises PhraseError naming the candidates when several fit as well, or
-    none is left."""
+    white_yellow_mug). Raises PhraseError naming the candidates when several fit as well, and
+    what the other phrases name when none is left."""
     taken = _named_by([o for o in others if o != phrase], objects)
     free = [(n, c) for n, c in objects if n not in taken]
     categories = list(dict.fromkeys(c for _, c in free))
@@ -261,11 +261,12 @@ def stand_in(
     found = [n for n, c in free if c in chosen]
     if len(found) == 1:
         return StandIn(name=found[0], reason=why)
-    spoken = ", ".join(found) or "none"
-    others_said = f"; other phrases name {', '.join(sorted(taken))}" if taken else ""
+    said = f"other phrases name {', '.join(sorted(taken))}" if taken else "none named elsewhere"
+    if not found:
+        raise PhraseError(f"no object called {phrase!r} in this scene, and none is left: {said}")
     raise PhraseError(
-        f"no object called {phrase!r} in this scene, and what stands in for it is ambiguous: "
-        f"{spoken}{others_said}; name one of them"
+        f"no object called {phrase!r} in this scene, and which one stands in for it is "
+        f"ambiguous: {', '.join(found)} ({said}); name one of them"
     )
 
 
