@@ -8,9 +8,13 @@ the scene's object categories ("the alphabet soup" -> alphabet_soup_1).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
+from pytest_gap.instruction_steps import StepsError, parse_steps
 from pytest_gap.instructions import (
+    NoSuchObject,
     PhraseError,
     Thing,
     anchor_names,
@@ -18,6 +22,7 @@ from pytest_gap.instructions import (
     phrase_candidates,
     resolve_phrase,
     resolve_reference,
+    stand_in,
 )
 from pytest_gap.skills.calibration import CONTAINER_TURN
 from pytest_gap.skills.context import SkillContext
@@ -44,7 +49,10 @@ def ground_name(ctx: SkillContext, name: str, fixtures: bool = False) -> str:
     milk_1. A referring phrase ("the black bowl next to the plate") is resolved from where the
     cameras see things (`instructions.resolve_reference`), once: the answer is remembered, as
     the object moves when it is picked. `fixtures`: the scene's fixtures (the stove, the
-    cabinet, the wine rack) may be named too: a place to put something, not a thing to pick."""
+    cabinet, the wine rack) may be named too: a place to put something, not a thing to pick.
+    A thing to pick the instruction names but the scene lacks ("the book" where LIBERO-PRO
+    swapped in a bowl) is the object that stands in for it (`instructions.stand_in`, among
+    the movable objects the instruction's other phrases do not name), noted as "stand-in"."""
     resolved = ctx.memory.setdefault("referents", {})
     if name in resolved:
         return resolved[name]
@@ -52,12 +60,36 @@ def ground_name(ctx: SkillContext, name: str, fixtures: bool = False) -> str:
         reference = parse_reference(name)
         if reference.relation is None:
             objects = ctx.env.scene.objects(include_fixtures=fixtures)
-            return resolve_phrase(name, [(o.name, o.category) for o in objects])
+            try:
+                return resolve_phrase(name, [(o.name, o.category) for o in objects])
+            except NoSuchObject:
+                # Only what the instruction names was swapped; a name given to a skill
+                # directly ("locate the banana") means that and nothing else.
+                phrases = _phrases(ctx)
+                if fixtures or _plain(name) not in map(_plain, phrases):
+                    raise
+            found = stand_in(name, [(o.name, o.category) for o in objects], phrases)
+            resolved[name] = found.name
+            ctx.note("stand-in", phrase=name, object=found.name, reason=found.reason)
+            return found.name
         resolved[name] = resolve_reference(name, seen_things(ctx, reference), table_center(ctx))
         ctx.note("reference resolved", phrase=name, object=resolved[name])
         return resolved[name]
     except PhraseError as exc:
         raise SkillFailure(str(exc)) from None
+
+
+def _plain(phrase: str) -> str:
+    return re.sub(r"^(?:the|a|an)\s+", "", " ".join(phrase.lower().split()))
+
+
+def _phrases(ctx: SkillContext) -> list[str]:
+    """What the instruction's steps name: what each acts on and where it goes."""
+    try:
+        steps = parse_steps(ctx.instruction)
+    except StepsError:
+        return []
+    return [p for step in steps for p in (step.object, step.target) if p]
 
 
 def fixture_surface(ctx: SkillContext, fixture: str) -> Box:
