@@ -44,6 +44,22 @@ def test_turn_on_the_stove_then_put_the_moka_pot_on_it(tmp_path):
     assert skills.index("turn_on") < skills.index("pick") < skills.index("place")
 
 
+def test_both_moka_pots_go_on_the_burner_side_by_side(tmp_path):
+    """libero_10 task 8, "put both moka pots on the stove" (the stove is already on): the
+    burner's region holds both only side by side. The first goes to one side of it, leaving
+    room for the second (`place`'s free spot); before, both were aimed at its centre and
+    the second stalled on the first until the episode ran out, every seed."""
+    with make_env("libero_10", 8, EnvOptions()) as env:
+        env.reset(0)
+        result = run_workflow(load_workflow(GRAPH, {}), env, trace_dir=tmp_path)
+        assert result.success, (result.exit_status, result.error)
+    trace = json.loads((tmp_path / "dag_trace.json").read_text())
+    spots = [e for e in trace["events"] if e.get("message") == "place spot"]
+    assert [s["later"] for s in spots] == [1, 0] and all(s["clear"] for s in spots)
+    first, second = (s["at"] for s in spots)
+    assert max(abs(first[0] - second[0]), abs(first[1] - second[1])) > 0.08
+
+
 def test_an_instruction_no_step_reads_ends_the_graph_with_the_reason(tmp_path):
     with make_env("libero_goal", 7, EnvOptions()) as env:
         env.reset(0)

@@ -11,6 +11,8 @@ from pytest_gap.skills.geometry import (
     box_from_points,
     container_frame,
     fit_yaw,
+    free_spot,
+    rect_samples,
     support_height,
     wrap_angle,
     wrap_half_turn,
@@ -153,3 +155,33 @@ def test_beside_leaves_the_gap_between_the_footprints_whatever_the_item_turn():
     item = Box(center=(0.0, 0.3, 1.0), half_extents=(0.03, 0.01, 0.02), yaw=np.pi / 2)
     assert beside(plate, item, 1, 1.0, 0.01) == pytest.approx((0.1, 0.09 + 0.03 + 0.01))
     assert beside(plate, item, 0, -1.0, 0.0) == pytest.approx((0.1 - 0.09 - 0.01, 0.0))
+
+
+def _distance(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.min(np.linalg.norm(a[:, None, :] - b[None], axis=2)))
+
+
+def test_a_free_spot_is_the_centre_when_clear_and_beside_what_stands_there():
+    pot = rect_samples((0.045, 0.068), 0.0)  # a moka pot with the fingers either side
+    spot, clear = free_spot((0.1, -0.2), (0.055, 0.055), np.zeros((0, 2)), pot)
+    assert clear and np.allclose(spot, (0.1, -0.2))
+    there = rect_samples((0.039, 0.068), 0.0, center=(0.055, -0.2))
+    spot, clear = free_spot((0.1, -0.2), (0.055, 0.055), there, pot)
+    assert clear and _distance(pot + spot, there) >= 0.01
+    assert abs(spot[0] - 0.1) <= 0.055 and abs(spot[1] + 0.2) <= 0.055
+    # Nowhere clear: the spot with the least in the way, said so.
+    crowd = rect_samples((0.2, 0.2), 0.0, center=(0.1, -0.2))
+    _, clear = free_spot((0.1, -0.2), (0.055, 0.055), crowd, pot)
+    assert not clear
+
+
+def test_a_free_spot_leaves_room_for_what_comes_after():
+    """Two moka pots on one 0.15 m burner region: centred, the first leaves the second no
+    room inside the reach; it goes to one side so that both fit."""
+    pot = rect_samples((0.045, 0.068), 0.0)
+    alone, _ = free_spot((0.0, 0.0), (0.055, 0.055), np.zeros((0, 2)), pot)
+    spot, clear = free_spot((0.0, 0.0), (0.055, 0.055), np.zeros((0, 2)), pot, later=[[pot]])
+    assert np.allclose(alone, 0.0) and clear
+    second, clear = free_spot((0.0, 0.0), (0.055, 0.055), pot + spot, pot)
+    assert clear and _distance(pot + spot, pot + second) >= 0.01
+    assert np.all(np.abs(second) <= 0.055 + 1e-9)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from pydantic import BaseModel
+from scipy.signal import fftconvolve
 
 
 class Box(BaseModel):
@@ -210,3 +211,144 @@ def beside(anchor: Box, item: Box, axis: int, sign: float, gap: float) -> tuple[
     point = [anchor.center[0], anchor.center[1]]
     point[axis] += sign * (a[axis] + b[axis] + gap)
     return float(point[0]), float(point[1])
+
+
+SPOT_CELL = 0.005  # the grid free spots are searched on, and footprints sampled at
+
+
+def rect_samples(half_xy, yaw: float, center=(0.0, 0.0)) -> np.ndarray:
+    """Points (N, 2) every SPOT_CELL over a rectangle of half extents `half_xy` turned by
+    `yaw` about `center`, its edges included."""
+    hx, hy = (max(float(h), 0.0) for h in half_xy)
+    u = np.linspace(-hx, hx, max(2, int(np.ceil(2 * hx / SPOT_CELL)) + 1))
+    v = np.linspace(-hy, hy, max(2, int(np.ceil(2 * hy / SPOT_CELL)) + 1))
+    grid = np.stack(np.meshgrid(u, v), axis=-1).reshape(-1, 2)
+    c, s = np.cos(yaw), np.sin(yaw)
+    return grid @ np.array([[c, s], [-s, c]]) + np.asarray(center, float)[:2]
+
+
+def _codes(cells: np.ndarray) -> np.ndarray:
+    """Integer grid cells (N, 2) as one int each, for set lookups."""
+    return (cells[:, 0].astype(np.int64) + 100_000) * 200_001 + cells[:, 1] + 100_000
+
+
+def _within(gap: float) -> np.ndarray:
+    """The grid offsets (N, 2) within `gap` of a cell, one cell's rounding included."""
+    r = int(np.ceil(gap / SPOT_CELL))
+    ij = np.stack(np.meshgrid(np.arange(-r, r + 1), np.arange(-r, r + 1)), -1).reshape(-1, 2)
+    return ij[np.linalg.norm(ij, axis=1) * SPOT_CELL < gap + SPOT_CELL / 2]
+
+
+def _cells(points: np.ndarray) -> np.ndarray:
+    """Points (N, 2) as the grid cells they fall in, once each."""
+    cells = np.round(np.asarray(points, float).reshape(-1, 2) / SPOT_CELL).astype(int)
+    return np.unique(cells, axis=0)
+
+
+def _sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The Minkowski sum of two sets of grid cells (N, 2), (M, 2): every a + b, once."""
+    if not len(a) or not len(b):
+        return np.zeros((0, 2), int)
+    lo_a, lo_b = a.min(axis=0), b.min(axis=0)
+    ra = np.zeros(tuple(a.max(axis=0) - lo_a + 1))
+    rb = np.zeros(tuple(b.max(axis=0) - lo_b + 1))
+    ra[tuple((a - lo_a).T)] = 1.0
+    rb[tuple((b - lo_b).T)] = 1.0
+    return np.argwhere(fftconvolve(ra, rb) > 0.5) + lo_a + lo_b
+
+
+def _raster(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A set of grid cells as a boolean raster and the cell its [0, 0] stands for."""
+    lo = cells.min(axis=0)
+    mask = np.zeros(tuple(cells.max(axis=0) - lo + 1), bool)
+    mask[tuple((cells - lo).T)] = True
+    return mask, lo
+
+
+def _blocked(fixed: np.ndarray, shape: np.ndarray, near: np.ndarray) -> np.ndarray:
+    """The cells (codes) where putting `shape` (cells relative to its centre) brings it within
+    the gap (`near`, `_within`) of a `fixed` cell: fixed - shape + near."""
+    return _codes(_sum(_sum(fixed, -shape), near))
+
+
+def free_spot(
+    center,
+    reach,
+    occupied: np.ndarray,
+    footprint: np.ndarray,
+    later=(),
+    gap: float = 0.01,
+) -> tuple[np.ndarray, bool]:
+    """Where to put an item's centre on a surface some things already stand on: the spot
+    within `reach` (x, y half extents, world axes) of `center` where its `footprint` (N, 2,
+    relative to its centre) comes no nearer than `gap` to any `occupied` point (M, 2), and
+    each item still to come there (`later`: per item, the footprints it may stand with) finds
+    such a spot after it, as near the centre as all of them can be (the sum of their
+    distances from it). (spot, True); the centre itself when it is clear and nothing is to
+    come; (the spot with the fewest points in the way, False) when none is clear."""
+    center = np.asarray(center, float)[:2]
+    reach = np.maximum(np.asarray(reach, float)[:2], 0.0)
+    steps = [np.arange(-int(r / SPOT_CELL), int(r / SPOT_CELL) + 1) for r in reach]
+    ij = np.stack(np.meshgrid(*steps), axis=-1).reshape(-1, 2)
+    ij = ij[np.argsort(np.linalg.norm(ij, axis=1), kind="stable")]
+    cells = ij + np.round(center / SPOT_CELL).astype(int)  # nearest the centre first
+    codes = _codes(cells)
+    distance = np.linalg.norm(cells * SPOT_CELL - center, axis=1)
+    near = _within(gap)
+    fixed, mine = _cells(occupied), _cells(footprint)
+    ok = ~np.isin(codes, _blocked(fixed, mine, near))
+    if not ok.any():
+        # How many fixed cells are in the way of the footprint put at each spot.
+        spread = _sum(mine, near)
+        hit, count = np.unique(
+            _codes((fixed[:, None] - spread[None]).reshape(-1, 2)), return_counts=True
+        )
+        lookup = dict(zip(hit.tolist(), count.tolist(), strict=True))
+        counts = [lookup.get(c, 0) for c in codes.tolist()]
+        return cells[int(np.argmin(counts))] * SPOT_CELL, False
+    first = int(np.argmax(ok))
+    if not later:
+        return cells[first] * SPOT_CELL, True
+    options = [[_cells(shape) for shape in shapes] for shapes in later]
+    shapes = [mine] + [o for item in options for o in item]
+    # Where each later shape may go for what stands there now; and relative to each shape
+    # put down before it, the offsets it must keep clear of (as cells).
+    free_now = [~np.isin(codes, _blocked(fixed, s, near)) for s in shapes]
+    pairs = {
+        (i, j): _raster(_sum(_sum(shapes[i], -shapes[j]), near))
+        for i in range(len(shapes))
+        for j in range(1, len(shapes))
+        if i != j
+    }
+    index = {id(s): n for n, s in enumerate(shapes)}
+
+    def room(j: int, placed: list[tuple[int, np.ndarray]]) -> np.ndarray:
+        free = free_now[j].copy()
+        for i, at in placed:
+            mask, lo = pairs[(i, j)]
+            rel = cells - at - lo
+            inside = np.all((rel >= 0) & (rel < mask.shape), axis=1)
+            free[inside] &= ~mask[tuple(rel[inside].T)]
+        return free
+
+    best, best_cost = cells[first] * SPOT_CELL, np.inf
+    for k in np.flatnonzero(ok):
+        if distance[k] >= best_cost:
+            break  # nearest the centre first: nothing further on can do better
+        placed, cost = [(0, cells[k])], float(distance[k])
+        for item in options:
+            found = None
+            for shape in item:
+                j = index[id(shape)]
+                free = room(j, placed)
+                at = int(np.argmax(free))
+                if free[at] and (found is None or distance[at] < found[0]):
+                    found = (float(distance[at]), at, j)
+            if found is None:
+                cost = np.inf
+                break
+            cost += found[0]
+            placed.append((found[2], cells[found[1]]))
+        if cost < best_cost:
+            best, best_cost = cells[k] * SPOT_CELL, cost
+    return best, True

@@ -19,7 +19,14 @@ from pytest_gap.skills.calibration import (
     WIDTH_SLACK,
 )
 from pytest_gap.skills.context import SkillContext
-from pytest_gap.skills.geometry import Box, beside, wrap_angle, wrap_half_turn
+from pytest_gap.skills.geometry import (
+    Box,
+    beside,
+    free_spot,
+    rect_samples,
+    wrap_angle,
+    wrap_half_turn,
+)
 from pytest_gap.skills.registry import SkillFailure, skill
 
 HOME_XY = (-0.15, 0.0)  # above the near half of the table, the arm's comfortable middle
@@ -49,6 +56,12 @@ HANGING = 0.01  # an item let go whose top stays this far over where it stands s
 # place(relation=...) beside an anchor: the side, and the room left between the footprints.
 BESIDE = {"left_of": "left", "right_of": "right", "front_of": "front", "behind": "back"}
 BESIDE_GAP = 0.01  # just clear of the anchor (its box from depth runs a few mm wide)
+# place(relation="on") where things already stand: the room kept between footprints (boxes
+# from depth run a few mm wide); how far in from a fixture region's edge the held object's
+# centre stays (LIBERO counts it on the region by its body's origin, which sits up to 1.2 cm
+# off its box's centre: the moka pot's, towards its handle); how far off an object's centre
+# it may go (LIBERO's On(a, b) for objects: centres within 0.03 m, `check_ontop`).
+PLACE_GAP, SPOT_EDGE, ON_OBJECT_REACH = 0.01, 0.02, 0.015
 # Kinds of thing open at the top by what they are, as the scene's object list names them.
 OPEN_KINDS = frozenset({"bowl", "mug", "cup"})
 DOOR_OPEN_ENOUGH = 1.0  # rad: a door open less than this is in the way of what goes in
@@ -484,7 +497,7 @@ def place(
         return _place_on(ctx, scene_name, _beside(ctx, scene_name, relation, yaw), yaw)
     if relation == "on":
         surface = perception.fixture_surface(ctx, scene_name) if fixture else None
-        return _place_on(ctx, scene_name, surface)
+        return _place_on(ctx, scene_name, surface, free=True)
     # Its frame from perception, at whatever yaw it stands (`calibration.CONTAINER_TURN`).
     box = perception.locate_container(ctx, scene_name)
     held = ctx.memory.get("held")
@@ -606,14 +619,20 @@ def _beside(ctx: SkillContext, anchor: str, relation: str, yaw: float | None = N
 
 
 def _place_on(
-    ctx: SkillContext, support: str, surface: Box | None = None, yaw: float | None = None
+    ctx: SkillContext,
+    support: str,
+    surface: Box | None = None,
+    yaw: float | None = None,
+    free: bool = False,
 ) -> Placed:
     """Put what is held onto `support`'s top, its centre over the support's centre: the offset
     of the held object from the grip site and how far it hangs below are read from a look at
     it in the hand; lower gently until it stops on the top, release, back off up. `surface`:
     the part of a fixture to put it on (`perception.fixture_surface`), instead of the top of
     the support's box. `yaw`: the hand's yaw to put it down at (the offset turns with it);
-    the hand's yaw now by default."""
+    the hand's yaw now by default. `free`: not over the centre if something already stands
+    there, nor so that what later steps put on the same support finds no room
+    (`_free_spot`)."""
     held = ctx.memory.get("held")
     if not held:
         raise SkillFailure(f"nothing is held to place on {support}")
@@ -622,9 +641,12 @@ def _place_on(
     eef = ctx.env.scene.gripper().eef_pos
     offset = _turned(np.asarray(eef[:2]) - np.asarray(in_hand.center[:2]), ctx, yaw)
     hang = float(np.clip(eef[2] - in_hand.bottom, 0.0, 0.2))
-    target = np.asarray(box.center[:2]) + offset
-    release = box.top + hang
     yaw = motion.hand_yaw(ctx) if yaw is None else yaw
+    spot = np.asarray(box.center[:2])
+    if free:
+        spot = _free_spot(ctx, support, box, held, offset, yaw, fixture=surface is not None)
+    target = spot + offset
+    release = box.top + hang
     # Carried just over what stands on the way, not over the tallest thing in the scene.
     tallest = perception.tallest_along(ctx, eef[:2], target, exclude=held)
     cruise = max(tallest + hang + CARRY_CLEARANCE, release + 0.05)
@@ -636,6 +658,81 @@ def _place_on(
     pos = ctx.env.scene.gripper().eef_pos
     motion.servo(ctx, [pos[0], pos[1], cruise], yaw, OPEN, tolerance=0.02, max_steps=40)
     return Placed(released=True, position=[*target.tolist(), release])
+
+
+def _free_spot(
+    ctx: SkillContext,
+    support: str,
+    surface: Box,
+    held: str,
+    offset: np.ndarray,
+    yaw: float,
+    fixture: bool,
+) -> np.ndarray:
+    """Where on `surface` to put the held object's centre (`geometry.free_spot`): clear, by
+    PLACE_GAP, of what the cameras see standing there, its footprint the box it showed when
+    picked, turned as the hand turned since, and the open fingers around the grip site
+    (`offset` from its centre); leaving room for the objects later steps put "on" the same
+    support (`next_step`'s `later_places`: as they stand now, the fingers across their
+    narrower side). Within a fixture's region its centre keeps SPOT_EDGE in from the edge;
+    on an object, within ON_OBJECT_REACH of its centre (libero_10 task 8: both moka pots
+    went to the burner's centre, the second onto the first, every seed)."""
+    center = np.asarray(surface.center[:2])
+    if fixture:
+        reach = np.maximum(np.asarray(surface.half_extents[:2]) - SPOT_EDGE, 0.0)
+    else:
+        reach = np.full(2, ON_OBJECT_REACH)
+    footprint = np.concatenate([_held_footprint(ctx, held, yaw), _fingers(offset, yaw)])
+    later = []
+    for name, target, relation in ctx.memory.get("later_places", []):
+        try:
+            if relation != "on" or perception.ground_name(ctx, target, fixtures=True) != support:
+                continue
+            box = perception.locate_box(ctx, perception.ground_name(ctx, name))[0]
+        except SkillFailure:
+            continue
+        later.append([_standing_footprint(box, turn) for turn in (0.0, np.pi / 2)])
+    around = float(np.max(np.abs(footprint))) + PLACE_GAP + float(np.max(reach))
+    occupied = perception.standing_on(ctx, support, surface, around, exclude=held)[:, :2]
+    spot, clear = free_spot(center, reach, occupied, footprint, later, gap=PLACE_GAP)
+    if len(occupied) or later:
+        ctx.note(
+            "place spot",
+            at=np.round(spot, 3).tolist(),
+            off_centre=round(float(np.linalg.norm(spot - center)), 3),
+            clear=clear,
+            later=len(later),
+        )
+    return spot
+
+
+def _held_footprint(ctx: SkillContext, held: str, yaw: float) -> np.ndarray:
+    """The held object's footprint around its centre (points), as it will stand put down at
+    the hand's `yaw`: the box it showed when picked, turned as the hand turns; the box seen
+    in the hand if it was not picked here."""
+    picked = ctx.memory.get("picked_box")
+    if picked is None:
+        picked = perception.locate_box(ctx, held)[0]
+        turn = wrap_angle(yaw - motion.hand_yaw(ctx))
+    else:
+        turn = wrap_angle(yaw - ctx.memory.get("picked_yaw", yaw))
+    return rect_samples(picked.half_extents[:2], picked.yaw + turn)
+
+
+def _fingers(offset: np.ndarray, yaw: float) -> np.ndarray:
+    """The open fingers' footprint around a grip site `offset` from the held object's
+    centre: FINGER_REACH either way along the closing axis (hand y), FINGER_SIDE across."""
+    return rect_samples((FINGER_SIDE, FINGER_REACH), yaw, center=offset)
+
+
+def _standing_footprint(box: Box, turn: float) -> np.ndarray:
+    """An object's footprint, turned by `turn` about its centre, with the open fingers of a
+    top-down grasp across its narrower side (`grasp_candidates`)."""
+    hx, hy = box.half_extents[:2]
+    across_y = hx >= hy
+    body = rect_samples((hx, hy), box.yaw + turn)
+    reach = (FINGER_SIDE, FINGER_REACH) if across_y else (FINGER_REACH, FINGER_SIDE)
+    return np.concatenate([body, rect_samples(reach, box.yaw + turn)])
 
 
 def _turned(offset: np.ndarray, ctx: SkillContext, yaw: float | None) -> np.ndarray:

@@ -36,6 +36,8 @@ from pytest_gap.skills.registry import SkillFailure
 
 MIN_PIXELS = 8
 WALL_REACH = 0.01  # a compartment's walls stand within this of its region site's footprint
+# What stands on a surface: seen this far over it (the surface's own points scatter a few mm).
+ON_SURFACE = 0.01
 SURFACE_THICKNESS = 0.01  # a fixture's region site this thin is a surface to put things on
 RIM_BAND = 0.02  # a container's rim: its points this close to its top
 # Travel height: this far above the surface the scene stands on (LIBERO's tallest movable
@@ -210,15 +212,34 @@ def table_center(ctx: SkillContext) -> tuple[float, float]:
     return float(offset[0]), float(offset[1])
 
 
-def scene_points(ctx: SkillContext, exclude: str | None = None) -> np.ndarray:
-    """Points (N, 3) of every object the cameras see (fixtures included), but `exclude`."""
-    names = {o.name for o in ctx.env.scene.objects()} - {exclude}
+def scene_points(
+    ctx: SkillContext, exclude: str | None = None, also: str | None = None
+) -> np.ndarray:
+    """Points (N, 3) of every object the cameras see (fixtures included), but `exclude` and
+    `also`."""
+    names = {o.name for o in ctx.env.scene.objects()} - {exclude, also}
     clouds = [np.zeros((0, 3))]
     for camera in ctx.cameras:
         frame = ctx.render(camera)
         ids = [i for i, n in frame.labels.items() if n in names]
         clouds.append(frame.points(np.isin(frame.segmentation, ids)))
     return np.concatenate(clouds)
+
+
+def standing_on(
+    ctx: SkillContext, support: str, surface: Box, around: float, exclude: str | None = None
+) -> np.ndarray:
+    """Points (N, 3) of the things seen standing on a surface (`surface`'s top, its footprint
+    widened by `around`): every object's but the `support`'s own and `exclude`'s (what the
+    hand holds), higher than ON_SURFACE over the top."""
+    points = scene_points(ctx, exclude, also=support)
+    if not len(points):
+        return points
+    local = (points[:, :2] - np.asarray(surface.center[:2])) @ np.array(
+        [[np.cos(surface.yaw), -np.sin(surface.yaw)], [np.sin(surface.yaw), np.cos(surface.yaw)]]
+    )
+    within = np.all(np.abs(local) <= np.asarray(surface.half_extents[:2]) + around, axis=1)
+    return points[within & (points[:, 2] > surface.top + ON_SURFACE)]
 
 
 def safe_height(ctx: SkillContext, exclude: str | None = None) -> float:

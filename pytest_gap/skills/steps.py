@@ -137,6 +137,10 @@ def next_step(ctx: SkillContext, max_attempts: int = 2) -> NextStep:
         )  # fmt: skip
     tries[index] = tries.get(index, 0) + 1
     later = [s.object for s in steps[index + 1 :] if s.action == "pick_place"]
+    # Where later steps put things: `place` leaves room on a support for what comes after.
+    ctx.memory["later_places"] = [
+        (s.object, s.target, s.relation) for s in steps[index + 1 :] if s.action == "pick_place"
+    ]
     return NextStep(
         later_picks=list(dict.fromkeys(later)),
         action=step.action,
