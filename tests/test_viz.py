@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -17,7 +20,7 @@ import pytest
 from pytest_gap.cli import main
 from pytest_gap.progress import Progress
 from pytest_gap.results import TrialResult
-from pytest_gap.viz.html import render, write_report
+from pytest_gap.viz.html import render
 from pytest_gap.viz.model import layered_layout, load_report, outcome
 from pytest_gap.viz.serve import make_server
 from tests.fake_session import BACKEND, IDLE_THEN_CHECK, FakeSession
@@ -25,6 +28,7 @@ from tests.fake_session import BACKEND, IDLE_THEN_CHECK, FakeSession
 pytest_plugins = ["pytester"]
 
 WF_NODES = len(IDLE_THEN_CHECK["nodes"])
+GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
 
 
 @pytest.fixture
@@ -197,22 +201,28 @@ def test_gap_viz_refuses_what_is_not_one_run_dir(fake, capsys):
     assert "give one run dir, or two to compare, not 3" in capsys.readouterr().err
 
 
+def _viz(*args: str) -> dict:
+    """`gap viz ...` as a user runs it (a process of its own: the comparison's scipy stays out
+    of this one, where it made a later MuJoCo render in the same test process crash), and the
+    data its report holds."""
+    done = subprocess.run(
+        [GAP, "viz", *args], capture_output=True, text=True, timeout=120, check=True
+    )
+    page = Path(done.stdout.strip()).read_text()
+    return json.loads(re.search(r'type="application/json">(.*?)</script>', page)[1])
+
+
 def test_two_runs_give_the_comparison_or_why_there_is_none(fake):
     assert _mixed_run(fake, output="a").ret == 0
     assert _mixed_run(fake, output="b").ret == 0
     run_a, run_b = fake.run_dir("a"), fake.run_dir("b")
-    out = write_report(run_b, against=run_a)
-    data = json.loads(re.search(r'type="application/json">(.*?)</script>', out.read_text())[1])
-    compare = data["compare"]
+    compare = _viz(str(run_a), str(run_b))["compare"]
     assert compare["exit_code"] == 0 and compare["pooled"]["n_pairs"] == 7
     assert compare["pooled"]["diff"] == 0.0  # the fake is deterministic: same episodes, same ends
 
     assert _mixed_run(fake, seeds=(5,), output="c").ret == 0  # no trial of c pairs with a's
-    refused = load_report(run_a, run_a, inline_budget=0)
-    from pytest_gap.viz.html import compare_json
-
-    refused.compare = compare_json(run_a, fake.run_dir("c"))
-    assert refused.compare["exit_code"] == 2 and refused.compare["refused"]
+    refused = _viz(str(run_a), str(fake.run_dir("c")))["compare"]
+    assert refused["exit_code"] == 2 and refused["refused"]
 
 
 def test_the_server_serves_the_page_traces_on_demand_and_the_run_dirs_files(fake):
