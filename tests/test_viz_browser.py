@@ -161,7 +161,7 @@ def test_a_failed_trial_shows_its_video_and_its_graph(real_run, browser):
     _open(browser, report.as_uri())
     (row,) = browser.find_elements(By.CSS_SELECTOR, "tr.trial[data-outcome=failed]")
     assert row.get_attribute("data-key") == FAILED
-    row.find_element(By.TAG_NAME, "a").click()
+    row.find_element(By.CSS_SELECTOR, 'a[href^="#/trial/"]').click()
     WebDriverWait(browser, WAIT_S).until(_playable)
     source = browser.find_element(By.CSS_SELECTOR, "#video source").get_attribute("src")
     assert source.startswith("file://") and source.endswith(f"{FAILED}/video.mp4")

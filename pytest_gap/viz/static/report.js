@@ -95,13 +95,19 @@ function overview() {
     h("h2", {}, "Completion rate (95% task-bootstrap interval)"),
     heatmap("completion_rate", "heat-completion"),
     h("h2", {}, `Trials that did not succeed (${notOk.length})`),
-    notOk.length ? trialTable(shown, false) : h("p", { class: "muted" }, "none"),
+    notOk.length ? trialTable(shown, false, true) : h("p", { class: "muted" }, "none"),
     notOk.length > shown.length ? h("p", { class: "muted" }, `first ${shown.length}; open a cell for the rest`) : null,
   ];
 }
 
-function trialTable(trials, withFilter) {
+function cellName(t) {
+  const c = CELLS.get(t.cell);
+  return c ? `${c.row} ${c.column}` : t.cell;
+}
+
+function trialTable(trials, withFilter, withCell = false) {
   const columns = [
+    ...(withCell ? [["cell", cellName]] : []),
     ["task", (t) => t.task_id], ["seed", (t) => t.seed], ["init state", (t) => t.init_state],
     ["outcome", (t) => t.outcome], ["exit status", (t) => t.exit_status || String(t.exit_code)],
     ["completion", (t) => t.completion], ["steps", (t) => t.steps], ["wall s", (t) => t.wall_s],
@@ -119,6 +125,7 @@ function trialTable(trials, withFilter) {
       return ascending ? c : -c;
     });
     body.replaceChildren(...rows.map((t) => h("tr", { class: "trial", "data-outcome": t.outcome, "data-key": t.key },
+      withCell ? h("td", {}, link(cellHash(t.cell), cellName(t))) : null,
       h("td", {}, link(trialHash(t.key), `task ${t.task_id}`)),
       h("td", {}, t.seed), h("td", {}, t.init_state ?? "-"), h("td", {}, badge(t.outcome)),
       h("td", {}, t.exit_status || String(t.exit_code)), h("td", {}, fmt(t.completion)),
