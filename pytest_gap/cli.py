@@ -337,11 +337,15 @@ def _cmd_viz(args: argparse.Namespace) -> int:
 
 
 def _token(args: argparse.Namespace) -> str | None:
-    """The bearer token from --token-file (never a command-line value: it would show in `ps`)."""
+    """The bearer token from --token-file, else the GAP_TOKEN environment variable (never a
+    command-line value: it would show in `ps`)."""
+    import os
     from pathlib import Path
 
+    from pytest_gap.service.protocol import TOKEN_ENV
+
     if not getattr(args, "token_file", None):
-        return None
+        return os.environ.get(TOKEN_ENV) or None
     try:
         token = Path(args.token_file).read_text().strip()
     except OSError as exc:

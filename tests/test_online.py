@@ -5,6 +5,7 @@ two tasks (the second waits in the queue, then runs), real `gap serve` processes
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import urllib.error
@@ -63,8 +64,11 @@ def platform(tmp_path):
     log.close()
 
 
-def _gap(*args, timeout=TIMEOUT) -> subprocess.CompletedProcess:
-    return subprocess.run([GAP, *args], capture_output=True, text=True, timeout=timeout)
+def _gap(*args, timeout=TIMEOUT, token: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "GAP_TOKEN"}
+    if token:
+        env["GAP_TOKEN"] = token  # as a user would export it: not on the command line
+    return subprocess.run([GAP, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _online(url: str, command: str, token: str, *args, timeout=TIMEOUT):
@@ -121,9 +125,12 @@ def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
     assert waiting.returncode == 1 and waiting.stdout.strip() == f"task {queued_id}: queued"
 
     with PolicyServer(HoldPolicy()).start() as hold:
-        done = _gap(
-            "eval", "--url", ready["endpoint"], "--run-id", ready["task_id"], "--policy", hold.url
-        )
+        attach = ["eval", "--url", ready["endpoint"], "--run-id", ready["task_id"]]
+        # the task's evaluation server takes only its owner's token
+        stranger = _gap(*attach, "--policy", hold.url, token=BOB)
+        assert stranger.returncode == 2 and "missing or wrong token" in stranger.stderr
+        assert _gap(*attach, "--policy", hold.url).returncode == 2  # no token at all
+        done = _gap(*attach, "--policy", hold.url, token=ALICE)
         assert done.returncode == 0, done.stdout + done.stderr
         # the first task finished: its place goes to the queued one
         became = _wait(
@@ -133,7 +140,9 @@ def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
             "the queued task to start",
         )
         endpoint = json.loads(became.stdout)["endpoint"]
-        again = _gap("eval", "--url", endpoint, "--run-id", queued_id, "--policy", hold.url)
+        again = _gap(
+            "eval", "--url", endpoint, "--run-id", queued_id, "--policy", hold.url, token=ALICE
+        )
         assert again.returncode == 0, again.stdout + again.stderr
 
     listing = _online(url, "status", ALICE).stdout.splitlines()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import socket
 import subprocess
@@ -32,7 +33,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from pytest_gap.errors import GapError
-from pytest_gap.service.protocol import RUNS_PATH
+from pytest_gap.service.protocol import RUNS_PATH, TOKEN_ENV
 
 log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
@@ -63,6 +64,7 @@ class Task(BaseModel):
 class _Entry(BaseModel):
     task: Task
     owner: str
+    token: str  # the owner's token: its evaluation server asks for it (kept in memory only)
     key: str  # idempotency key: a retried submit finds the pending task
     port: int | None = None
 
@@ -125,7 +127,7 @@ class Platform:
         self.stopped = threading.Event()
 
     # -- tasks ----------------------------------------------------------------------------------
-    def create(self, owner: str, request: TaskRequest) -> tuple[Task, bool]:
+    def create(self, owner: str, token: str, request: TaskRequest) -> tuple[Task, bool]:
         if request.benchmark_set not in self.sets:
             have = ", ".join(sorted(self.sets))
             raise GapError(f"no benchmark set {request.benchmark_set!r} here (it has: {have})")
@@ -143,7 +145,7 @@ class Platform:
                 state="queued",
                 created_at=time.time(),
             )
-            self.entries[task_id] = _Entry(task=task, owner=owner, key=key)
+            self.entries[task_id] = _Entry(task=task, owner=owner, key=key, token=token)
         self._schedule()
         return task, True
 
@@ -185,10 +187,14 @@ class Platform:
         runs = self.runs_dir / task.task_id
         runs.mkdir(parents=True, exist_ok=True)
         log_file = open(runs / "serve.log", "ab")  # noqa: SIM115 (the server's whole life)
+        # The task's server takes its owner's token, through the environment: not argv (ps),
+        # not a file in the runs dir.
+        env = {**os.environ, TOKEN_ENV: entry.token}
         server = subprocess.Popen(
             [*gap, "serve", "--port", str(port), "--runs-dir", str(runs)],
             stdout=log_file,
             stderr=subprocess.STDOUT,
+            env=env,
         )
         log_file.close()
         endpoint = f"http://{LOOPBACK}:{port}"
@@ -208,6 +214,7 @@ class Platform:
                 capture_output=True,
                 text=True,
                 timeout=120,
+                env=env,
             )
         except (OSError, subprocess.SubprocessError, GapError) as exc:
             server.kill()
@@ -238,8 +245,9 @@ class Platform:
         if server is not None and server.poll() is not None:
             return True, f"its evaluation server exited with status {server.returncode}"
         url = f"{entry.task.endpoint}{RUNS_PATH}{entry.task.task_id}"
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {entry.token}"})
         try:
-            with urllib.request.urlopen(url, timeout=5) as answer:
+            with urllib.request.urlopen(request, timeout=5) as answer:
                 return json.loads(answer.read()).get("state") == "finished", None
         except OSError:
             return False, None
@@ -285,7 +293,8 @@ def handler_for(platform: Platform) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _owner(self) -> str | None:
+        def _owner(self) -> tuple[str, str] | None:
+            """(owner, token) of the request's bearer token; None after answering 401."""
             header = self.headers.get("Authorization", "")
             token = header[len("Bearer ") :] if header.startswith("Bearer ") else ""
             # constant time per token: a timing probe learns nothing about valid prefixes
@@ -293,12 +302,13 @@ def handler_for(platform: Platform) -> type[BaseHTTPRequestHandler]:
             if not matches:
                 self._send(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
                 return None
-            return matches[0]
+            return matches[0], token
 
         def do_GET(self) -> None:
-            owner = self._owner()
-            if owner is None:
+            caller = self._owner()
+            if caller is None:
                 return
+            owner = caller[0]
             if self.path.rstrip("/") == "/tasks":
                 return self._send(
                     HTTPStatus.OK, [t.model_dump(mode="json") for t in platform.visible(owner)]
@@ -311,9 +321,10 @@ def handler_for(platform: Platform) -> type[BaseHTTPRequestHandler]:
             self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}"})
 
         def do_POST(self) -> None:
-            owner = self._owner()
-            if owner is None:
+            caller = self._owner()
+            if caller is None:
                 return
+            owner, token = caller
             if self.path.rstrip("/") != "/tasks":
                 return self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}"})
             length = int(self.headers.get("Content-Length") or 0)
@@ -321,7 +332,7 @@ def handler_for(platform: Platform) -> type[BaseHTTPRequestHandler]:
                 return self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "body too big"})
             try:
                 request = TaskRequest.model_validate_json(self.rfile.read(length) or b"{}")
-                task, created = platform.create(owner, request)
+                task, created = platform.create(owner, token, request)
             except ValidationError as exc:
                 first = exc.errors()[0]
                 where = ".".join(str(x) for x in first["loc"]) or "body"

@@ -25,6 +25,7 @@ RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 SplitName = Literal["val_train", "val_unseen", "test"]
 HELD_OUT: SplitName = "test"  # its seeds stay on the server: status names no trial of it
 SMOKE_DIR = "smoke"  # fake-action episodes: recorded here, never folded into a rate
+TOKEN_ENV = "GAP_TOKEN"  # the bearer token, for `gap serve` and clients without --token-file
 
 
 def check_run_id(run_id: str) -> str:
