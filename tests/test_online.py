@@ -10,6 +10,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -171,6 +172,13 @@ def test_a_token_sees_only_its_own_tasks_and_never_lands_on_disk(platform):
         "--print-endpoint",
     )
     task_id = json.loads(mine.stdout)["task_id"]
+    # the platform and the task's evaluation server run with no token on their command lines
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode(errors="replace")
+        except OSError:
+            continue  # the process ended
+        assert ALICE not in argv and BOB not in argv, argv
     theirs = _online(url, "ready", BOB, "--task-id", task_id)
     assert theirs.returncode == 2 and "no such task (HTTP 404)" in theirs.stderr
     assert _online(url, "status", BOB).stdout == ""

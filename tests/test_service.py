@@ -210,6 +210,31 @@ def test_two_clients_with_disjoint_worker_ids_finish_a_run(home, start, hold):
     }
 
 
+def test_gap_eval_bridges_a_vla_eval_model_server(home, start):
+    """A model behind vla-eval's own server classes, reached with --protocol vla-eval; the run's
+    obs_format is vla-eval-libero, whose observation depends on the server's metadata (it asks
+    for the wrist image and the state): the relay hands the client's metadata on."""
+    from tests.test_vla_eval import RecordingServer, Served
+
+    server = start()
+    config = yaml.safe_load(_config(home / "run.yaml", tasks=(0,)).read_text())
+    config["policies"]["remote"]["obs_format"] = "vla-eval-libero"
+    (home / "vla.yaml").write_text(yaml.safe_dump(config))
+    assert server.submit(home / "vla.yaml", "vla").returncode == 0
+    model = RecordingServer(chunk_size=4)  # buffers its chunks: one action per observation
+    with Served(model) as served:
+        policy = f"ws://127.0.0.1:{served.port}"
+        client = server.eval("vla", policy, "--protocol", "vla-eval")
+        out, err = client.communicate(timeout=TIMEOUT)
+    assert client.returncode == 0, out + err
+    (record,) = _records(home, "vla").values()
+    assert record["error"] is None and record["steps"] == STEPS
+    assert model.seen, "the model was never asked"
+    first = model.seen[0]
+    assert set(first["images"]) == {"agentview", "wrist"} and len(first["states"]) == 8
+    assert first["task_description"] == record["prompt"]
+
+
 def test_a_client_killed_mid_episode_has_its_episode_handed_out_again(home, start):
     server = start()
     long = _config(home / "run.yaml", tasks=(0,), steps=LONG_STEPS)
