@@ -405,6 +405,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         f"run {status.run_id}: {status.state}; {status.saved}/{status.expected} episodes saved, "
         f"{status.in_progress} in progress, {status.remaining} remaining"
         + (f", {status.infra_failures} handed out again" if status.infra_failures else "")
+        + (f", {status.given_up} given up (missing)" if status.given_up else "")
         + (f", {status.smoke_episodes} smoke (not scored)" if status.smoke_episodes else "")
     )
     for w in status.workers:

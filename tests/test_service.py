@@ -206,6 +206,7 @@ def test_two_clients_with_disjoint_worker_ids_finish_a_run(home, start, hold):
         "expected": 2,
         "saved": 2,
         "infra_failures": 0,
+        "given_up": 0,
         "smoke_episodes": 0,
     }
 
@@ -411,3 +412,45 @@ def _no_proxy(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     os.environ.setdefault("NO_PROXY", "127.0.0.1")
+
+
+def test_a_trial_the_harness_cannot_run_is_given_up_but_a_lost_client_never_is(home):
+    """The run's bookkeeping alone (no server, no simulator): an episode a client dropped goes
+    out again however often that happens; one that ends without a scored record for any other
+    reason is tried MAX_ATTEMPTS times, then the run ends with it missing."""
+    from pytest_gap.results import TrialResult, write_result
+    from pytest_gap.service.protocol import Submit
+    from pytest_gap.service.runs import MAX_ATTEMPTS, ServiceRun, submit
+
+    text = _config(home / "run.yaml", tasks=(0, 1)).read_text()
+    submit(home / "runs", Submit(run_id="g", config_name="run.yaml", config_text=text))
+    run = ServiceRun(home / "runs/g")
+    first = run.claim(0)
+    for _ in range(MAX_ATTEMPTS + 2):  # a client lost mid-episode, again and again
+        identity = {
+            "nodeid": "n",
+            "config": "run.yaml",
+            "mode": "policy_only",
+            "family": "libero",
+            "variation": "object",
+            "suite": "libero_object",
+            "task_id": first.task_id,
+            "seed": first.seed,
+        }
+        write_result(
+            run.run_dir / first.key,
+            TrialResult(**identity, error="client gone", infra_failure=True, exit_code=1),
+        )
+        run.finish(first.key)
+        assert run.claim(0).key == first.key  # handed out again, every time
+    assert not run.given_up
+    run.in_progress.clear()
+    second = next(t for t in run.trials.values() if t.key != first.key)
+    for attempt in range(MAX_ATTEMPTS):  # handed to a slot that ended with no record at all
+        run.in_progress[second.key] = 1
+        run.finish(second.key)
+        assert (second.key in run.given_up) == (attempt == MAX_ATTEMPTS - 1)
+    assert run.claim(1).key == first.key and run.claim(1) is None  # the second: never again
+    write_result(run.run_dir / first.key, TrialResult(**identity))  # scored: a failed episode
+    run.finish(first.key)
+    assert run.ended and not run.complete and run.saved == {first.key}

@@ -77,7 +77,8 @@ class RunStatus(BaseModel):
     saved: int  # trials with a scored record
     in_progress: int
     remaining: int  # neither saved nor in progress
-    infra_failures: int  # episodes a broken connection ended (each handed out again)
+    infra_failures: int  # episodes that ended unscored (each handed out again)
+    given_up: int = 0  # trials the harness failed to run MAX_ATTEMPTS times: missing
     smoke_episodes: int
     workers: list[WorkerStatus]
     gate: str | None = None  # the gate line, once finished

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
 SERVICE_FILE = "service.json"
 SERVICE_MODE = "policy_only"  # a remote client's policy acts alone, from the arm's home pose
+MAX_ATTEMPTS = 3  # runs of one trial that the harness could not score before it gives up
 
 
 class RunRefused(GapError):
@@ -115,6 +116,8 @@ class ServiceRun:
             key for key, r in scan_results(run_dir).items() if key in self.trials and not r.errored
         }
         self.in_progress: dict[str, int] = {}  # trial key -> worker id
+        self.attempts: dict[str, int] = {}  # runs of a trial the harness could not score
+        self.given_up: set[str] = set()
         self.infra_failures = 0
         self.smoke_episodes = len(list((run_dir / SMOKE_DIR).rglob("result.json")))
 
@@ -128,9 +131,9 @@ class ServiceRun:
         return PolicyEndpoint(url=url, protocol="openpi", obs_format=self.obs_format)
 
     def claim(self, worker_id: int) -> Trial | None:
-        """The next trial no one has saved or is running, in plan order; None when none is."""
+        """The next trial no one has saved, is running or gave up on, in plan order."""
         for key, trial in self.trials.items():
-            if key not in self.saved and key not in self.in_progress:
+            if key not in self.saved and key not in self.in_progress and key not in self.given_up:
                 self.in_progress[key] = worker_id
                 return trial
         return None
@@ -148,11 +151,26 @@ class ServiceRun:
             return
         self.infra_failures += 1
         why = result.error if isinstance(result, TrialResult) else "no record"
+        # A client gone mid-episode is not the trial's fault: its episode goes out again as
+        # often as that happens. A trial the harness itself cannot run would go round forever.
+        if not (isinstance(result, TrialResult) and result.infra_failure):
+            self.attempts[key] = self.attempts.get(key, 0) + 1
+            if self.attempts[key] >= MAX_ATTEMPTS:
+                self.given_up.add(key)
+                log.warning(
+                    "run %s: %s given up after %d attempts: %s", self.run_id, key, MAX_ATTEMPTS, why
+                )
+                return
         log.warning("run %s: %s is handed out again: %s", self.run_id, key, why)
 
     @property
     def complete(self) -> bool:
         return len(self.saved) == len(self.trials)
+
+    @property
+    def ended(self) -> bool:
+        """Every trial saved or given up on: no episode is left to hand out."""
+        return len(self.saved) + len(self.given_up - self.saved) == len(self.trials)
 
     def summary(self) -> RunSummary:
         return fold_run(

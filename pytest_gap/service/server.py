@@ -134,7 +134,7 @@ class EvalServer:
             workers = [w.model_copy(update={"current": None}) for w in workers]
         attached = [w for w in workers if w.state == "attached"]
         replies = sum(r.replies for (rid, _), r in self.relays.items() if rid == run.run_id)
-        if run.complete:
+        if run.ended:
             state = "finished"
         elif not attached:
             state = "waiting for clients"
@@ -142,7 +142,7 @@ class EvalServer:
             state = "model loading"
         else:
             state = "active"
-        gate = run.summary().gate.line() if run.complete else None
+        gate = run.summary().gate.line() if run.ended else None
         return RunStatus(
             run_id=run.run_id,
             split=run.split,
@@ -150,7 +150,8 @@ class EvalServer:
             expected=len(run.trials),
             saved=len(run.saved),
             in_progress=len(run.in_progress),
-            remaining=len(run.trials) - len(run.saved) - len(run.in_progress),
+            remaining=len(run.trials) - len(run.saved) - len(run.in_progress) - len(run.given_up),
+            given_up=len(run.given_up),
             infra_failures=run.infra_failures,
             smoke_episodes=run.smoke_episodes,
             workers=workers,
@@ -271,7 +272,7 @@ class EvalServer:
             while not hello.smoke and relay.broken is None:
                 trial = run.claim(hello.worker_id)
                 if trial is None:
-                    if run.complete or not run.in_progress:
+                    if run.ended or not run.in_progress:
                         break
                     await asyncio.sleep(IDLE_POLL_S)  # another client's episode may come back
                     continue
@@ -292,7 +293,7 @@ class EvalServer:
                     status.current = None
                 status.episodes_done += trial.key in run.saved
             if relay.broken is None:
-                if run.complete:
+                if run.ended:
                     await asyncio.to_thread(self._write_summary, run)
                 await ws.send(
                     packb(
@@ -338,6 +339,7 @@ class EvalServer:
                 "expected": status.expected,
                 "saved": status.saved,
                 "infra_failures": status.infra_failures,
+                "given_up": status.given_up,
                 "smoke_episodes": status.smoke_episodes,
             },
             "gate": status.gate,
