@@ -200,6 +200,7 @@ def test_two_clients_with_disjoint_worker_ids_finish_a_run(home, start, hold):
     assert summary["n_trials"] == 2 and summary["gate"]["verdict"] == "PASS"
     card = json.loads((home / "runs/r1/service.json").read_text())  # the run's own record
     assert card["run_id"] == "r1" and card["config_name"] == "run.yaml"
+    assert card["endpoint"] == server.url
     assert sorted(w["worker_id"] for w in card["workers"]) == [0, 1]
     assert all(w["host"] == socket.gethostname() for w in card["workers"])
     assert card["coverage"] == {

@@ -334,6 +334,7 @@ class EvalServer:
         status = self.status(run)
         card = {
             **run.card,
+            "endpoint": f"http://{self.host}:{self.port}",  # this server's; it holds no secret
             "workers": [{"worker_id": w.worker_id, "host": w.host} for w in status.workers],
             "coverage": {
                 "expected": status.expected,
