@@ -94,7 +94,9 @@ class Server:
                 return
             except OSError:
                 time.sleep(0.2)
-        raise AssertionError(f"gap serve did not come up: {(home / 'serve.log').read_text()}")
+        self.log.flush()
+        log = (home / f"serve_{self.port}.log").read_text()
+        raise AssertionError(f"gap serve did not come up on port {self.port}: {log}")
 
     def gap(self, *args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
         return subprocess.run(
