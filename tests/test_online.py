@@ -76,50 +76,24 @@ def _online(url: str, command: str, token: str, *args, timeout=TIMEOUT):
     return _gap("online", command, "--base-url", url, "--token", token, *args, timeout=timeout)
 
 
+def _submit(url: str, model: str, timeout: str, *extra: str) -> subprocess.CompletedProcess:
+    """`gap online submit` of ALICE's model on the one benchmark set."""
+    args = ["--model-name", model, "--benchmark-set", "libero_smoke", "--timeout", timeout]
+    return _online(url, "submit", ALICE, *args, *extra)
+
+
 def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
     home, url = platform
-    first = _online(
-        url,
-        "submit",
-        ALICE,
-        "--model-name",
-        "m1",
-        "--benchmark-set",
-        "libero_smoke",
-        "--timeout",
-        "60",
-        "--print-endpoint",
-    )
+    first = _submit(url, "m1", "60", "--print-endpoint")
     assert first.returncode == 0, first.stderr
     ready = json.loads(first.stdout)
     assert set(ready) == {"task_id", "endpoint"} and ready["endpoint"].startswith(
         "http://127.0.0.1:"
     )
-    retried = _online(
-        url,
-        "submit",
-        ALICE,
-        "--model-name",
-        "m1",
-        "--benchmark-set",
-        "libero_smoke",
-        "--timeout",
-        "5",
-        "--print-endpoint",
-    )
+    retried = _submit(url, "m1", "5", "--print-endpoint")
     assert json.loads(retried.stdout) == ready  # the same task, not a second one
 
-    second = _online(
-        url,
-        "submit",
-        ALICE,
-        "--model-name",
-        "m2",
-        "--benchmark-set",
-        "libero_smoke",
-        "--timeout",
-        "3",
-    )
+    second = _submit(url, "m2", "3")
     assert second.returncode == 1 and "is still queued after 3 s" in second.stderr
     queued_id = second.stderr.split()[1]
     waiting = _online(url, "ready", ALICE, "--task-id", queued_id)
@@ -159,18 +133,7 @@ def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
 
 def test_a_token_sees_only_its_own_tasks_and_never_lands_on_disk(platform):
     home, url = platform
-    mine = _online(
-        url,
-        "submit",
-        ALICE,
-        "--model-name",
-        "m",
-        "--benchmark-set",
-        "libero_smoke",
-        "--timeout",
-        "60",
-        "--print-endpoint",
-    )
+    mine = _submit(url, "m", "60", "--print-endpoint")
     task_id = json.loads(mine.stdout)["task_id"]
     # the platform and the task's evaluation server run with no token on their command lines
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
