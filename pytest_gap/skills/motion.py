@@ -264,11 +264,13 @@ def reachable_height(ctx: SkillContext, xy, yaw: float, z: float, lowest: float)
     high the servo crawls: libero_spatial task 4 seed 4, a bowl in the cabinet's top drawer
     at x 0.14, the point 10 cm over it (z 1.22, IK residual 3.5 cm) stalled 2.3 cm short
     after 71 steps, the lift to 1.26 after 41 more, and the episode's 220 steps ran out."""
-    height = z
-    while height >= lowest - 1e-9:
+    steps = 0
+    # Each height from z by a whole number of steps, rounded to a micron, so `lowest` itself is
+    # tried and returned as given rather than a sum's rounding error away from it.
+    while (height := round(z - steps * REACH_STEP, 6)) >= lowest - 1e-9:
         if solve_ik(ctx, [xy[0], xy[1], height], yaw) <= IK_TOLERANCE:
             return float(height)
-        height -= REACH_STEP
+        steps += 1
     return float(z)
 
 
