@@ -45,8 +45,9 @@ RESTART_LOG = "restarts.log"
 POLL_S = 0.1  # how often a watcher looks at its server's process
 # After a trial's infrastructure failure, how long its process waits for the lead to notice a
 # server death before deciding the failure had another cause (a hang, a garbage reply).
-DEATH_GRACE_S = 3.0
+DEATH_GRACE_S = 2.0
 LOG_TAIL_LINES = 3
+RESTART_MARK = "--- gap: "  # begins the line a restart writes into the server's own log
 
 
 class ServerState(BaseModel):
@@ -112,7 +113,11 @@ def log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> list[str]:
             text = handle.read().decode("utf-8", errors="replace")
     except OSError:
         return []
-    kept = [line.strip() for line in text.splitlines() if line.strip()]
+    kept = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not line.startswith(RESTART_MARK)
+    ]
     return [line[:200] for line in kept[-lines:]]
 
 
@@ -215,7 +220,7 @@ class Supervisor:
             self._publish(**{policy_id: {"restarts": used}})
             if self._stop.wait(wait):
                 return False
-            self._log_line(dead.log, f"gap: restart {used}/{limit} of policy server {policy_id}")
+            self._log_line(dead.log, f"restart {used}/{limit} of policy server {policy_id}")
             try:
                 server = self.manager.restart(policy_id, cancel=self._stop)
             except PolicyStartError as exc:
@@ -245,8 +250,9 @@ class Supervisor:
             + (f"; its output is in {dead.log}" if dead.log and not error else "")
         )
         self._publish(**{policy_id: {"state": "down", "reason": reason}})
-        self.lines.put(reason)
-        self._append_log(reason)
+        line = f"{reason}; its log ended: {' | '.join(log_tail(dead.log)) or '(empty)'}"
+        self.lines.put(line)
+        self._append_log(line)
         return False
 
     def _event(self, policy_id: str, code: int, attempt: int, wait: float, outcome, tail, **kw):
@@ -275,7 +281,7 @@ class Supervisor:
         """A marker in the server's own log, so its reader sees where each run begins."""
         if log is not None:
             with contextlib.suppress(OSError), log.open("a") as handle:
-                handle.write(f"--- {now_iso()} {line} ---\n")
+                handle.write(f"{RESTART_MARK}{line} at {now_iso()} ---\n")
 
 
 # -- the trial side ------------------------------------------------------------------------------
