@@ -3,7 +3,9 @@
 The controller process (the only one under pytest-xdist that does not run trials) probes the
 external servers and starts the managed ones before any worker exists; `SessionPolicies.urls`
 ({config path: {policy id: url}}) is what the plugin hands each worker (xdist's workerinput).
-`url:` entries need no handing over: every process reads them from the config.
+A managed server that dies is restarted on a new port by the controller (policies/supervisor.py),
+so a trial asks `supervisor.live_urls` where it is now. `url:` entries need no handing over:
+every process reads them from the config.
 """
 
 from __future__ import annotations
