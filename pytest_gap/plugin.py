@@ -226,8 +226,12 @@ class _Lead(GapSession):
         for line in lines:
             if reporter is None:
                 self.notes.append(line)
-            else:
-                reporter.write_line(f"gap: {line}", yellow=True)
+                continue
+            # xdist's progress letters leave the cursor mid-line (write_line does not know)
+            reporter.ensure_newline()
+            if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):
+                reporter.write("\n")
+            reporter.write_line(f"gap: {line}", yellow=True)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._policy_lines()
