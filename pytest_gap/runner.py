@@ -569,9 +569,8 @@ def run_supervised(
         down = trial.model_copy(update={"cell": trial.cell.unavailable({"policies": before.down})})
         return attempt(down, []), []
     result = attempt(trial, [])
-    earlier: list[EarlierAttempt] = []
     notes: list[str] = []
-    for tries in (1, 2):
+    for may_rerun in (True, False):  # once at most: a server dying on every trial errors it
         if not result.infra_failure:
             break
         watchdog.pause()
@@ -583,13 +582,13 @@ def run_supervised(
             result = result.model_copy(update={"error": f"{result.error}; {verdict.reason}"})
             write_result(run_dir / trial.key, result)
             break
-        if not verdict.rerun or tries == 2:  # not a death, or re-run once already
+        if not (verdict.rerun and may_rerun):  # not a death, or re-run once already
             break
-        earlier.append(EarlierAttempt.of(result, verdict.because or "its policy server died"))
+        broken = EarlierAttempt.of(result, verdict.because or "its policy server died")
         notes.append(
             f"{result.nodeid}: re-run, {verdict.because}; the broken attempt: {result.error}"
         )
         before = before.model_copy(update={"deaths": verdict.deaths})
         watchdog.restart()
-        result = attempt(trial, earlier)
+        result = attempt(trial, [broken])
     return result, notes

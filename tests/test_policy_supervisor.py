@@ -153,3 +153,88 @@ def test_restarts_off_leaves_the_server_down_at_once(tmp_path):
         assert read_state(tmp_path).restarts == []
     finally:
         _stop(manager, supervisor)
+
+
+class _Watchdog:
+    """Records what run_supervised asks of the trial's watchdog."""
+
+    started = None
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def pause(self):
+        self.calls.append("pause")
+
+    def resume(self):
+        self.calls.append("resume")
+
+    def restart(self):
+        self.calls.append("restart")
+
+
+def test_a_trial_its_server_keeps_breaking_is_rerun_once_and_recorded_once(tmp_path):
+    """A server that dies during every attempt: one re-run after the first restart, then the
+    trial stays an infrastructure failure; one record, listing the broken attempt."""
+    from pytest_gap.config import parse_config
+    from pytest_gap.plan import all_trials, plan
+    from pytest_gap.results import TrialIdentity, TrialResult, read_result, write_result
+    from pytest_gap.runner import run_supervised
+
+    config = parse_config(
+        {
+            "policies": {"hold": {"command": SERVE_HOLD}},
+            "policy_manager": {"max_restarts": 3, "restart_backoff_s": 0.05},
+            "benchmark": {
+                "families": ["libero"],
+                "variations": ["object"],
+                "modes": ["policy_only"],
+                "policies": ["hold"],
+                "task_ids": [0],
+                "n_seeds": 1,
+                "mode_overrides": {"policy_only": {"template": "policy_only"}},
+            },
+        },
+        "grid.yaml",
+        base=tmp_path,
+    )
+    (trial,) = all_trials(plan(config))
+    run_dir = tmp_path / "run"
+    manager, supervisor = _supervised(
+        run_dir / "policy_logs",
+        PolicyEntry(command=SERVE_HOLD),
+        max_restarts=3,
+        restart_backoff_s=0.05,
+    )
+    attempts = []
+
+    def attempt(trial, earlier):
+        """An attempt during which the server is SIGKILLed: the client sees it close."""
+        attempts.append(list(earlier))
+        os.kill(manager.servers["hold"].process.pid, signal.SIGKILL)
+        result = TrialResult(
+            **TrialIdentity.of(trial, nodeid="grid.yaml::t", config="grid.yaml").model_dump(),
+            exit_code=1,
+            error=f"policy: policy server closed the connection (attempt {len(attempts)})",
+            infra_failure=True,
+            earlier_attempts=earlier,
+        )
+        write_result(run_dir / trial.key, result)
+        return result
+
+    watchdog = _Watchdog()
+    try:
+        watch = ServerWatch.for_cell(run_dir, trial.cell, config)
+        result, notes = run_supervised(trial, attempt, watch, watchdog, run_dir)
+    finally:
+        _stop(manager, supervisor)
+    assert [len(e) for e in attempts] == [0, 1]  # re-run once, not twice
+    assert result.infra_failure and result.error.endswith("(attempt 2)")
+    (broken,) = result.earlier_attempts
+    assert broken.error.endswith("(attempt 1)")
+    assert broken.rerun_because.startswith("policy server hold died during it and was restarted")
+    assert read_result(run_dir / trial.key) == result  # one record, the last attempt's
+    (note,) = notes
+    assert note.startswith("grid.yaml::t: re-run, policy server hold died during it")
+    # every wait is paused, the re-run gets a full budget
+    assert watchdog.calls == ["pause", "resume", "pause", "resume", "restart", "pause", "resume"]
