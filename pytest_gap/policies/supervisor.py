@@ -223,10 +223,10 @@ class Supervisor:
             self._log_line(dead.log, f"restart {used}/{limit} of policy server {policy_id}")
             try:
                 server = self.manager.restart(policy_id, cancel=self._stop)
-            except PolicyStartError as exc:
+            except Exception as exc:  # PolicyStartError, or anything else: an attempt used
                 if self._stop.is_set():
                     return False
-                error = str(exc)
+                error = str(exc) if isinstance(exc, PolicyStartError) else repr(exc)
                 self._event(policy_id, code, used, wait, "failed", tail, error=error)
                 failed = self.manager.servers[policy_id].process.returncode
                 code = failed if failed is not None else code
