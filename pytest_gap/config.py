@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeFloat,
+    NonNegativeInt,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -129,6 +130,10 @@ def _is_gap_policy_serve(command: list[str] | str | None) -> bool:
 class PolicyManagerConfig(_Strict):
     startup_timeout_s: NonNegativeFloat = 120.0
     evict_grace_s: NonNegativeFloat = 10.0
+    # A managed server that dies mid-session is restarted at most max_restarts times (0: never),
+    # the k-th restart after restart_backoff_s * 2**(k-1) s (pytest_gap/policies/supervisor.py).
+    max_restarts: NonNegativeInt = 3
+    restart_backoff_s: NonNegativeFloat = 1.0
 
 
 class TrialsConfig(_Strict):

@@ -133,10 +133,15 @@ class GapSession:
         return self._loaded[path]
 
     def endpoints(self, loaded: LoadedConfig):
-        """The policy endpoints this process's trials of `loaded` talk to."""
+        """The policy endpoints this process's trials of `loaded` talk to: a managed server is
+        where the lead says it is now (a restart moves it to a new port)."""
         from pytest_gap.policies.registry import endpoints_for
+        from pytest_gap.policies.supervisor import LOG_DIR, live_urls
 
-        return endpoints_for(loaded.config, self.policy_urls.get(str(loaded.path), {}))
+        started = self.policy_urls.get(str(loaded.path), {})
+        if started:
+            started = {**started, **live_urls(loaded.run_dir / LOG_DIR)}
+        return endpoints_for(loaded.config, started)
 
 
 def _pin(worker: str | None, n_workers: int | None) -> None:
@@ -193,9 +198,10 @@ class _Lead(GapSession):
                 loaded[str(path)] = self.load(path)
             except GapError:
                 continue  # collection reports it, with every other problem of the file
+        from pytest_gap.policies.supervisor import LOG_DIR
         from pytest_gap.preflight import check_llms, start_policies
 
-        configs = [(c.path, c.config, c.cells, c.run_dir / "policy_logs") for c in loaded.values()]
+        configs = [(c.path, c.config, c.cells, c.run_dir / LOG_DIR) for c in loaded.values()]
         try:
             down = check_llms(configs)
             self.policies, policies_down = start_policies(configs)
@@ -212,7 +218,23 @@ class _Lead(GapSession):
             loaded[path].mark_unavailable(services)
         self.unavailable = down
 
+    def _policy_lines(self) -> None:
+        """Print the policy servers' restart lines logged since the last look (a supervisor
+        thread logs them; only this, the main thread, writes to the terminal)."""
+        lines = self.policies.lines() if self.policies is not None else []
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        for line in lines:
+            if reporter is None:
+                self.notes.append(line)
+                continue
+            # xdist's progress letters leave the cursor mid-line (write_line does not know)
+            reporter.ensure_newline()
+            if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):
+                reporter.write("\n")
+            reporter.write_line(f"gap: {line}", yellow=True)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._policy_lines()
         run_dir = getattr(report, "gap_run_dir", None)
         if run_dir is not None:
             path = Path(getattr(report, "gap_result", {}).get("config") or "")
@@ -312,6 +334,7 @@ class _Lead(GapSession):
         return all(o["gate"].passed for o in self.outcomes)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        self._policy_lines()
         if not self.outcomes:
             return
         from pytest_gap.report import console_table
@@ -630,6 +653,14 @@ class _TimeoutWatchdog:
             item=self.item, settings=self.settings._replace(timeout=left)
         )
 
+    def restart(self) -> None:
+        """The whole budget again, from now: the trial is re-run after a server restart."""
+        if self.settings is None:
+            return
+        self.pause()
+        self.charged, self.started = 0.0, time.time()
+        self.resume()
+
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings) -> None:
@@ -657,7 +688,7 @@ class TrialItem(pytest.Item):
         session = self.config.stash[SESSION]
         run_dir = self.loaded.run_dir
         replayed = self._recorded(run_dir) if session.resume else None
-        result = replayed or self._run(session, run_dir)
+        result = replayed or self._supervised(session, run_dir)
         self.result, self.replayed = result, replayed is not None
         self.user_properties.extend(result.properties())
         if not result.success:
@@ -672,12 +703,31 @@ class TrialItem(pytest.Item):
             return None
         return found
 
-    def _run(self, session: GapSession, run_dir: Path) -> TrialResult:
+    def _supervised(self, session: GapSession, run_dir: Path) -> TrialResult:
+        """The trial, re-run once if the managed policy server it needs died under it and was
+        restarted (runner.run_supervised)."""
+        from pytest_gap.policies.supervisor import ServerWatch
+        from pytest_gap.runner import run_supervised
+
+        watch = ServerWatch.for_cell(run_dir, self.trial.cell, self.loaded.config)
+        if watch is None:
+            return self._run(session, run_dir, self.trial)
+        result, notes = run_supervised(
+            self.trial,
+            lambda trial, earlier: self._run(session, run_dir, trial, earlier),
+            watch,
+            self.watchdog,
+            run_dir,
+        )
+        self.notes += notes
+        return result
+
+    def _run(self, session: GapSession, run_dir: Path, trial, earlier=()) -> TrialResult:
         from pytest_gap.runner import TrialRun
         from pytest_gap.sim.pool import env_pool
 
         run = TrialRun(
-            self.trial,
+            trial,
             run_dir,
             nodeid=self.nodeid,
             config=str(self.loaded.path),
@@ -689,6 +739,7 @@ class TrialItem(pytest.Item):
             mode_table=session.mode_table,
             watchdog=self.watchdog,
             plan_digest=self.loaded.plan_digest,
+            earlier_attempts=list(earlier),
         )
         try:
             return run.execute()

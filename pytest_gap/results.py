@@ -85,6 +85,28 @@ class TrialIdentity(BaseModel):
         return "__".join(p for p in parts if p)
 
 
+class EarlierAttempt(BaseModel):
+    """An attempt of a trial that its policy server's death broke (an infrastructure failure),
+    replaced by the re-run after the server's restart (policies/supervisor.py)."""
+
+    error: str | None = None
+    exit_code: int = EXIT_ERROR
+    steps: int = 0
+    policy_url: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    rerun_because: str
+
+    @classmethod
+    def of(cls, result: TrialResult, because: str) -> EarlierAttempt:
+        return cls(
+            **result.model_dump(
+                include={"error", "exit_code", "steps", "policy_url", "started_at", "finished_at"}
+            ),
+            rerun_because=because,
+        )
+
+
 class TrialResult(BaseModel):
     version: int = RESULT_VERSION
     nodeid: str
@@ -133,6 +155,8 @@ class TrialResult(BaseModel):
     packages: dict[str, str] = {}  # simulator package versions (mujoco, robosuite, ...)
     started_at: str | None = None
     finished_at: str | None = None
+    # Attempts a policy server's death broke before this one (re-run once after its restart).
+    earlier_attempts: list[EarlierAttempt] = []
 
     @property
     def identity(self) -> TrialIdentity:

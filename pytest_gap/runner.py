@@ -20,6 +20,7 @@ import os
 import shutil
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -33,6 +34,7 @@ from pytest_gap.results import (
     EXIT_ERROR,
     EXIT_TIMEOUT,
     RUNNING_FILE,
+    EarlierAttempt,
     TrialIdentity,
     TrialResult,
     now_iso,
@@ -46,6 +48,7 @@ from pytest_gap.workflow.schema import WORKFLOW_FILE
 if TYPE_CHECKING:
     from pytest_gap.modes import ModeTable
     from pytest_gap.policies.endpoint import PolicyEndpoint
+    from pytest_gap.policies.supervisor import ServerWatch
     from pytest_gap.workflow.executor import RunResult
 
 VIDEO_FILE = "video.mp4"
@@ -67,6 +70,9 @@ class Watchdog(Protocol):
     def resume(self) -> None:
         """Charge time again, with the budget that was left at `pause`."""
 
+    def restart(self) -> None:
+        """A full budget again, counted from now: the trial is re-run (run_supervised)."""
+
 
 class _NoWatchdog:
     started = None
@@ -75,6 +81,9 @@ class _NoWatchdog:
         pass
 
     def resume(self) -> None:
+        pass
+
+    def restart(self) -> None:
         pass
 
 
@@ -130,6 +139,7 @@ class TrialRun:
         keep_images: bool = False,
         reset_options: dict | None = None,
         plan_digest: str | None = None,
+        earlier_attempts: list[EarlierAttempt] | None = None,
     ):
         self.trial, self.run_dir, self.pool = trial, run_dir, pool
         self.watchdog = watchdog or _NoWatchdog()
@@ -162,6 +172,7 @@ class TrialRun:
                 if k in os.environ
             },
             "started_at": now_iso(),
+            "earlier_attempts": list(earlier_attempts or []),
         }
         endpoint = self.policies.get(trial.cell.policy_id or "")
         self._base |= record_fields(
@@ -529,3 +540,55 @@ def record_crash(
         )
     write_result(trial_dir, result)
     return result
+
+
+def run_supervised(
+    trial: Trial,
+    attempt: Callable[[Trial, list[EarlierAttempt]], TrialResult],
+    watch: ServerWatch,
+    watchdog: Watchdog,
+    run_dir: Path,
+) -> tuple[TrialResult, list[str]]:
+    """Run a trial whose policy server the session supervises (policies/supervisor.py).
+
+    `attempt(trial, earlier_attempts)` runs it once and records it. Before it runs, a restart
+    in progress is waited out; a server that is down records the trial as an infrastructure
+    failure that says why, without running it. An infrastructure failure caused by the server
+    dying is already recorded (result.json) when the restart is awaited: the trial is re-run
+    once into the same trial dir, its record listing the broken attempt (`earlier_attempts`),
+    so a trial is never lost nor counted twice. If the server cannot be kept up, the broken
+    record's error says so. Waiting is not charged to the watchdog; a re-run gets a full budget.
+    Returns the final record and notes for the session's output.
+    """
+    watchdog.pause()
+    try:
+        before = watch.before_trial()
+    finally:
+        watchdog.resume()
+    if before.down:
+        down = trial.model_copy(update={"cell": trial.cell.unavailable({"policies": before.down})})
+        return attempt(down, []), []
+    result = attempt(trial, [])
+    notes: list[str] = []
+    for may_rerun in (True, False):  # once at most: a server dying on every trial errors it
+        if not result.infra_failure:
+            break
+        watchdog.pause()
+        try:
+            verdict = watch.after_failure(before)
+        finally:
+            watchdog.resume()
+        if verdict.reason:  # the server cannot be kept up: the record says so
+            result = result.model_copy(update={"error": f"{result.error}; {verdict.reason}"})
+            write_result(run_dir / trial.key, result)
+            break
+        if not (verdict.rerun and may_rerun):  # not a death, or re-run once already
+            break
+        broken = EarlierAttempt.of(result, verdict.because or "its policy server died")
+        notes.append(
+            f"{result.nodeid}: re-run, {verdict.because}; the broken attempt: {result.error}"
+        )
+        before = before.model_copy(update={"deaths": verdict.deaths})
+        watchdog.restart()
+        result = attempt(trial, [broken])
+    return result, notes

@@ -38,10 +38,16 @@ class DieOnThirdCall:
 
 
 def _grid(
-    pytester, policies: dict, mode: str, policy_ids: list[str], max_steps: int | None = None
+    pytester,
+    policies: dict,
+    mode: str,
+    policy_ids: list[str],
+    max_steps: int | None = None,
+    max_restarts: int = 3,
 ) -> None:
     data = {
         "policies": policies,
+        "policy_manager": {"max_restarts": max_restarts},
         "trials": {"max_steps": max_steps},
         "benchmark": {
             "families": ["libero"],
@@ -110,6 +116,7 @@ def test_a_server_killed_mid_trial_is_an_infra_failure_not_a_policy_failure(pyte
         },
         "llm_plus_policy",
         ["dying"],
+        max_restarts=0,  # the floor when restarts are used up (tests/test_policy_restarts.py)
     )
     result = pytester.runpytest_inprocess("grid.yaml")
     out = result.stdout.str()
@@ -118,6 +125,10 @@ def test_a_server_killed_mid_trial_is_an_infra_failure_not_a_policy_failure(pyte
     assert record["infra_failure"] and record["exit_code"] == 1 and not record["success"]
     assert "policy server ws://127.0.0.1:" in record["error"]
     assert "closed the connection" in record["error"]
+    assert (
+        "policy server dying could not be kept up: it exited with status -9 (SIGKILL) and "
+        "restarts are off (policy_manager.max_restarts: 0)"
+    ) in record["error"]
     assert "infrastructure failure: task 0 seed 0" in out
     tsv = next((pytester.path / "runs").rglob("summary.tsv")).read_text().splitlines()
     row = dict(zip(tsv[0].split("\t"), tsv[1].split("\t"), strict=True))

@@ -23,6 +23,8 @@ beside the run logs"), as of the latest session; a field that cannot be known sa
     workers           worker (or "main" without xdist) -> the devices its trials saw
     horizon           per cell: run_policy's replan_every (actions applied per observation);
                       action_horizon (the chunk length a server returns) is not recorded
+    policy_servers    the managed policy servers of the latest session that started any, their
+                      state and every restart (policy_logs/servers.json), or "none"
     started_at, finished_at, host, command (sanitized: pytest_gap/redaction.py)
     results           where the outputs are, relative to the run dir
     sessions          every session over the run dir: its times, host, argv and options
@@ -189,6 +191,23 @@ def horizons(run_dir: Path, results: dict[str, TrialResult]) -> dict:
     }
 
 
+def policy_servers(run_dir: Path) -> dict | str:
+    """The managed servers' final state and restarts, as their supervisor published them."""
+    from pytest_gap.policies.supervisor import LOG_DIR, read_state
+
+    found = read_state(run_dir / LOG_DIR)
+    if found is None:
+        return "none"
+    return {
+        "started_at": found.started_at,
+        "servers": {
+            pid: s.model_dump(include={"state", "deaths", "restarts", "max_restarts", "reason"})
+            for pid, s in found.servers.items()
+        },
+        "restarts": [event.model_dump() for event in found.restarts],
+    }
+
+
 def planned_cells(config: pytest.Config, benchmark: BenchmarkConfig):
     """The config's cells as the session planned them (the session's mode table)."""
     from pytest_gap.modes import ModeTable
@@ -251,6 +270,7 @@ def run_fields(
         "split": {"kind": UNKNOWN, "cells": split},
         "workers": worker_devices(results),
         "horizon": horizons(run_dir, results),
+        "policy_servers": policy_servers(run_dir),
         "started_at": config.stash.get(STARTED, UNKNOWN),
         "finished_at": now_iso(),
         "host": socket.gethostname(),

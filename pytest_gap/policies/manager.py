@@ -9,6 +9,8 @@ A managed server gets a free port, its own process session (so its whole process
 signalled) and a parent-death signal (so even a SIGKILLed harness does not leave it running).
 It counts as started when its port accepts connections; stopping is SIGTERM, then SIGKILL after
 `evict_grace_s`. If one server fails to start, every server already started is stopped.
+`restart` starts a server that died again, on a new free port, appending to the same log; who
+calls it, when and how often is policies/supervisor.py's business.
 `gap` as a command's program is this harness's own CLI, run by this interpreter (a session
 started as `.venv/bin/python -m pytest` has no venv bin/ on PATH). A program that cannot be
 found is a config error (PolicyConfigError), raised before anything starts.
@@ -25,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +154,7 @@ class PolicyManager:
         self.settings = settings or PolicyManagerConfig()
         self.log_dir = log_dir
         self.servers: dict[str, ManagedServer] = {}
+        self.entries: dict[str, PolicyEntry] = {}  # what each server was started from
 
     def start_all(self, entries: dict[str, PolicyEntry]) -> dict[str, str]:
         """Start every managed entry; on any failure stop them all and raise. Returns urls."""
@@ -159,6 +163,7 @@ class PolicyManager:
             check_command(policy_id, entry)
         try:
             for policy_id, entry in managed.items():
+                self.entries[policy_id] = entry
                 self.servers[policy_id] = self._start(policy_id, entry)
             for server in self.servers.values():
                 self._wait(server)
@@ -195,11 +200,29 @@ class PolicyManager:
                 stdout.close()
         return ManagedServer(policy_id, port, process, log)
 
-    def _wait(self, server: ManagedServer) -> None:
+    def restart(self, policy_id: str, cancel: threading.Event | None = None) -> ManagedServer:
+        """Start a managed server that exited again, on a new free port (the old one may still
+        be held by connections in TIME_WAIT), and wait until it listens. A restart that does not
+        come up is stopped, stays in `servers` (its exit status is its process's returncode)
+        and raises PolicyStartError; so does `cancel` being set while waiting."""
+        server = self._start(policy_id, self.entries[policy_id])
+        self.servers[policy_id] = server
+        try:
+            self._wait(server, cancel)
+        except BaseException:
+            self._terminate(server)
+            raise
+        return server
+
+    def _wait(self, server: ManagedServer, cancel: threading.Event | None = None) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s
         while not port_open(server.port):
             code = server.process.poll()
             where = f"; its output is in {server.log}" if server.log else ""
+            if cancel is not None and cancel.is_set():
+                raise PolicyStartError(
+                    f"policies.{server.policy_id}: the session ended before the server listened"
+                )
             if code is not None:
                 raise PolicyStartError(
                     f"policies.{server.policy_id}: the server exited with status {code} before "
@@ -215,7 +238,11 @@ class PolicyManager:
 
     def stop(self, policy_id: str) -> None:
         server = self.servers.pop(policy_id, None)
-        if server is None or server.process.poll() is not None:
+        if server is not None:
+            self._terminate(server)
+
+    def _terminate(self, server: ManagedServer) -> None:
+        if server.process.poll() is not None:
             return
         _signal_group(server.process, signal.SIGTERM)
         try:

@@ -3,7 +3,9 @@
 The controller process (the only one under pytest-xdist that does not run trials) probes the
 external servers and starts the managed ones before any worker exists; `SessionPolicies.urls`
 ({config path: {policy id: url}}) is what the plugin hands each worker (xdist's workerinput).
-`url:` entries need no handing over: every process reads them from the config.
+A managed server that dies is restarted on a new port by the controller (policies/supervisor.py),
+so a trial asks `supervisor.live_urls` where it is now. `url:` entries need no handing over:
+every process reads them from the config.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pytest_gap.config import BenchmarkConfig, PolicyEntry
 from pytest_gap.plan import Cell
 from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.policies.manager import PolicyManager, preflight
+from pytest_gap.policies.supervisor import STATE_FILE, Supervisor
 
 
 def needed(config: BenchmarkConfig, cells: list[Cell]) -> dict[str, PolicyEntry]:
@@ -45,10 +48,12 @@ def endpoints_for(
 
 
 class SessionPolicies:
-    """The policy servers of one session: probed or started up front, stopped at the end."""
+    """The policy servers of one session: probed or started up front, kept up while the session
+    runs (policies/supervisor.py: a server that dies is restarted), stopped at the end."""
 
     def __init__(self) -> None:
         self.managers: list[PolicyManager] = []
+        self.supervisors: list[Supervisor] = []
         self.urls: dict[str, dict[str, str]] = {}  # config path -> {policy id: url} started
 
     def start(self, configs: list[tuple[BenchmarkConfig, list[Cell], Path]]) -> None:
@@ -61,14 +66,29 @@ class SessionPolicies:
                 )
                 manager = PolicyManager(config.policy_manager, log_dir=log_dir)
                 self.managers.append(manager)
+                (log_dir / STATE_FILE).unlink(missing_ok=True)  # an earlier session's servers
                 started = manager.start_all({p: e for p, e in entries.items() if e.url is None})
                 if started:
                     self.urls[str(config.source)] = started
+                    supervisor = Supervisor(manager, log_dir)
+                    self.supervisors.append(supervisor)
+                    supervisor.start()
         except BaseException:
             self.stop()
             raise
 
+    def lines(self) -> list[str]:
+        """The restart lines logged since the last call, for the session's output."""
+        found = []
+        for supervisor in self.supervisors:
+            while not supervisor.lines.empty():
+                found.append(supervisor.lines.get())
+        return found
+
     def stop(self) -> None:
+        for supervisor in self.supervisors:  # first: no restart of a server being stopped
+            supervisor.stop()
+        self.supervisors.clear()
         for manager in self.managers:
             manager.stop_all()
         self.managers.clear()
