@@ -156,7 +156,18 @@ def test_a_server_killed_mid_run_is_restarted_and_the_broken_trial_rerun(pyteste
     assert (event["exit_status"], event["attempt"], event["outcome"]) == (-9, 1, "up")
     # the re-run's record is final: resuming replays all three and runs none
     resumed = subprocess.run(
-        [sys.executable, "-m", "pytest", "grid.yaml", "-p", "no:cacheprovider", "--gap-resume"],
+        # -rN: each replayed trial's message once, not again in the short summary (which CI=1
+        # prints untruncated)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "grid.yaml",
+            "-p",
+            "no:cacheprovider",
+            "--gap-resume",
+            "-rN",
+        ],
         cwd=path,
         capture_output=True,
         text=True,
