@@ -71,3 +71,43 @@ def test_a_box_hidden_in_the_basket_after_release_is_placed(env):
     assert skills.pick(ctx, name="cream cheese box").holding
     placed = skills.place(ctx, container="basket")
     assert placed.released and env.goal_status()[0] is True  # ('in', cream_cheese_1, basket)
+
+
+def test_finger_clearance_moves_the_grip_across_when_along_the_box_is_blocked():
+    """A bowl's rim 4 cm off along the closing axis, all along the box: no slide along it
+    clears the finger on that side; moving the open fingers away across by all the room the
+    box leaves between them does, when that is 1 cm or more."""
+    grip = [0.0, 0.0, 0.91]
+    rim = np.array([[x, -0.04, 0.97] for x in np.linspace(-0.1, 0.1, 41)])
+    assert skills.finger_slide(rim, grip, 0.0, 0.025) == 0.0  # along: blocked everywhere
+    slide, shift = skills.finger_clearance(rim, grip, 0.0, 0.025, 0.0135)
+    # across, away from the rim: world +y, which is -y of the hand at yaw 0
+    assert (slide, shift) == (0.0, -0.0135)
+    assert skills.finger_clearance(rim, grip, 0.0, 0.025, 0.005) == (0.0, 0.0)  # no room
+
+
+@pytest.fixture(scope="module")
+def goal_env():
+    with make_env("libero_goal_object", 6, EnvOptions()) as made:
+        yield made
+
+
+def test_the_cream_cheese_by_a_bigger_bowl_is_gripped_and_put_in_its_middle(goal_env):
+    """LIBERO-PRO goal_object task 6 ("put the cream cheese in the bowl") swaps in a bowl 16 cm
+    across. Seed 23: its rim stood where the open finger came down beside the cheese, the grip
+    closed 1.3 cm high and slipped, twice. Seed 22: one stray point of a neighbour inside the
+    bowl made it look occupied; the cheese went 4.4 cm off its middle, and LIBERO's `On`
+    wants it within 3 cm."""
+    from pytest_gap.sim.variations import resolve
+    from pytest_gap.workflow.executor import run_workflow
+    from pytest_gap.workflow.schema import load_workflow
+    from pytest_gap.workflow.templates import task_placeholders
+
+    variation = resolve("libero_pro", "goal_object")
+    goal_env.reset(23, variation=variation)
+    picked = skills.pick(SkillContext(goal_env), name="cream cheese")
+    assert picked.holding and picked.attempts == 1
+    obs = goal_env.reset(22, variation=variation)
+    graph = load_workflow("examples/workflows/do_task", task_placeholders(obs.prompt))
+    result = run_workflow(graph, goal_env)
+    assert result.success, result.error

@@ -340,15 +340,21 @@ def visible_objects(ctx: SkillContext, camera: str = "agentview") -> list[str]:
 
 def contents(ctx: SkillContext, container: str, box: Box, exclude: str | None = None) -> np.ndarray:
     """Points (N, 3) of everything seen inside a container's footprint, from above and the
-    front: its walls and floor, the robot and `exclude` (what the hand holds) left out."""
-    clouds = [np.zeros((0, 3))]
+    front: its walls and floor, the robot and `exclude` (what the hand holds) left out, and
+    anything of which fewer than MIN_PIXELS points fall inside (a neighbour's depth edge:
+    one such point made an empty bowl look occupied, and the cream cheese went 4.4 cm off
+    its middle, where LIBERO's `On` wants 3 cm; libero_pro goal_object task 6 seed 22)."""
+    clouds, owners = [np.zeros((0, 3))], [np.zeros(0, str)]
     for camera in ctx.cameras:
         frame = ctx.render(camera)
         skip = {container, "robot", exclude}
-        labels = [i for i, n in frame.labels.items() if n not in skip]
-        mask = np.isin(frame.segmentation, labels)
-        if mask.any():
-            clouds.append(frame.points(mask))
-    points = np.concatenate(clouds)
-    inside = [box.contains([p[0], p[1], box.center[2]]) for p in points]
-    return points[np.asarray(inside, bool)] if len(points) else points
+        for label, name in frame.labels.items():
+            mask = frame.segmentation == label
+            if name not in skip and mask.any():
+                clouds.append(frame.points(mask))
+                owners.append(np.full(int(mask.sum()), name))
+    points, names = np.concatenate(clouds), np.concatenate(owners)
+    inside = np.asarray([box.contains([p[0], p[1], box.center[2]]) for p in points], bool)
+    points, names = points[inside], names[inside]
+    found, counts = np.unique(names, return_counts=True)
+    return points[np.isin(names, found[counts >= MIN_PIXELS])]
