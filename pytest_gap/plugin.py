@@ -419,17 +419,17 @@ class Controller(_Lead):
             and len(loaded) == len(paths)
             and all(_is_benchmark_arg(self.config, a) for a in self.config.args)
         )
-        workers = len(tx)
-        if fittable:
-            n_trials = sum(len(cell.trials()) for c in loaded for cell in c.cells)
-            workers = fit_workers(len(tx), n_trials)
-            if workers < len(tx):
-                option.tx, option.numprocesses = ["popen"] * workers, workers
-                self._say(
-                    f"{len(tx)} workers asked for {n_trials} planned trial"
-                    f"{'s' if n_trials != 1 else ''}: starting {workers}"
-                )
-        warning = capacity_warning(workers) if workers else None
+        if not fittable:  # a test suite, custom --tx specs, a config that did not load
+            return
+        n_trials = sum(len(cell.trials()) for c in loaded for cell in c.cells)
+        workers = fit_workers(len(tx), n_trials)
+        if workers < len(tx):
+            option.tx, option.numprocesses = ["popen"] * workers, workers
+            self._say(
+                f"{len(tx)} workers asked for {n_trials} planned trial"
+                f"{'s' if n_trials != 1 else ''}: starting {workers}"
+            )
+        warning = capacity_warning(workers)
         if warning:
             self._say(warning)
 

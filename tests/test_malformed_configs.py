@@ -11,6 +11,7 @@ session. Validation fails before any simulator is built, so the whole corpus tak
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -117,8 +118,10 @@ def test_pytest_session_refuses_it_as_one_collection_error(name, tmp_path):
     """`pytest CONFIG`: a collection error (exit 2) whose message is the config's one line; no
     INTERNALERROR, no traceback, no run dir."""
     path, expect = _place(tmp_path, name)
+    report = tmp_path.parent / f"{tmp_path.name}-report.json"  # what `gap benchmark` reads
+    command = [sys.executable, "-m", "pytest", path.name, f"--gap-report-json={report}"]
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", path.name, "-p", "no:cacheprovider"],
+        [*command, "-p", "no:cacheprovider"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -131,3 +134,6 @@ def test_pytest_session_refuses_it_as_one_collection_error(name, tmp_path):
     errors = [line for line in output.splitlines() if line.startswith(f"{path}:")]
     assert len(errors) == 1 and expect in errors[0], output
     assert _left_behind(tmp_path, path) == []
+    # the session tells `gap benchmark` it stopped on a config problem (exit 2 there)
+    stopped = json.loads(report.read_text())
+    assert stopped["error"] == stopped["stopped"] == errors[0] and stopped["configs"] == []
