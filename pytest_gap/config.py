@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import shlex
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -48,6 +48,12 @@ DEFAULT_GATE_THRESHOLD = 0.90
 GateRule = Literal["point", "wilson"]
 # What skills see with: the names of skills.context.PERCEPTION_CAMERAS (a test keeps them equal).
 Perception = Literal["privileged", "policy_cameras"]
+# Upper bounds on counts, so that a typo (n_seeds: 10000000000) is a config error and not a plan
+# that fills the memory: far above any real benchmark (LIBERO has 50 init states per task).
+MAX_SEEDS = 100_000
+MAX_WORKERS = 1024
+Seeds = Annotated[int, Field(gt=0, le=MAX_SEEDS)]
+Workers = Annotated[int, Field(gt=0, le=MAX_WORKERS)]
 FRAMES_EVERY_HINT = "a whole number N >= 0: every N-th frame into a WebP strip, 0 for none"
 
 
@@ -164,12 +170,12 @@ class PolicyManagerConfig(_Strict):
 
 
 class TrialsConfig(_Strict):
-    trials_per_generation: PositiveInt = Field(
+    trials_per_generation: Seeds = Field(
         default=1, validation_alias=AliasChoices("trials_per_generation", "total")
     )
     task_ids: list[int] | None = None
     output_dir: Path = Path("gap_runs")
-    num_workers: PositiveInt = 1
+    num_workers: Workers = 1
     record_video: bool = False
     enable_tracing: bool = True
     # 0 turns the per-trial watchdog off.
@@ -216,8 +222,8 @@ class SkillsConfig(_Strict):
 
 
 class ModeOverride(_Strict):
-    n_seeds: PositiveInt | None = None
-    num_workers: PositiveInt | None = None
+    n_seeds: Seeds | None = None
+    num_workers: Workers | None = None
     # What a prebuilt mode runs: a template shipped with pytest-gap (by name), or a directory.
     template: str | None = None
     workflow_dir: Path | None = None
@@ -234,9 +240,9 @@ class BenchmarkBlock(_Strict):
     modes: list[str] = list(DEFAULT_MODES)
     n_tasks: PositiveInt = 10
     task_ids: list[int] | None = None
-    n_seeds: PositiveInt = 50
+    n_seeds: Seeds = 50
     seeds: list[int] | None = None
-    num_workers: PositiveInt = 8
+    num_workers: Workers = 8
     policies: list[str] = []
     # None inherits trials.record_video.
     record_video: bool | None = None
@@ -253,10 +259,10 @@ class SuiteEntry(_Strict):
     suite_name: str
     task_prompts: dict[int, str] = {}
     task_ids: list[int] | None = None
-    trials_per_generation: PositiveInt | None = None
+    trials_per_generation: Seeds | None = None
     seeds: list[int] | None = None
     timeout_secs: NonNegativeFloat | None = None
-    num_workers: PositiveInt | None = None
+    num_workers: Workers | None = None
     objects: dict[str, str] = {}
     workflow_dir: Path | None = None
 
