@@ -219,9 +219,7 @@ def _print_errored_cells(cells) -> None:
     reasons: dict[str, list[str]] = {}
     for cell in cells:
         if cell.error:
-            reasons.setdefault(" ".join(cell.error.split()), []).append(
-                f"{cell.row} {cell.column}"
-            )
+            reasons.setdefault(" ".join(cell.error.split()), []).append(f"{cell.row} {cell.column}")
     for why, names in reasons.items():
         print(f"gap: errored {', '.join(names)}: {why}", file=sys.stderr)
 

@@ -147,6 +147,7 @@ def _listening(port: int, host: str) -> bool:
 def test_servers_bind_to_loopback_by_default():
     from pytest_gap.cli import build_parser
     from pytest_gap.policies.builtin import load_policy
+    from pytest_gap.policies.client import connect_policy
     from pytest_gap.policies.server import PolicyServer
 
     parser = build_parser()
@@ -158,7 +159,8 @@ def test_servers_bind_to_loopback_by_default():
     try:
         assert server.server.host == "127.0.0.1"
         outside = _non_loopback_address()
-        assert _listening(server.port, "127.0.0.1")
+        # up on loopback (a whole handshake: a bare TCP connect leaves a handler behind)
+        connect_policy(server.url, "openpi", connect_timeout_s=5, timeout_s=5).close()
         if outside is not None:  # not reachable from another interface
             assert not _listening(server.port, outside)
     finally:
