@@ -28,3 +28,33 @@ def exposure_notice(what: str, host: str) -> str | None:
         f"{what} listens on {host or '0.0.0.0'} ({where}), not only loopback: other machines "
         "can reach it; --host 127.0.0.1 keeps it local"
     )
+
+
+def outside_address() -> str | None:
+    """This machine's address on its default route (None without one, or if it is loopback):
+    where another machine would reach a server bound to every interface."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1; a UDP connect sends nothing
+            address = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if is_loopback(address) else address
+
+
+def reachable_beyond_loopback(port: int, timeout_s: float = 0.5) -> str | None:
+    """The outside address on which `port` accepts a connection (a server bound beyond
+    loopback), or None. For servers the harness starts but does not bind itself (a managed
+    policy command: openpi's serve_policy.py binds 0.0.0.0 and has no option for it)."""
+    import socket
+
+    address = outside_address()
+    if address is None:
+        return None
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+            return address
+    except OSError:
+        return None

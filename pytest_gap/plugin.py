@@ -212,6 +212,8 @@ class _Lead(GapSession):
             pytest.exit(f"gap: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         if self.policies is not None:
             self.policy_urls = self.policies.urls
+            for notice in self.policies.notices:
+                self._say(notice)
         for path, services in policies_down.items():
             down[path] = {**down.get(path, {}), **services}
         for path, services in down.items():
@@ -221,6 +223,12 @@ class _Lead(GapSession):
 
     def _fit_workers(self, loaded: list[LoadedConfig]) -> None:
         """The controller starts no more workers than trials (Controller)."""
+
+    def _say(self, line: str) -> None:
+        """One line on the terminal, before the session's header (sessionstart)."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"gap: {line}", yellow=True)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         run_dir = getattr(report, "gap_run_dir", None)
@@ -432,11 +440,6 @@ class Controller(_Lead):
         warning = capacity_warning(workers)
         if warning:
             self._say(warning)
-
-    def _say(self, line: str) -> None:
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(f"gap: {line}", yellow=True)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:

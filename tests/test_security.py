@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pytest_gap.bind import outside_address
 from tests.fake_session import CONFTEST, TESTS, write_workflow
 from tests.test_provenance import RUN_POLICY, SECRET_OPTIONS
 
@@ -44,7 +45,9 @@ SECRETS = (
 )
 
 
-def _session(here: Path, name: str, policies: dict, mode_policies: list[str]):
+def _session(
+    here: Path, name: str, policies: dict, mode_policies: list[str], cli_secrets: bool = True
+):
     """`pytest NAME.yaml` in `here` with every secret around it; writes NAME.xml, NAME.log."""
     config = {
         "llm": {"provider": "openai", "api_key": CONFIG_KEY, "model": "m"},
@@ -65,6 +68,7 @@ def _session(here: Path, name: str, policies: dict, mode_policies: list[str]):
     }
     (here / f"{name}.yaml").write_text(yaml.safe_dump(config))
     args = ["--api-key", CLI_KEY, "--header", f"Authorization: Bearer {CLI_BEARER}"]
+    args = args if cli_secrets else []
     args += [f"--junitxml={name}.xml", "-o", "junit_logging=all", "-p", "no:cacheprovider"]
     args += [f"--log-file={name}.log", "--log-file-level=DEBUG"]
     env = {
@@ -125,17 +129,6 @@ def test_no_secret_reaches_any_file_the_sessions_write(sessions):
 
 
 # -- where servers listen --------------------------------------------------------------------------
-def _non_loopback_address() -> str | None:
-    """An address of this machine that is not loopback (None on a machine without one)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for UDP connect
-            address = probe.getsockname()[0]
-        except OSError:
-            return None
-    return None if address.startswith("127.") else address
-
-
 def _listening(port: int, host: str) -> bool:
     try:
         with socket.create_connection((host, port), timeout=1):
@@ -158,7 +151,7 @@ def test_servers_bind_to_loopback_by_default():
     server = PolicyServer(load_policy("hold")).start()
     try:
         assert server.server.host == "127.0.0.1"
-        outside = _non_loopback_address()
+        outside = outside_address()
         # up on loopback (a whole handshake: a bare TCP connect leaves a handler behind)
         connect_policy(server.url, "openpi", connect_timeout_s=5, timeout_s=5).close()
         if outside is not None:  # not reachable from another interface
@@ -177,7 +170,7 @@ def test_managed_policy_servers_listen_on_loopback_only(tmp_path):
     try:
         port = int(urls["hold"].rsplit(":", 1)[1])
         assert urls["hold"].startswith("ws://127.0.0.1:")
-        outside = _non_loopback_address()
+        outside = outside_address()
         if outside is not None:
             assert not _listening(port, outside)
     finally:
@@ -224,3 +217,22 @@ def test_a_server_on_loopback_says_nothing_of_it():
     assert exposure_notice("x", "127.0.0.1") is None and exposure_notice("x", "::1") is None
     assert exposure_notice("x", "localhost") is None
     assert "10.1.2.3 (an outside address)" in exposure_notice("x", "10.1.2.3")
+
+
+@pytest.mark.skipif(outside_address() is None, reason="no address beyond loopback here")
+def test_a_managed_server_bound_beyond_loopback_is_named_in_one_line(tmp_path):
+    """The harness cannot choose where a managed command binds (openpi's serve_policy.py binds
+    0.0.0.0): the session finds out by knocking on the outside address, and says so."""
+    (tmp_path / "conftest.py").write_text(CONFTEST.read_text())
+    write_workflow(tmp_path / "act", RUN_POLICY)
+    serve = ["gap", "policy", "serve", "hold", "--port", "{port}"]
+    policies = {
+        "wide": {"command": [*serve, "--host", "0.0.0.0"], "obs_format": "gap"},
+        "local": {"command": serve, "obs_format": "gap"},
+    }
+    done = _session(tmp_path, "bind", policies, ["wide", "local"], cli_secrets=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    notices = [line for line in out.splitlines() if "listens beyond loopback" in line]
+    assert len(notices) == 1, out
+    assert notices[0].startswith("gap: policies.wide: the managed server listens beyond")
