@@ -33,7 +33,7 @@ from pytest_gap.modes import BUILTIN, ModeTable
 
 # Defined beside the policy client (the policy layer imports nothing of config); named here too.
 from pytest_gap.policies.endpoint import PROTOCOL_OBS_FORMATS, ObsFormatName
-from pytest_gap.redaction import redact_tree
+from pytest_gap.redaction import is_secret_name, redact_text, redact_tree
 
 # The built-in rows of the mode table (pytest_gap/modes.py), for the Python API; validation
 # reads the table it is given, so a session knows the modes its plugins add too.
@@ -136,7 +136,7 @@ def websocket_url_problem(url: str) -> str | None:
     from urllib.parse import urlsplit
 
     example = "e.g. ws://127.0.0.1:8000"
-    shown = _one_line(repr(url), 80)
+    shown = _one_line(repr(redact_text(url)), 80)  # a url's password stays out of the message
     if not url or url != url.strip() or any(c.isspace() for c in url):
         return f"{shown} is not a URL (it is empty or has spaces); give the server's, {example}"
     try:
@@ -343,7 +343,8 @@ def _describe_all(errors: list[dict], data: Any) -> list[str]:
             continue
         messages = list(dict.fromkeys(_message(e) for e in group))
         value = group[0].get("input")
-        got = "" if isinstance(value, dict | list) else f" (got {_one_line(repr(value), 80)})"
+        shown = _shown(group[0]["loc"], value)
+        got = "" if isinstance(value, dict | list) else f" (got {shown})"
         lines.append(f"{_key_path(group[0]['loc'])}: {'; or '.join(messages)}{got}")
     return lines
 
@@ -363,6 +364,14 @@ def _data_loc(loc: tuple, data: Any, kind: str) -> tuple:
     return tuple(kept)
 
 
+def _shown(loc: tuple, value: Any) -> str:
+    """The offending value as an error shows it: masked under a secret name (`api_key: 123`
+    is a wrong type, and still a key), with url passwords and tokens masked, on one line."""
+    if loc and is_secret_name(str(loc[-1])):
+        return "'***'"
+    return _one_line(repr(redact_tree(value)), 80)
+
+
 def _message(error: dict) -> str:
     return _one_line(error["msg"].removeprefix("Value error, "), 200)
 
@@ -379,7 +388,7 @@ def _describe(error: dict) -> str:
         return f"{_key_path(loc)}: a required key is missing; add it"
     message = _message(error)
     value = error.get("input")
-    shown = _one_line(repr(value), 80)
+    shown = _shown(loc, value)
     got = "" if isinstance(value, dict | list) or shown in message else f" (got {shown})"
     return f"{_key_path(loc)}: {message}{got}"
 

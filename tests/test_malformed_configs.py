@@ -37,6 +37,11 @@ GENERATED: dict[str, tuple[bytes, str]] = {
 }
 
 
+# Secrets two corpus configs carry where an error names them (secret_wrong_type,
+# policy_url_with_password): no message may show them.
+SECRETS = ("1234567890123", "hunter2secret")
+
+
 def _expected(path: Path) -> str:
     first = path.read_text().partition("\n")[0]
     return first.partition("# expect:")[2].strip() or "the file is empty"
@@ -90,6 +95,7 @@ def test_malformed_config_is_refused_in_one_line_per_problem(name, tmp_path, cap
     err = capsys.readouterr().err
     assert code == 2, err
     assert "Traceback" not in err
+    assert not [secret for secret in SECRETS if secret in err]
     lines = err.strip().splitlines()
     assert len(lines) == len(problems), err
     assert all(str(path) in line for line in lines) and expect in err
