@@ -33,6 +33,7 @@ from pytest_gap.errors import GapError
 from pytest_gap.plan import llm_problem, plan
 from pytest_gap.preflight import check_config
 from pytest_gap.report import CellSummary
+from pytest_gap.workers import fit_workers
 
 __all__ = [
     "DEFAULT_GATE_THRESHOLD",
@@ -141,6 +142,9 @@ async def run_benchmark(
                 raise ConfigError(str(path), [problem])
         check_config(path.resolve(), loaded, cells)  # a refused key, a missing program
         report_json = Path(tmp) / "report.json"
+        # No more workers than trials: a one-trial config with -n 8 starts one process.
+        n_trials = sum(len(cell.trials()) for cell in cells)
+        workers = fit_workers(workers or default_workers(loaded), n_trials)
         args = pytest_args(
             path,
             gate=gate,
@@ -148,7 +152,7 @@ async def run_benchmark(
             families=families,
             modes=modes,
             output_dir=output_dir,
-            workers=workers or default_workers(loaded),
+            workers=workers,
             verbose=verbose,
             report_json=report_json,
         )
@@ -165,10 +169,11 @@ async def run_benchmark(
                 f"{path}: the pytest session stopped on a usage error (exit status 4); its "
                 "message is above"
             )
-        if report is None:
+        if report is None or not report.get("configs"):
+            why = (report or {}).get("stopped")
             raise BenchmarkRunError(
                 f"{path}: the pytest session ended with exit status {exit_code} and scored "
-                "nothing; run it with -v to see why"
+                + (f"nothing: {why}" if why else "nothing; run it with -v to see why")
             )
     entry = report["configs"][0]
     run_dir = Path(entry["run_dir"])

@@ -207,9 +207,21 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
         return 1
     print(f"run dir: {summary.run_dir}")
     print(summary.gate_line)
+    _print_errored_cells(summary.cells)
     if args.gate:
         return 0 if summary.ok else 1
     return 0 if summary.exit_code in (0, 1) else 1
+
+
+def _print_errored_cells(cells) -> None:
+    """Why cells errored (a policy server that did not start, an LLM that did not answer): one
+    line per reason, naming its cells, so the gate's "errored cells" is never the last word."""
+    reasons: dict[str, list[str]] = {}
+    for cell in cells:
+        if cell.error:
+            reasons.setdefault(" ".join(cell.error.split()), []).append(f"{cell.row} {cell.column}")
+    for why, names in reasons.items():
+        print(f"gap: errored {', '.join(names)}: {why}", file=sys.stderr)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

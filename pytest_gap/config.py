@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import shlex
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -34,7 +34,7 @@ from pytest_gap.modes import BUILTIN, ModeTable
 
 # Defined beside the policy client (the policy layer imports nothing of config); named here too.
 from pytest_gap.policies.endpoint import PROTOCOL_OBS_FORMATS, ObsFormatName
-from pytest_gap.redaction import redact_tree
+from pytest_gap.redaction import is_secret_name, redact_text, redact_tree
 
 # The built-in rows of the mode table (pytest_gap/modes.py), for the Python API; validation
 # reads the table it is given, so a session knows the modes its plugins add too.
@@ -49,6 +49,12 @@ DEFAULT_GATE_THRESHOLD = 0.90
 GateRule = Literal["point", "wilson"]
 # What skills see with: the names of skills.context.PERCEPTION_CAMERAS (a test keeps them equal).
 Perception = Literal["privileged", "policy_cameras"]
+# Upper bounds on counts, so that a typo (n_seeds: 10000000000) is a config error and not a plan
+# that fills the memory: far above any real benchmark (LIBERO has 50 init states per task).
+MAX_SEEDS = 100_000
+MAX_WORKERS = 1024
+Seeds = Annotated[int, Field(gt=0, le=MAX_SEEDS)]
+Workers = Annotated[int, Field(gt=0, le=MAX_WORKERS)]
 FRAMES_EVERY_HINT = "a whole number N >= 0: every N-th frame into a WebP strip, 0 for none"
 
 
@@ -105,6 +111,15 @@ class PolicyEntry(_Strict):
             return "gap"
         return PROTOCOL_OBS_FORMATS[self.protocol]
 
+    @field_validator("url")
+    @classmethod
+    def _websocket_url(cls, url: str | None) -> str | None:
+        if url is not None:
+            problem = websocket_url_problem(url)
+            if problem:
+                raise ValueError(problem)
+        return url
+
     @model_validator(mode="after")
     def _exactly_one_source(self) -> PolicyEntry:
         given = [k for k in ("url", "command", "preset") if getattr(self, k) is not None]
@@ -114,6 +129,29 @@ class PolicyEntry(_Strict):
                 + (f"; got {', '.join(given)}" if given else "")
             )
         return self
+
+
+def websocket_url_problem(url: str) -> str | None:
+    """Why `url` is not a policy server's address (ws://HOST[:PORT][/PATH] or wss://), or None.
+    Checked at load, so a typo is a config error and not a server that "does not answer"."""
+    from urllib.parse import urlsplit
+
+    example = "e.g. ws://127.0.0.1:8000"
+    shown = _one_line(repr(redact_text(url)), 80)  # a url's password stays out of the message
+    if not url or url != url.strip() or any(c.isspace() for c in url):
+        return f"{shown} is not a URL (it is empty or has spaces); give the server's, {example}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a port that is not a number in 0..65535
+    except ValueError as exc:
+        return f"{shown} is not a valid URL ({exc}); {example}"
+    if parts.scheme.lower() not in ("ws", "wss"):
+        return f"{shown} is not a ws:// or wss:// URL; policy servers speak websockets: {example}"
+    if not parts.hostname:
+        return f"{shown} has no host; {example}"
+    if port == 0:
+        return f"{shown}: port 0 is not a server's port; {example}"
+    return None
 
 
 def _is_gap_policy_serve(command: list[str] | str | None) -> bool:
@@ -137,12 +175,12 @@ class PolicyManagerConfig(_Strict):
 
 
 class TrialsConfig(_Strict):
-    trials_per_generation: PositiveInt = Field(
+    trials_per_generation: Seeds = Field(
         default=1, validation_alias=AliasChoices("trials_per_generation", "total")
     )
     task_ids: list[int] | None = None
     output_dir: Path = Path("gap_runs")
-    num_workers: PositiveInt = 1
+    num_workers: Workers = 1
     record_video: bool = False
     enable_tracing: bool = True
     # 0 turns the per-trial watchdog off.
@@ -189,8 +227,8 @@ class SkillsConfig(_Strict):
 
 
 class ModeOverride(_Strict):
-    n_seeds: PositiveInt | None = None
-    num_workers: PositiveInt | None = None
+    n_seeds: Seeds | None = None
+    num_workers: Workers | None = None
     # What a prebuilt mode runs: a template shipped with pytest-gap (by name), or a directory.
     template: str | None = None
     workflow_dir: Path | None = None
@@ -207,9 +245,9 @@ class BenchmarkBlock(_Strict):
     modes: list[str] = list(DEFAULT_MODES)
     n_tasks: PositiveInt = 10
     task_ids: list[int] | None = None
-    n_seeds: PositiveInt = 50
+    n_seeds: Seeds = 50
     seeds: list[int] | None = None
-    num_workers: PositiveInt = 8
+    num_workers: Workers = 8
     policies: list[str] = []
     # None inherits trials.record_video.
     record_video: bool | None = None
@@ -226,10 +264,10 @@ class SuiteEntry(_Strict):
     suite_name: str
     task_prompts: dict[int, str] = {}
     task_ids: list[int] | None = None
-    trials_per_generation: PositiveInt | None = None
+    trials_per_generation: Seeds | None = None
     seeds: list[int] | None = None
     timeout_secs: NonNegativeFloat | None = None
-    num_workers: PositiveInt | None = None
+    num_workers: Workers | None = None
     objects: dict[str, str] = {}
     workflow_dir: Path | None = None
 
@@ -283,7 +321,64 @@ class BenchmarkConfig(_Strict):
 
 # -- loading ------------------------------------------------------------------------------------
 def _key_path(loc: tuple) -> str:
-    return ".".join(str(p) for p in loc) or "(top level)"
+    return ".".join(_key_part(p) for p in loc) or "(top level)"
+
+
+def _key_part(part: Any) -> str:
+    """A key as the message shows it: as written, unless it would break the one line (spaces,
+    control characters) or run on (quoted, shortened)."""
+    text = str(part)
+    if text and text.isprintable() and " " not in text and len(text) <= 60:
+        return text
+    return repr(_one_line(text, 60))
+
+
+def _describe_all(errors: list[dict], data: Any) -> list[str]:
+    """One line per offending key. A value that fits none of a union's types (`command:` is a
+    list or a string) gives pydantic one error per member, each under a loc with the member's
+    type in it (`command.list[str]`): those become one line, under the key the user wrote."""
+    grouped: dict[tuple, list[dict]] = {}
+    for error in errors:
+        loc = _data_loc(error["loc"], data, error["type"])
+        grouped.setdefault(loc, []).append({**error, "loc": loc})
+    lines = []
+    for group in grouped.values():
+        if len(group) == 1:
+            lines.append(_describe(group[0]))
+            continue
+        messages = list(dict.fromkeys(_message(e) for e in group))
+        value = group[0].get("input")
+        shown = _shown(group[0]["loc"], value)
+        got = "" if isinstance(value, dict | list) else f" (got {shown})"
+        lines.append(f"{_key_path(group[0]['loc'])}: {'; or '.join(messages)}{got}")
+    return lines
+
+
+def _data_loc(loc: tuple, data: Any, kind: str) -> tuple:
+    """`loc` without the parts that are not keys of the data (a union member's type name); a
+    missing key's own name stays."""
+    kept, current = [], data
+    for i, part in enumerate(loc):
+        in_dict = isinstance(current, dict) and part in current
+        in_list = isinstance(current, list) and isinstance(part, int) and 0 <= part < len(current)
+        if in_dict or in_list:
+            kept.append(part)
+            current = current[part]
+        elif i == len(loc) - 1 and kind == "missing":
+            kept.append(part)
+    return tuple(kept)
+
+
+def _shown(loc: tuple, value: Any) -> str:
+    """The offending value as an error shows it: masked under a secret name (`api_key: 123`
+    is a wrong type, and still a key), with url passwords and tokens masked, on one line."""
+    if loc and is_secret_name(str(loc[-1])):
+        return "'***'"
+    return _one_line(repr(redact_tree(value)), 80)
+
+
+def _message(error: dict) -> str:
+    return _one_line(error["msg"].removeprefix("Value error, "), 200)
 
 
 def _describe(error: dict) -> str:
@@ -294,9 +389,12 @@ def _describe(error: dict) -> str:
         close = difflib.get_close_matches(str(key), fields, n=1)
         hint = f"did you mean {close[0]!r}?" if close else "remove it"
         return f"{_key_path(loc)}: unknown key; {hint}"
-    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "missing":
+        return f"{_key_path(loc)}: a required key is missing; add it"
+    message = _message(error)
     value = error.get("input")
-    got = "" if isinstance(value, dict | list) else f" (got {value!r})"
+    shown = _shown(loc, value)
+    got = "" if isinstance(value, dict | list) or shown in message else f" (got {shown})"
     return f"{_key_path(loc)}: {message}{got}"
 
 
@@ -348,8 +446,16 @@ def parse_config(
     """Validate already-parsed YAML data against `mode_table` (default: the built-in modes).
     Raises ConfigError listing every problem."""
     source = str(source)
+    if data is None:
+        raise ConfigError(source, [EMPTY_HINT])
     if not isinstance(data, dict):
-        raise ConfigError(source, ["the file must hold a mapping of keys (llm:, benchmark:, ...)"])
+        raise ConfigError(
+            source,
+            [
+                "(top level): the file must hold a mapping of keys (benchmark: or suites:, llm:, "
+                f"policies:, ...), not a {type(data).__name__}; see examples/benchmark/"
+            ],
+        )
     problems: list[str] = []
     if "base" in data:
         problems.append(
@@ -370,7 +476,7 @@ def parse_config(
     try:
         config = BenchmarkConfig.model_validate(body)
     except ValidationError as exc:
-        problems += [_describe(e) for e in exc.errors()]
+        problems += _describe_all(exc.errors(), body)
     problems += semantic_problems(body, base, table)
     if problems:
         raise ConfigError(source, problems)
@@ -381,18 +487,173 @@ def parse_config(
 
 def load_config(path: str | Path, mode_table: ModeTable | None = None) -> BenchmarkConfig:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(str(path), [f"cannot read the file: {exc.strerror}"]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(str(path), [f"{where}not valid YAML: {problem}"]) from None
+    data = read_yaml(path)
     return parse_config(data, path, base=path.parent.resolve(), mode_table=mode_table)
+
+
+# -- reading the YAML ------------------------------------------------------------------------------
+# A benchmark config is a page or two of YAML. A far bigger file is something else (a log, a
+# dataset, a wrong path): it is refused before it is parsed.
+MAX_CONFIG_BYTES = 1 << 20
+# What the data may expand to, YAML aliases expanded, in values (scalars, lists, mappings). A real
+# config has hundreds; an alias bomb ("billion laughs") reaches billions from a few lines and is
+# refused from its node graph, before any of it is built or validated.
+MAX_CONFIG_VALUES = 100_000
+# The tags yaml.safe_load knows (str, int, map, ...). Any other tag (`!!python/object`, `!include`)
+# is named with its key: a config is plain data.
+_SAFE_TAGS = frozenset(tag for tag in yaml.SafeLoader.yaml_constructors if tag is not None)
+_MAX_LISTED = 20  # problems of one kind listed before "... and N more"
+EMPTY_HINT = (
+    "the file is empty; a benchmark config needs a benchmark: block (grid shape) or a suites: "
+    "list (suites shape), see examples/benchmark/"
+)
+
+
+def read_yaml(path: Path) -> Any:
+    """The data of a YAML file, or ConfigError (one line per problem, none a traceback) for a
+    file that is unreadable, too big, not UTF-8, empty, not YAML, tagged with anything but plain
+    data tags, holding a key twice, or an alias bomb."""
+    source = str(path)
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+    except IsADirectoryError:
+        raise ConfigError(source, ["is a directory; give a benchmark YAML file"]) from None
+    except OSError as exc:
+        raise ConfigError(source, [f"cannot read the file: {exc.strerror}"]) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        size = _file_size(path, len(raw))
+        raise ConfigError(
+            source,
+            [
+                f"the file is {size}, over the {MAX_CONFIG_BYTES >> 20} MiB limit of a benchmark "
+                "config; is it the right file?"
+            ],
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            source,
+            [
+                f"line {line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start});"
+                " a benchmark config is a YAML text file: check the path, or save it as UTF-8"
+            ],
+        ) from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, [_yaml_problem(exc, text)]) from None
+    except RecursionError:
+        raise ConfigError(
+            source, ["nested too deeply to be a benchmark config; check the brackets"]
+        ) from None
+    if node is None:
+        raise ConfigError(source, [EMPTY_HINT])
+    problems = _node_problems(node)
+    if problems:
+        raise ConfigError(source, problems)
+    try:
+        return yaml.SafeLoader("").construct_document(node)
+    except (yaml.YAMLError, ValueError, TypeError) as exc:  # `!!int abc`, a bad `<<:` merge
+        raise ConfigError(source, [_yaml_problem(exc)]) from None
+
+
+def _file_size(path: Path, read: int) -> str:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    size = max(size, read)
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size} bytes"
+
+
+def _yaml_problem(exc: Exception, text: str = "") -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}: " if mark else ""
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML refuses (a NUL byte)
+        where = f"line {text[: exc.position].count(chr(10)) + 1}: "
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+    return f"{where}not valid YAML: {_one_line(problem)}"
+
+
+def _one_line(text: str, limit: int = 120) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _tag_name(tag: str) -> str:
+    return "!!" + tag.removeprefix("tag:yaml.org,2002:") if tag.startswith("tag:yaml.org") else tag
+
+
+def _node_problems(root: yaml.Node) -> list[str]:
+    """Walk the composed node graph once (an alias is the node it names, visited once): tags
+    that are not plain data, keys given twice in one mapping, aliases that contain themselves,
+    and the size the data would expand to (each node's expanded size, memoized)."""
+    tags: list[str] = []
+    duplicates: list[str] = []
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    class _Refused(Exception):
+        pass
+
+    def walk(node: yaml.Node, path: tuple) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_nodes:
+            raise _Refused(
+                f"{_key_path(path)}: line {node.start_mark.line + 1}: a YAML alias that contains "
+                "itself (an endless value); remove the alias"
+            )
+        if node.tag not in _SAFE_TAGS:
+            tags.append(
+                f"{_key_path(path)}: line {node.start_mark.line + 1}: the YAML tag "
+                f"{_one_line(_tag_name(node.tag), 60)} is not allowed (a benchmark config is "
+                "plain data: no tags that build objects or include files); remove the tag"
+            )
+        open_nodes.add(id(node))
+        size = 1
+        if isinstance(node, yaml.SequenceNode):
+            for i, child in enumerate(node.value):
+                size += walk(child, (*path, i))
+        elif isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+                if isinstance(key_node, yaml.ScalarNode) and key != "<<":
+                    line = key_node.start_mark.line + 1
+                    if key in seen:
+                        duplicates.append(
+                            f"{_key_path((*path, key))}: the key is given twice (lines "
+                            f"{seen[key]} and {line}); YAML would keep only the last: keep one"
+                        )
+                    seen.setdefault(key, line)
+                size += walk(key_node, (*path, key)) + walk(value_node, (*path, key))
+        open_nodes.discard(id(node))
+        if size > MAX_CONFIG_VALUES:
+            raise _Refused(
+                f"{_key_path(path)}: expands to over {MAX_CONFIG_VALUES} values through YAML "
+                "aliases (an alias bomb?); a benchmark config is far smaller: write it out "
+                "without the nested aliases"
+            )
+        sizes[id(node)] = size
+        return size
+
+    try:
+        walk(root, ())
+    except _Refused as refused:
+        return [str(refused)]
+    except RecursionError:
+        return ["nested too deeply to be a benchmark config; check the brackets"]
+    return _capped(tags) + _capped(duplicates)
+
+
+def _capped(problems: list[str]) -> list[str]:
+    if len(problems) <= _MAX_LISTED:
+        return problems
+    return [*problems[:_MAX_LISTED], f"... and {len(problems) - _MAX_LISTED} more like these"]
 
 
 # -- checks pydantic cannot express ---------------------------------------------------------------
@@ -460,6 +721,8 @@ def _grid_problems(
     """`families` is the backend's catalogue (None: the backend is unknown, nothing to check
     them against)."""
     problems = []
+    for key in ("families", "variations", "modes", "policies"):
+        problems += _duplicate_problems(f"benchmark.{key}", block.get(key))
     chosen = _strings(block.get("families", ["posvar"]))
     for family in chosen if families is not None else []:
         if family not in families:
@@ -554,6 +817,19 @@ def _same_server_problems(compared: list[str], policies: dict) -> list[str]:
                 "a comparison needs one server per checkpoint: give each its own url"
             )
     return problems
+
+
+def _duplicate_problems(key: str, values: Any) -> list[str]:
+    """A family, variation, mode or policy listed twice would run (and count) its cells twice."""
+    if not isinstance(values, list):
+        return []
+    hashable = [v for v in values if isinstance(v, str | int | float | bool)]
+    twice = [v for v in dict.fromkeys(hashable) if hashable.count(v) > 1]
+    return [
+        f"{key}: {value!r} is listed {hashable.count(value)} times; each entry makes its own "
+        "cells, so a repeat would run and count them again: list it once"
+        for value in twice
+    ]
 
 
 def _id_problems(key: str, ids: Any) -> list[str]:

@@ -179,6 +179,11 @@ class _Lead(GapSession):
         self.started = time.monotonic()
         self.progress: dict[Path, Progress] = {}
         self.live_progress = bool(config.getoption("gap_progress"))
+        # Why the session may end with no trial recorded, for `gap benchmark` (the report's
+        # "stopped"; "error" when it is a config problem): the first reason seen wins.
+        self.stopped: str | None = None
+        self.stopped_on_config = False
+        self.reported = False
         from pytest_gap import outputs
 
         outputs.register(config)
@@ -209,14 +214,27 @@ class _Lead(GapSession):
             report_path = self.config.getoption("gap_report_json")
             if report_path:  # `gap benchmark` reads the one line from here
                 write_json(Path(report_path), {"passed": False, "error": str(exc), "configs": []})
+                self.reported = True
             pytest.exit(f"gap: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         if self.policies is not None:
             self.policy_urls = self.policies.urls
+            for notice in self.policies.notices:
+                self._say(notice)
         for path, services in policies_down.items():
             down[path] = {**down.get(path, {}), **services}
         for path, services in down.items():
             loaded[path].mark_unavailable(services)
         self.unavailable = down
+        self._fit_workers(list(loaded.values()))
+
+    def _fit_workers(self, loaded: list[LoadedConfig]) -> None:
+        """The controller starts no more workers than trials (Controller)."""
+
+    def _say(self, line: str) -> None:
+        """One line on the terminal, before the session's header (sessionstart)."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"gap: {line}", yellow=True)
 
     def _policy_lines(self) -> None:
         """Print the policy servers' restart lines logged since the last look (a supervisor
@@ -249,6 +267,24 @@ class _Lead(GapSession):
             self.notes += getattr(report, "gap_notes", [])
         elif report.failed and not _is_trial_nodeid(report.nodeid):
             self.other_failures += 1
+        if report.failed and run_dir is None:  # a trial that never ran (a broken fixture)
+            self._stop(f"{report.nodeid} failed in {report.when}: {_crash_line(report)}")
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            config_file = Path(report.nodeid.split("::")[0]).suffix in BENCHMARK_SUFFIXES
+            self._stop(str(report.longrepr) if config_file else _crash_line(report), config_file)
+
+    def pytest_internalerror(self, excrepr) -> None:
+        crash = getattr(excrepr, "reprcrash", None)
+        self._stop(f"internal error: {_one_line(crash.message if crash else str(excrepr))}")
+
+    def pytest_keyboard_interrupt(self, excinfo) -> None:
+        self._stop(f"interrupted: {_one_line(excinfo.exconly())}")
+
+    def _stop(self, why: str, config_error: bool = False) -> None:
+        if self.stopped is None:
+            self.stopped, self.stopped_on_config = why.strip(), config_error
 
     def _progress(self, loaded: LoadedConfig, result: TrialResult, replayed: bool) -> None:
         progress = self.progress.get(loaded.path)
@@ -267,7 +303,10 @@ class _Lead(GapSession):
             reporter.write_line(f"gap progress {progress.line(time.monotonic())}")
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if session.config.option.collectonly or not self.touched:
+        if session.config.option.collectonly:
+            return
+        if not self.touched:
+            self._report_stop(exitstatus)
             return
         self._write_outputs()
         report_path = self.config.getoption("gap_report_json")
@@ -289,6 +328,19 @@ class _Lead(GapSession):
         if self.gate_on and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             failed = not self.passed or self.other_failures
             session.exitstatus = pytest.ExitCode.TESTS_FAILED if failed else pytest.ExitCode.OK
+
+    def _report_stop(self, exitstatus: int) -> None:
+        """A session that recorded no trial tells `gap benchmark` why, in one line."""
+        report_path = self.config.getoption("gap_report_json")
+        if not report_path or self.reported:
+            return
+        why = self.stopped
+        if why is None and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            why = "no trial was selected (check -k, -m, --gap-families, --gap-modes)"
+        report: dict[str, Any] = {"passed": False, "configs": [], "stopped": why}
+        if self.stopped_on_config:
+            report["error"] = why
+        write_json(Path(report_path), report)
 
     def _write_outputs(self) -> None:
         """Fold each touched config's run dir and hand it to every writer."""
@@ -381,6 +433,37 @@ class SingleProcess(_Lead):
 class Controller(_Lead):
     """The xdist controller: leads the session; its workers run the trials."""
 
+    def _fit_workers(self, loaded: list[LoadedConfig]) -> None:
+        """Before xdist starts its workers (its sessionstart runs last): no more of them than
+        the planned trials, when the session runs benchmark configs only and every one loaded
+        (-k and -m select later, at collection: the plan is the bound known now), and a
+        warning when they outnumber the cores or the memory."""
+        from pytest_gap.workers import capacity_warning, fit_workers
+
+        option = self.config.option
+        tx = list(getattr(option, "tx", None) or [])
+        paths = _session_config_paths(self.config)
+        fittable = (
+            tx
+            and set(tx) == {"popen"}
+            and paths
+            and len(loaded) == len(paths)
+            and all(_is_benchmark_arg(self.config, a) for a in self.config.args)
+        )
+        if not fittable:  # a test suite, custom --tx specs, a config that did not load
+            return
+        n_trials = sum(len(cell.trials()) for c in loaded for cell in c.cells)
+        workers = fit_workers(len(tx), n_trials)
+        if workers < len(tx):
+            option.tx, option.numprocesses = ["popen"] * workers, workers
+            self._say(
+                f"{len(tx)} workers asked for {n_trials} planned trial"
+                f"{'s' if n_trials != 1 else ''}: starting {workers}"
+            )
+        warning = capacity_warning(workers)
+        if warning:
+            self._say(warning)
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
         """Every worker writes into this session's run dir stamp and plans the same errored
@@ -440,6 +523,21 @@ class Controller(_Lead):
 
 
 SESSION = pytest.StashKey[GapSession]()
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _crash_line(report) -> str:
+    """The one line of a failed report: its exception and message, not the traceback."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        return _one_line(crash.message)
+    lines = [line for line in str(report.longrepr).splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("E ")]
+    return _one_line((errors or lines or ["no detail"])[-1].removeprefix("E "))
 
 
 def _role(config: pytest.Config) -> GapSession:

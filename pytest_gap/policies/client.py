@@ -29,7 +29,14 @@ from pytest_gap.policies.wire import (
 
 
 class PolicyTransportError(InfraFailure):
-    """The policy server could not be reached, failed, closed, or answered too late."""
+    """The policy server could not be reached, failed, closed, or answered too late.
+
+    `reason` is the cause alone (`ConnectionRefusedError: ...`), for a caller whose own message
+    names the server and the fix already (the preflight)."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 OUR_SERVER_LIMIT = "gap policy serve NAME --max-message-mb MB"
@@ -79,9 +86,11 @@ class PolicyClient:
             )
             self.metadata: dict[str, Any] = self._receive("metadata")
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
+            reason = f"{type(exc).__name__}: {exc}"
             raise PolicyTransportError(
-                f"policy server {url} is unreachable ({type(exc).__name__}: {exc}); start it "
-                "(gap policy serve NAME --port P) or fix the url"
+                f"policy server {url} is unreachable ({reason}); start it "
+                "(gap policy serve NAME --port P) or fix the url",
+                reason,
             ) from None
 
     def _receive(self, what: str) -> Any:
@@ -150,9 +159,9 @@ class VlaEvalClient:
                 connect(url, compression=None, max_size=None, open_timeout=connect_timeout_s)
             )
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
+            reason = f"{type(exc).__name__}: {exc}"
             raise PolicyTransportError(
-                f"vla-eval server {url} is unreachable ({type(exc).__name__}: {exc}); start it or "
-                "fix the url"
+                f"vla-eval server {url} is unreachable ({reason}); start it or fix the url", reason
             ) from None
         from pytest_gap import __version__
 

@@ -272,5 +272,6 @@ def preflight(urls: dict[str, tuple[str, str]], timeout_s: float = PREFLIGHT_TIM
         except PolicyTransportError as exc:
             raise PolicyUnreachable(
                 f"preflight: policy {policy_id} at {url} did not answer a {timeout_s:g} s "
-                f"handshake ({exc}); start it first, e.g. gap policy serve {policy_id} --port P"
+                f"handshake ({exc.reason}); start it first (e.g. gap policy serve {policy_id} "
+                f"--port P) or fix policies.{policy_id}.url"
             ) from None

@@ -55,6 +55,7 @@ class SessionPolicies:
         self.managers: list[PolicyManager] = []
         self.supervisors: list[Supervisor] = []
         self.urls: dict[str, dict[str, str]] = {}  # config path -> {policy id: url} started
+        self.notices: list[str] = []  # one line per started server reachable beyond loopback
 
     def start(self, configs: list[tuple[BenchmarkConfig, list[Cell], Path]]) -> None:
         """Probe and start what each (config, cells to run, server log dir) needs."""
@@ -73,6 +74,7 @@ class SessionPolicies:
                     supervisor = Supervisor(manager, log_dir)
                     self.supervisors.append(supervisor)
                     supervisor.start()
+                    self.notices += _exposure_notices(started)
         except BaseException:
             self.stop()
             raise
@@ -92,3 +94,23 @@ class SessionPolicies:
         for manager in self.managers:
             manager.stop_all()
         self.managers.clear()
+
+
+def _exposure_notices(started: dict[str, str]) -> list[str]:
+    """The managed servers whose command bound them beyond loopback (the harness reaches them
+    on 127.0.0.1; other machines could too)."""
+    from urllib.parse import urlsplit
+
+    from pytest_gap.bind import reachable_beyond_loopback
+
+    notices = []
+    for policy_id, url in started.items():
+        port = urlsplit(url).port
+        address = reachable_beyond_loopback(port) if port else None
+        if address is not None:
+            notices.append(
+                f"policies.{policy_id}: the managed server listens beyond loopback (port {port} "
+                f"answers on {address}): other machines can reach it; bind it to 127.0.0.1 if "
+                "its command allows"
+            )
+    return notices

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from pytest_gap.bind import exposure_notice
 from pytest_gap.errors import GapError
 from pytest_gap.policies.wire import (
     HEALTH_PATH,
@@ -168,6 +169,9 @@ class PolicyServer:
                 batcher.cancel()
 
     async def _serve(self, started: asyncio.Future | None) -> None:
+        notice = exposure_notice("the policy server", self.host)
+        if notice:
+            log.warning(notice)
         async with serve(
             self._session,
             self.host,

@@ -32,6 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from pytest_gap.bind import exposure_notice
 from pytest_gap.errors import GapError
 from pytest_gap.service.protocol import RUNS_PATH, TOKEN_ENV
 
@@ -349,4 +350,7 @@ def handler_for(platform: Platform) -> type[BaseHTTPRequestHandler]:
 
 
 def make_platform_server(platform: Platform, host: str, port: int) -> ThreadingHTTPServer:
+    notice = exposure_notice("the platform", host)
+    if notice:
+        log.warning(notice)
     return ThreadingHTTPServer((host, port), handler_for(platform))

@@ -28,6 +28,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Response
 
+from pytest_gap.bind import exposure_notice
 from pytest_gap.policies.server import PolicyServer
 from pytest_gap.policies.wire import HEALTH_PATH, packb, unpackb
 from pytest_gap.report import format_tsv, summary_document
@@ -352,10 +353,9 @@ class EvalServer:
     async def serve(self, started: asyncio.Future | None = None) -> None:
         """Serve until cancelled; `started` receives the bound port."""
         self.runs_dir.mkdir(parents=True, exist_ok=True)
-        if self.host != LOOPBACK:
-            log.warning(
-                "gap serve: listening on %s, not loopback: reachable from other hosts", self.host
-            )
+        notice = exposure_notice("the evaluation server", self.host)
+        if notice:
+            log.warning(notice)
         async with serve(
             self._session,
             self.host,
