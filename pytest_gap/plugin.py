@@ -18,7 +18,10 @@ pytest's own LFPlugin and LogXML are):
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -618,12 +621,25 @@ class TrialFailed(Exception):
         super().__init__(prefix + result.message())
 
 
+# How long after the `signal` watchdog fires a trial may stay stuck before the backstop ends
+# its process: long enough for any C call that does return (an env build, a render) to return
+# and let the SIGALRM handler run.
+BACKSTOP_GRACE_S = 10.0
+
+
 class _TimeoutWatchdog:
     """pytest-timeout's timer of one item, paused while its trial waits for a slot.
 
     Uses pytest-timeout's public hooks (`pytest_timeout_set_timer` / `_cancel_timer`): pausing
     cancels the timer, resuming sets a new one for the budget left, whatever the method
     (signal or thread). The settings come from `pytest_timeout_set_timer` below.
+
+    The `signal` method (the default) cannot end a trial stuck in C code that signals do not
+    interrupt (a lock, a driver call): its SIGALRM handler only runs once the main thread is
+    back in Python. So each signal timer has a thread backstop `BACKSTOP_GRACE_S` later: if the
+    trial is still stuck, it records the trial as timed out (124), as the thread method would be
+    judged, and ends the process (an xdist worker is replaced and the run goes on; a single
+    process run is finished with --gap-resume).
     """
 
     def __init__(self, item: pytest.Item):
@@ -632,11 +648,53 @@ class _TimeoutWatchdog:
         self.armed_at: float | None = None
         self.started: float | None = None  # epoch seconds of the first timer (runner.Watchdog)
         self.charged = 0.0
+        self._backstop: threading.Timer | None = None
 
     def armed(self, settings) -> None:
         if self.settings is None:
             self.settings, self.started = settings, time.time()
         self.armed_at = time.monotonic()
+        if settings.method == "signal":
+            self.stand_down()
+            self._backstop = threading.Timer(settings.timeout + BACKSTOP_GRACE_S, self._stuck)
+            self._backstop.daemon = True
+            self._backstop.start()
+
+    def stand_down(self) -> None:
+        """The timer was cancelled, or its signal reached Python: no backstop needed."""
+        if self._backstop is not None:
+            self._backstop.cancel()
+            self._backstop = None
+
+    def _stuck(self) -> None:
+        """The trial outlived its signal watchdog by the grace: record it and end the process."""
+        from pytest_gap.runner import record_crash
+
+        item = self.item
+        limit = item.trial.cell.timeout_s
+        worker = hasattr(item.config, "workerinput")
+        try:
+            record_crash(
+                item.trial,
+                item.loaded.run_dir,
+                nodeid=item.nodeid,
+                config=str(item.loaded.path),
+                detail="stuck where signals do not reach",
+                plan_digest=item.loaded.plan_digest,
+            )
+        finally:
+            capture = item.config.pluginmanager.getplugin("capturemanager")
+            if capture is not None:  # say it on the real stderr, not into the item's capture
+                capture.suspend_global_capture(item)
+            then = "its worker is replaced" if worker else "finish the run with --gap-resume"
+            sys.stderr.write(
+                f"\npytest-gap: {item.nodeid} is still running {BACKSTOP_GRACE_S:g} s after its "
+                f"{limit:g} s watchdog fired (stuck in code signals do not interrupt); recorded "
+                f"as timed out (124), ending this process; {then}\n"
+            )
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            sys.stderr.flush()
+            os._exit(1)
 
     def pause(self) -> None:
         if self.armed_at is None:
@@ -667,6 +725,13 @@ def pytest_timeout_set_timer(item: pytest.Item, settings) -> None:
     """Note when a trial's watchdog starts; pytest-timeout's own implementation sets it."""
     if isinstance(item, TrialItem):
         item.watchdog.armed(settings)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
+    """A trial's watchdog is cancelled (paused, or the item ended): so is its backstop."""
+    if isinstance(item, TrialItem):
+        item.watchdog.stand_down()
 
 
 class TrialItem(pytest.Item):
@@ -746,6 +811,7 @@ class TrialItem(pytest.Item):
         except pytest.fail.Exception as exc:
             if "pytest-timeout" not in str(exc):
                 raise
+            self.watchdog.stand_down()  # back in Python: recording the timeout may take a while
             limit = self.trial.cell.timeout_s
             return run.abort(EXIT_TIMEOUT, f"timed out after {limit:g} s (the trial watchdog)")
 
