@@ -18,6 +18,7 @@ pytest's own LFPlugin and LogXML are):
 from __future__ import annotations
 
 import argparse
+import errno
 import faulthandler
 import os
 import sys
@@ -176,6 +177,7 @@ class _Lead(GapSession):
         self.touched: dict[Path, LoadedConfig] = {}
         self.notes: list[str] = []
         self.other_failures = 0
+        self.output_errors: list[str] = []  # summaries that could not be written
         self.selected: set[str] = set()  # node ids of the trials collected and not deselected
         self.outcomes: list[dict[str, Any]] = []
         self.policies = None  # SessionPolicies, when a config needs servers
@@ -292,6 +294,8 @@ class _Lead(GapSession):
         if self.gate_on and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             failed = not self.passed or self.other_failures
             session.exitstatus = pytest.ExitCode.TESTS_FAILED if failed else pytest.ExitCode.OK
+        if self.output_errors and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # the run has no summaries
 
     def _write_outputs(self) -> None:
         """Fold each touched config's run dir and hand it to every writer."""
@@ -306,13 +310,20 @@ class _Lead(GapSession):
                 loaded.config.rule,
                 selected=self._selected_trials(loaded),
             )
-            self.config.hook.pytest_gap_write_outputs(
-                config=self.config,
-                run_dir=loaded.run_dir,
-                summary=summary,
-                results=results,
-                benchmark=loaded.config,
-            )
+            try:
+                self.config.hook.pytest_gap_write_outputs(
+                    config=self.config,
+                    run_dir=loaded.run_dir,
+                    summary=summary,
+                    results=results,
+                    benchmark=loaded.config,
+                )
+            except OSError as exc:  # a full disk, a read-only dir: say so, keep what is recorded
+                self.output_errors.append(
+                    f"could not write the summaries of {loaded.run_dir} ({exc}); the "
+                    f"{len(results)} trial results recorded there are kept: make room and "
+                    "run again with --gap-resume to finish the run and its summaries"
+                )
             self.outcomes.append(
                 {
                     "config": str(path),
@@ -363,6 +374,8 @@ class _Lead(GapSession):
             )
         for note in self.notes:
             terminalreporter.write_line(f"gap: {note}", yellow=True)
+        for error in self.output_errors:
+            terminalreporter.write_line(f"gap: error: {error}", red=True, bold=True)
 
     def pytest_unconfigure(self) -> None:
         if self.policies is not None:
@@ -621,6 +634,21 @@ class TrialFailed(Exception):
         super().__init__(prefix + result.message())
 
 
+# A run dir that cannot take more writes: a trial run there cannot be recorded.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+class NotRecorded(Exception):
+    """The trial could not be recorded (full disk, quota, read-only dir): one line, no
+    traceback; --gap-resume runs it again once there is room."""
+
+    def __init__(self, exc: OSError, run_dir: Path):
+        super().__init__(
+            f"not recorded: {exc.strerror} ({exc.filename or run_dir}); results recorded "
+            "earlier are kept: make room and run again with --gap-resume"
+        )
+
+
 # How long after the `signal` watchdog fires a trial may stay stuck before the backstop ends
 # its process: long enough for any C call that does return (an env build, a render) to return
 # and let the SIGALRM handler run.
@@ -808,6 +836,10 @@ class TrialItem(pytest.Item):
         )
         try:
             return run.execute()
+        except OSError as exc:
+            if exc.errno not in NO_ROOM:
+                raise
+            raise NotRecorded(exc, run_dir) from None
         except pytest.fail.Exception as exc:
             if "pytest-timeout" not in str(exc):
                 raise
@@ -816,7 +848,7 @@ class TrialItem(pytest.Item):
             return run.abort(EXIT_TIMEOUT, f"timed out after {limit:g} s (the trial watchdog)")
 
     def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, TrialFailed):
+        if isinstance(excinfo.value, TrialFailed | NotRecorded):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)
 
