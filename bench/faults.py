@@ -119,6 +119,13 @@ FAILED_END = {"failed": {"type": "end", "status": "failure"}}
 DAWDLE = _graph(
     {"dawdle": {"type": "tool", "skill": "dawdle", "next": "failed"}, **FAILED_END}, "dawdle"
 )
+QUICK = _graph(
+    {
+        "dawdle": {"type": "tool", "skill": "dawdle", "inputs": {"pause_s": 0}, "next": "failed"},
+        **FAILED_END,
+    },
+    "dawdle",
+)
 STUCK = _graph(
     {
         "hang": {"type": "tool", "skill": "native_hang", "next": "dawdle"},
@@ -138,7 +145,7 @@ class Lab:
         self.dir.mkdir(parents=True)
         (self.dir / "pytest.ini").write_text("[pytest]\n")
         (self.dir / "conftest.py").write_text(CONFTEST)
-        for wf, graph in (("wf", DAWDLE), ("stuck", STUCK)):
+        for wf, graph in (("wf", DAWDLE), ("quick", QUICK), ("stuck", STUCK)):
             (self.dir / wf).mkdir()
             (self.dir / wf / "workflow.json").write_text(json.dumps(graph))
         self.output = self.dir / "runs"
@@ -346,7 +353,7 @@ def fault_session_kill(root: Path) -> Row:
 def fault_corrupt_result(root: Path) -> Row:
     row = Row("corrupt_result", "garbage / truncated / empty result.json of 3 of 4 finished trials")
     lab = Lab(root, row.name)
-    lab.grid(seeds=4)
+    lab.grid(seeds=4, overrides={"workflow": {"workflow_dir": "quick"}})
     rc = lab.run()
     if len(lab.finished()) != 4:
         row.problems.append(f"the clean run finished {len(lab.finished())} of 4 (exit {rc})")
