@@ -24,10 +24,10 @@ Exit status 1 if any row lost a trial or its recovery did not finish (or a row's
 e.g. "the run goes on", did not hold); 0 otherwise. `--short` runs the subset the tests run
 (about a minute and a half on 2 cores); `--only` picks rows by name.
 
-A managed policy server killed mid-run is recorded today as infrastructure failures that
-`--gap-resume` re-runs (`MANAGED_KILL_RECOVERY = "resume"`); once servers are supervised
-(restarted, broken trials re-run in the same session), set it to "none" and the row then
-demands that the first session finishes every trial by itself.
+A managed policy server killed mid-run is restarted by the session, which re-runs the trials
+the death broke: the row demands that the first session finishes every trial by itself
+(`MANAGED_KILL_RECOVERY = "none"`; "resume" accepts infrastructure failures that
+`--gap-resume` re-runs, as before servers were supervised).
 """
 
 from __future__ import annotations
@@ -63,9 +63,10 @@ from pytest_gap.results import TrialResult, read_result  # noqa: E402
 
 GAP = str(Path(sys.executable).with_name("gap"))
 SESSION_TIMEOUT = 300  # a session that takes longer than this is stuck: the row fails
-# How the managed-server-kill row recovers: "resume" (today: infra failures, errored cell,
-# `--gap-resume` re-runs them) or "none" (supervised restarts: the first session finishes).
-MANAGED_KILL_RECOVERY = "resume"
+# How the managed-server-kill row recovers: "none" (supervised restarts: the session restarts
+# the server and re-runs the broken trials itself) or "resume" (before supervision: infra
+# failures, an errored cell, `--gap-resume` re-runs them).
+MANAGED_KILL_RECOVERY = "none"
 
 # Skills of the scratch sessions, registered by their conftest.py.
 CONFTEST = '''
@@ -401,6 +402,11 @@ def fault_managed_server_kill(root: Path) -> Row:
     rc = wait(session)
     errored = "errored cells" in lab.output_text()
     row.recorded = f"exit {rc}: {outcomes(lab)}{', cell errored' if errored else ''}"
+    restarts = sorted(lab.run_dir().glob("policy_logs/restarts.log"))
+    if restarts:
+        lines = restarts[0].read_text().splitlines()
+        rerun = sum(bool(getattr(r, "earlier_attempts", None)) for r in lab.records().values())
+        row.recorded += f", {len(lines)} server restart(s) logged, {rerun} trial(s) re-run"
     if not servers:
         row.problems.append("no managed server process found")
     first_session_done = set(lab.finished()) == lab.planned
