@@ -50,7 +50,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
-import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -300,14 +299,29 @@ def resume(row: Row, lab: Lab, *args: str, env: dict | None = None) -> int:
     return rc
 
 
-def workers_of(process: subprocess.Popen) -> list[psutil.Process]:
-    with contextlib.suppress(psutil.NoSuchProcess):
-        return [
-            p
-            for p in psutil.Process(process.pid).children()
-            if "serve" not in " ".join(p.cmdline())
-        ]
-    return []
+def children(pid: int, *, recursive: bool = False) -> dict[int, str]:
+    """Child processes of `pid` (with `recursive`, all descendants) and their command lines,
+    read from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = {}, {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        for child in frontier:
+            with contextlib.suppress(OSError):
+                cmdline = (Path("/proc") / str(child) / "cmdline").read_bytes()
+                found[child] = cmdline.replace(b"\0", b" ").decode(errors="replace")
+        if not recursive:
+            break
+    return found
+
+
+def workers_of(process: subprocess.Popen) -> list[int]:
+    """The session's xdist workers: its children that are not policy servers."""
+    return [pid for pid, cmd in children(process.pid).items() if "serve" not in cmd]
 
 
 def fault_worker_kill(root: Path) -> Row:
@@ -319,7 +333,7 @@ def fault_worker_kill(root: Path) -> Row:
         row.problems.append("no trial finished before the fault")
     victims = workers_of(session)
     t_fault = time.time()
-    victims[0].kill()
+    os.kill(victims[0], signal.SIGKILL)
     before = lab.finished()
     rc = wait(session)
     crashed = [k for k, r in lab.records().items() if r.exit_code == 137]
@@ -390,14 +404,11 @@ def fault_managed_server_kill(root: Path) -> Row:
     session = lab.start()
     if not wait_for(lambda: len(lab.finished()) >= 1, session, 240):
         row.problems.append("no trial finished before the fault")
-    servers = [
-        p
-        for p in psutil.Process(session.pid).children(recursive=True)
-        if "serve" in " ".join(p.cmdline())
-    ]
+    servers = [pid for pid, cmd in children(session.pid, recursive=True).items() if "serve" in cmd]
     t_fault = time.time()
     for server in servers:
-        server.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGKILL)
     before = lab.finished()
     rc = wait(session)
     errored = "errored cells" in lab.output_text()

@@ -30,7 +30,7 @@ def test_the_short_fault_campaign_loses_no_trial():
     for name, cells in table.items():
         before, after, lost = (int(cells[i]) for i in (3, 4, 5))
         # lost counts planned trials missing at the end too: 0 means every trial finished
-        assert lost == 0 and "PROBLEM" not in cells[2], out
-        assert after >= max(before, 2), out
+        assert lost == 0 and "PROBLEM" not in cells[2], f"{name}: {out}"
+        assert after >= max(before, 2), f"{name}: {out}"
     assert done.returncode == 0, out
     assert "0 trials lost" in done.stdout
