@@ -18,7 +18,11 @@ pytest's own LFPlugin and LogXML are):
 from __future__ import annotations
 
 import argparse
+import errno
+import faulthandler
 import os
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -173,6 +177,7 @@ class _Lead(GapSession):
         self.touched: dict[Path, LoadedConfig] = {}
         self.notes: list[str] = []
         self.other_failures = 0
+        self.output_errors: list[str] = []  # summaries that could not be written
         self.selected: set[str] = set()  # node ids of the trials collected and not deselected
         self.outcomes: list[dict[str, Any]] = []
         self.policies = None  # SessionPolicies, when a config needs servers
@@ -328,6 +333,8 @@ class _Lead(GapSession):
         if self.gate_on and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             failed = not self.passed or self.other_failures
             session.exitstatus = pytest.ExitCode.TESTS_FAILED if failed else pytest.ExitCode.OK
+        if self.output_errors and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # the run has no summaries
 
     def _report_stop(self, exitstatus: int) -> None:
         """A session that recorded no trial tells `gap benchmark` why, in one line."""
@@ -355,13 +362,20 @@ class _Lead(GapSession):
                 loaded.config.rule,
                 selected=self._selected_trials(loaded),
             )
-            self.config.hook.pytest_gap_write_outputs(
-                config=self.config,
-                run_dir=loaded.run_dir,
-                summary=summary,
-                results=results,
-                benchmark=loaded.config,
-            )
+            try:
+                self.config.hook.pytest_gap_write_outputs(
+                    config=self.config,
+                    run_dir=loaded.run_dir,
+                    summary=summary,
+                    results=results,
+                    benchmark=loaded.config,
+                )
+            except OSError as exc:  # a full disk, a read-only dir: say so, keep what is recorded
+                self.output_errors.append(
+                    f"could not write the summaries of {loaded.run_dir} ({exc}); the "
+                    f"{len(results)} trial results recorded there are kept: make room and "
+                    "run again with --gap-resume to finish the run and its summaries"
+                )
             self.outcomes.append(
                 {
                     "config": str(path),
@@ -412,6 +426,8 @@ class _Lead(GapSession):
             )
         for note in self.notes:
             terminalreporter.write_line(f"gap: {note}", yellow=True)
+        for error in self.output_errors:
+            terminalreporter.write_line(f"gap: error: {error}", red=True, bold=True)
 
     def pytest_unconfigure(self) -> None:
         if self.policies is not None:
@@ -716,12 +732,40 @@ class TrialFailed(Exception):
         super().__init__(prefix + result.message())
 
 
+# A run dir that cannot take more writes: a trial run there cannot be recorded.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+class NotRecorded(Exception):
+    """The trial could not be recorded (full disk, quota, read-only dir): one line, no
+    traceback; --gap-resume runs it again once there is room."""
+
+    def __init__(self, exc: OSError, run_dir: Path):
+        super().__init__(
+            f"not recorded: {exc.strerror} ({exc.filename or run_dir}); results recorded "
+            "earlier are kept: make room and run again with --gap-resume"
+        )
+
+
+# How long after the `signal` watchdog fires a trial may stay stuck before the backstop ends
+# its process: long enough for any C call that does return (an env build, a render) to return
+# and let the SIGALRM handler run.
+BACKSTOP_GRACE_S = 10.0
+
+
 class _TimeoutWatchdog:
     """pytest-timeout's timer of one item, paused while its trial waits for a slot.
 
     Uses pytest-timeout's public hooks (`pytest_timeout_set_timer` / `_cancel_timer`): pausing
     cancels the timer, resuming sets a new one for the budget left, whatever the method
     (signal or thread). The settings come from `pytest_timeout_set_timer` below.
+
+    The `signal` method (the default) cannot end a trial stuck in C code that signals do not
+    interrupt (a lock, a driver call): its SIGALRM handler only runs once the main thread is
+    back in Python. So each signal timer has a thread backstop `BACKSTOP_GRACE_S` later: if the
+    trial is still stuck, it records the trial as timed out (124), as the thread method would be
+    judged, and ends the process (an xdist worker is replaced and the run goes on; a single
+    process run is finished with --gap-resume).
     """
 
     def __init__(self, item: pytest.Item):
@@ -730,11 +774,53 @@ class _TimeoutWatchdog:
         self.armed_at: float | None = None
         self.started: float | None = None  # epoch seconds of the first timer (runner.Watchdog)
         self.charged = 0.0
+        self._backstop: threading.Timer | None = None
 
     def armed(self, settings) -> None:
         if self.settings is None:
             self.settings, self.started = settings, time.time()
         self.armed_at = time.monotonic()
+        if settings.method == "signal":
+            self.stand_down()
+            self._backstop = threading.Timer(settings.timeout + BACKSTOP_GRACE_S, self._stuck)
+            self._backstop.daemon = True
+            self._backstop.start()
+
+    def stand_down(self) -> None:
+        """The timer was cancelled, or its signal reached Python: no backstop needed."""
+        if self._backstop is not None:
+            self._backstop.cancel()
+            self._backstop = None
+
+    def _stuck(self) -> None:
+        """The trial outlived its signal watchdog by the grace: record it and end the process."""
+        from pytest_gap.runner import record_crash
+
+        item = self.item
+        limit = item.trial.cell.timeout_s
+        worker = hasattr(item.config, "workerinput")
+        try:
+            record_crash(
+                item.trial,
+                item.loaded.run_dir,
+                nodeid=item.nodeid,
+                config=str(item.loaded.path),
+                detail="stuck where signals do not reach",
+                plan_digest=item.loaded.plan_digest,
+            )
+        finally:
+            capture = item.config.pluginmanager.getplugin("capturemanager")
+            if capture is not None:  # say it on the real stderr, not into the item's capture
+                capture.suspend_global_capture(item)
+            then = "its worker is replaced" if worker else "finish the run with --gap-resume"
+            sys.stderr.write(
+                f"\npytest-gap: {item.nodeid} is still running {BACKSTOP_GRACE_S:g} s after its "
+                f"{limit:g} s watchdog fired (stuck in code signals do not interrupt); recorded "
+                f"as timed out (124), ending this process; {then}\n"
+            )
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            sys.stderr.flush()
+            os._exit(1)
 
     def pause(self) -> None:
         if self.armed_at is None:
@@ -765,6 +851,13 @@ def pytest_timeout_set_timer(item: pytest.Item, settings) -> None:
     """Note when a trial's watchdog starts; pytest-timeout's own implementation sets it."""
     if isinstance(item, TrialItem):
         item.watchdog.armed(settings)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
+    """A trial's watchdog is cancelled (paused, or the item ended): so is its backstop."""
+    if isinstance(item, TrialItem):
+        item.watchdog.stand_down()
 
 
 class TrialItem(pytest.Item):
@@ -841,14 +934,19 @@ class TrialItem(pytest.Item):
         )
         try:
             return run.execute()
+        except OSError as exc:
+            if exc.errno not in NO_ROOM:
+                raise
+            raise NotRecorded(exc, run_dir) from None
         except pytest.fail.Exception as exc:
             if "pytest-timeout" not in str(exc):
                 raise
+            self.watchdog.stand_down()  # back in Python: recording the timeout may take a while
             limit = self.trial.cell.timeout_s
             return run.abort(EXIT_TIMEOUT, f"timed out after {limit:g} s (the trial watchdog)")
 
     def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, TrialFailed):
+        if isinstance(excinfo.value, TrialFailed | NotRecorded):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)
 
