@@ -526,7 +526,9 @@ def test_waiting_for_a_num_workers_slot_is_not_charged_to_the_watchdog(fake, met
     record = json.loads((trial / "result.json").read_text())
     assert record["exit_code"] == 0 and record["exit_status"] == "end_success", record
     assert record["steps"] == 20
-    assert record["slot_wait_s"] > 2.5, record  # it really queued behind the holder
+    # It really queued behind the holder: 3 s from running.json, less what the trial did
+    # before asking for the slot (0.6-0.8 s on a loaded 2-core machine)
+    assert record["slot_wait_s"] > 1.5, record
     assert record["wall_s"] > 4, record  # longer than the watchdog, counting the wait
     assert result.ret == 0, result.stdout.str()
 
