@@ -568,15 +568,17 @@ class FaultyLLM:
         self.server.server_close()
 
 
-def _llm_fault(root: Path, name: str, injected: str, script: list[dict], **trials):
+def _llm_fault(
+    root: Path, name: str, injected: str, script: list[dict], llm: dict | None = None, **trials
+):
     row = Row(name, injected)
     lab = Lab(root, name)
-    llm = FaultyLLM(script)
+    server = FaultyLLM(script)
     try:
         lab.grid(
             "llm_generation",
             seeds=2,
-            llm={"model": "faults", "endpoint": llm.url, "cache_dir": "cache"},
+            llm={"model": "faults", "endpoint": server.url, "cache_dir": "cache", **(llm or {})},
             overrides={},
             trials=trials,
         )
@@ -584,8 +586,10 @@ def _llm_fault(root: Path, name: str, injected: str, script: list[dict], **trial
         rc = lab.run()
         errored = "errored cells" in lab.output_text()
         row.recorded = f"exit {rc}: {outcomes(lab)}{', cell errored' if errored else ''}"
-        faults = [(t, s) for t, s in llm.log if s != 200]
-        answered = [t for t, s in llm.log if s == 200]
+        if any(r.exit_code == 124 for r in lab.records().values()):
+            row.problems.append("the LLM's trouble was charged to a trial's watchdog (124)")
+        faults = [(t, s) for t, s in server.log if s != 200]
+        answered = [t for t, s in server.log if s == 200]
         if faults and answered:
             gaps = [b[0] - a[0] for a, b in itertools.pairwise([*faults, (answered[0], 200)])]
             row.recorded += f"; {len(faults)} faulty answers, next request after " + ", ".join(
@@ -594,12 +598,12 @@ def _llm_fault(root: Path, name: str, injected: str, script: list[dict], **trial
             row.recorded += " s"
         before = {}  # the fault was there from the start
         if set(lab.finished()) != lab.planned:
-            llm.script.clear()  # the endpoint is back; the documented recovery is --gap-resume
+            server.script.clear()  # the endpoint is back; the documented recovery is --gap-resume
             resume(row, lab)
         settle(row, lab, before, t_fault)
-        return row, llm.log
+        return row, server.log
     finally:
-        llm.close()
+        server.close()
 
 
 def fault_llm_500(root: Path) -> Row:
@@ -628,11 +632,14 @@ def fault_llm_down(root: Path) -> Row:
 
 
 def fault_llm_hang(root: Path) -> Row:
+    # The request's own timeout ends the hang, not the trial's watchdog: producing is not
+    # charged to it, so the retried request is answered and both trials are scored.
     row, _ = _llm_fault(
         root,
         "llm_hang",
-        "LLM never answers (watchdog 40 s)",
+        "LLM never answers one request (llm.timeout_s 10, watchdog 40 s)",
         [{"hang": True}],
+        llm={"timeout_s": 10},
         task_timeout_secs=40,
     )
     return row
@@ -715,7 +722,7 @@ FAULTS: dict[str, Callable[[Path], Row]] = {
     "corrupt_result": fault_corrupt_result,
     "disk_full": fault_disk_full,
 }
-SHORT = ["worker_kill", "session_kill", "corrupt_result", "llm_500", "llm_429"]
+SHORT = ["worker_kill", "session_kill", "corrupt_result", "llm_hang", "llm_429"]
 
 
 def print_row(row: Row) -> None:

@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     NonNegativeFloat,
     NonNegativeInt,
+    PositiveFloat,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -82,6 +83,10 @@ class LLMConfig(_Strict):
     max_tokens: PositiveInt | None = None
     max_concurrent_requests: PositiveInt = 4
     cache_dir: Path | None = None
+    # Each request's own bound, and how often a failed one is tried again: producing is not
+    # charged to a trial's watchdog, so these bound a hanging endpoint (runner._produce).
+    timeout_s: PositiveFloat = 120.0
+    max_retries: NonNegativeInt = 5
 
 
 class PolicyEntry(_Strict):

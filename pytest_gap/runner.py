@@ -9,7 +9,8 @@ reached so far.
 Time spent waiting for a `num_workers` slot is not the trial's: the watchdog is paused while
 it waits (`Watchdog`), and running.json's start moves forward by the wait, so a crash is judged
 on the time charged too. A trial that gets no slot within its budget is an errored
-(infrastructure) trial.
+(infrastructure) trial. Producing its workflow (an LLM's answers, or the lock of another
+worker producing it) is not charged either: the LLM client's own timeout and retries bound it.
 """
 
 from __future__ import annotations
@@ -442,14 +443,20 @@ class TrialRun:
             "env_prompt": instruction,
             "workflow": workflow.name,
         }
-        self._produce_s = produce_for_trial(
-            self.trial,
-            workflow,
-            llm=self.llm,
-            config_source=self.config_source,
-            max_validation_retries=self.max_validation_retries,
-            mode_table=self.mode_table,
-        )
+        # Not the trial's time either: an LLM that hangs is bounded by llm.timeout_s and
+        # llm.max_retries and ends as an infrastructure failure, not as the policy's 124.
+        self.watchdog.pause()
+        try:
+            self._produce_s = produce_for_trial(
+                self.trial,
+                workflow,
+                llm=self.llm,
+                config_source=self.config_source,
+                max_validation_retries=self.max_validation_retries,
+                mode_table=self.mode_table,
+            )
+        finally:
+            self.watchdog.resume()
         return workflow.dir
 
     # -- recording ---------------------------------------------------------------------------

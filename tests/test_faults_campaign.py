@@ -1,6 +1,7 @@
 """The fault-injection campaign's short form (bench/faults.py --short) on real LIBERO: a killed
-xdist worker, a SIGKILLed session resumed, damaged result.json files resumed, and an LLM
-endpoint answering 500 and 429: every row loses no trial, and the campaign exits 0."""
+xdist worker, a SIGKILLed session resumed, damaged result.json files resumed, an LLM endpoint
+that hangs on one request (ended by its own timeout, not charged to the trial's watchdog) and
+one answering 429: every row loses no trial, and the campaign exits 0."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHORT = {"worker_kill", "session_kill", "corrupt_result", "llm_500", "llm_429"}
+SHORT = {"worker_kill", "session_kill", "corrupt_result", "llm_hang", "llm_429"}
 
 
 def test_the_short_fault_campaign_loses_no_trial():

@@ -103,6 +103,8 @@ def resolve_settings(llm: LLMConfig, source: str = "config") -> LLMSettings:
         max_tokens=llm.max_tokens,
         max_concurrent_requests=llm.max_concurrent_requests,
         cache_dir=Path(cache).expanduser(),
+        timeout_s=llm.timeout_s,
+        max_retries=llm.max_retries,
         key_source=key_source,
         source=source,
     )
