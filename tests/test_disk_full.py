@@ -60,7 +60,8 @@ def test_a_full_disk_fails_clearly_keeps_what_was_recorded_and_resumes(pytester,
         }
     )
     filler = small_disk / "filler"
-    full = fake.run("bench.yaml", GAP_TEST_FILL=filler)
+    # -rN: each message once, not again in the short summary (which CI=1 prints whole)
+    full = fake.run("bench.yaml", "-rN", GAP_TEST_FILL=filler)
     out = full.stdout.str()
     assert full.ret == 1, out
     assert "Traceback" not in out and "OSError" not in out, out
