@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from pytest_gap.errors import GapError
+from pytest_gap.errors import GapError, one_line
 from pytest_gap.modes import BUILTIN, ModeTable
 
 # Defined beside the policy client (the policy layer imports nothing of config); named here too.
@@ -142,7 +142,7 @@ def websocket_url_problem(url: str) -> str | None:
     from urllib.parse import urlsplit
 
     example = "e.g. ws://127.0.0.1:8000"
-    shown = _one_line(repr(redact_text(url)), 80)  # a url's password stays out of the message
+    shown = one_line(repr(redact_text(url)), 80)  # a url's password stays out of the message
     if not url or url != url.strip() or any(c.isspace() for c in url):
         return f"{shown} is not a URL (it is empty or has spaces); give the server's, {example}"
     try:
@@ -335,7 +335,7 @@ def _key_part(part: Any) -> str:
     text = str(part)
     if text and text.isprintable() and " " not in text and len(text) <= 60:
         return text
-    return repr(_one_line(text, 60))
+    return repr(one_line(text, 60))
 
 
 def _describe_all(errors: list[dict], data: Any) -> list[str]:
@@ -379,11 +379,11 @@ def _shown(loc: tuple, value: Any) -> str:
     is a wrong type, and still a key), with url passwords and tokens masked, on one line."""
     if loc and is_secret_name(str(loc[-1])):
         return "'***'"
-    return _one_line(repr(redact_tree(value)), 80)
+    return one_line(repr(redact_tree(value)), 80)
 
 
 def _message(error: dict) -> str:
-    return _one_line(error["msg"].removeprefix("Value error, "), 200)
+    return one_line(error["msg"].removeprefix("Value error, "), 200)
 
 
 def _describe(error: dict) -> str:
@@ -580,12 +580,7 @@ def _yaml_problem(exc: Exception, text: str = "") -> str:
     if isinstance(exc, yaml.reader.ReaderError):  # a character YAML refuses (a NUL byte)
         where = f"line {text[: exc.position].count(chr(10)) + 1}: "
     problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
-    return f"{where}not valid YAML: {_one_line(problem)}"
-
-
-def _one_line(text: str, limit: int = 120) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{where}not valid YAML: {one_line(problem)}"
 
 
 def _tag_name(tag: str) -> str:
@@ -615,7 +610,7 @@ def _node_problems(root: yaml.Node) -> list[str]:
         if node.tag not in _SAFE_TAGS:
             tags.append(
                 f"{_key_path(path)}: line {node.start_mark.line + 1}: the YAML tag "
-                f"{_one_line(_tag_name(node.tag), 60)} is not allowed (a benchmark config is "
+                f"{one_line(_tag_name(node.tag), 60)} is not allowed (a benchmark config is "
                 "plain data: no tags that build objects or include files); remove the tag"
             )
         open_nodes.add(id(node))

@@ -1,6 +1,12 @@
 """Typed errors a user can cause. Each message is one line naming the input and the fix."""
 
 
+def one_line(text: object, limit: int = 120) -> str:
+    """`text` on one line (runs of whitespace as one space), cut to `limit` with "..."."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 class GapError(Exception):
     """Base class of every error pytest-gap raises on purpose."""
 

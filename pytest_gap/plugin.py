@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gap.errors import GapError
+from pytest_gap.errors import GapError, one_line
 from pytest_gap.progress import Progress
 from pytest_gap.results import (
     EXIT_TIMEOUT,
@@ -282,10 +282,10 @@ class _Lead(GapSession):
 
     def pytest_internalerror(self, excrepr) -> None:
         crash = getattr(excrepr, "reprcrash", None)
-        self._stop(f"internal error: {_one_line(crash.message if crash else str(excrepr))}")
+        self._stop(f"internal error: {one_line(crash.message if crash else excrepr, 300)}")
 
     def pytest_keyboard_interrupt(self, excinfo) -> None:
-        self._stop(f"interrupted: {_one_line(excinfo.exconly())}")
+        self._stop(f"interrupted: {one_line(excinfo.exconly(), 300)}")
 
     def _stop(self, why: str, config_error: bool = False) -> None:
         if self.stopped is None:
@@ -541,19 +541,14 @@ class Controller(_Lead):
 SESSION = pytest.StashKey[GapSession]()
 
 
-def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _crash_line(report) -> str:
     """The one line of a failed report: its exception and message, not the traceback."""
     crash = getattr(report.longrepr, "reprcrash", None)
     if crash is not None:
-        return _one_line(crash.message)
+        return one_line(crash.message, 300)
     lines = [line for line in str(report.longrepr).splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("E ")]
-    return _one_line((errors or lines or ["no detail"])[-1].removeprefix("E "))
+    return one_line((errors or lines or ["no detail"])[-1].removeprefix("E "), 300)
 
 
 def _role(config: pytest.Config) -> GapSession:

@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import threading
@@ -32,12 +31,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from pytest_gap.bind import exposure_notice
+from pytest_gap.bind import LOOPBACK, exposure_notice
 from pytest_gap.errors import GapError
+from pytest_gap.policies.manager import free_port
 from pytest_gap.service.protocol import RUNS_PATH, TOKEN_ENV
 
 log = logging.getLogger(__name__)
-LOOPBACK = "127.0.0.1"
 POLL_S = 1.0  # how often running tasks are asked whether their run finished
 MAX_BODY_BYTES = 64 * 1024
 
@@ -105,12 +104,6 @@ def load_sets(path: Path) -> dict[str, Path]:
         if not config.is_file():
             raise GapError(f"--sets {path}: {name}: no config at {config}")
     return sets
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
 
 
 class Platform:
@@ -183,7 +176,7 @@ class Platform:
 
     def _start(self, entry: _Entry) -> None:
         task = entry.task
-        port = _free_port()
+        port = free_port()
         gap = [sys.executable, "-m", "pytest_gap.cli"]
         runs = self.runs_dir / task.task_id
         runs.mkdir(parents=True, exist_ok=True)

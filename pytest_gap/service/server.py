@@ -28,7 +28,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Response
 
-from pytest_gap.bind import exposure_notice
+from pytest_gap.bind import LOOPBACK, exposure_notice
 from pytest_gap.policies.server import PolicyServer
 from pytest_gap.policies.wire import HEALTH_PATH, packb, unpackb
 from pytest_gap.report import format_tsv, summary_document
@@ -47,7 +47,6 @@ from pytest_gap.service.protocol import (
 from pytest_gap.service.runs import SERVICE_FILE, RunRefused, ServiceRun, Splits, submit
 
 log = logging.getLogger(__name__)
-LOOPBACK = "127.0.0.1"
 REPLY_TIMEOUT_S = 300.0  # a client that has not answered an observation by then is gone
 MAX_FRAME_BYTES = 64 * 2**20
 IDLE_POLL_S = 0.5  # a worker with nothing to claim waits this long for episodes to come back
