@@ -179,6 +179,25 @@ class PolicyManagerConfig(_Strict):
     restart_backoff_s: NonNegativeFloat = 1.0
 
 
+class RayResources(_Strict):
+    """What each trial holds on a Ray cluster (`pytest --gap-ray`, pytest_gap/scale/): the
+    resources of the long-lived actor that runs it, one actor per slot of a node. `memory` is
+    bytes (Ray's unit); None reserves none."""
+
+    num_cpus: NonNegativeFloat = 1.0
+    num_gpus: NonNegativeFloat = 0.0
+    memory: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _holds_something(self) -> RayResources:
+        if not (self.num_cpus or self.num_gpus):
+            raise ValueError(
+                "num_cpus and num_gpus are both 0: a node would take any number of actors; "
+                "give each trial num_cpus (e.g. 1) or num_gpus"
+            )
+        return self
+
+
 class TrialsConfig(_Strict):
     trials_per_generation: Seeds = Field(
         default=1, validation_alias=AliasChoices("trials_per_generation", "total")
@@ -197,6 +216,8 @@ class TrialsConfig(_Strict):
     # A WebP sprite strip of every N-th agentview frame per trial, in <run dir>/frames/
     # (--gap-frames overrides it). 0 or None: none. A recording flag: not part of the plan.
     frames_every: int | None = None
+    # Per-trial resources when the session runs on Ray (--gap-ray); ignored otherwise.
+    ray: RayResources = RayResources()
 
     @field_validator("frames_every", mode="before")
     @classmethod

@@ -12,7 +12,9 @@ pytest's own LFPlugin and LogXML are):
 - `Controller` (the xdist controller) runs the preflight, hands workers what they need,
   receives each trial's record with its report, records crashed workers' trials, and writes
   every config's outputs at the end;
-- `SingleProcess` (no xdist) does both: what the controller does, and runs the trials.
+- `SingleProcess` (no xdist) does both: what the controller does, and runs the trials; with
+  `--gap-ray` its trials run on a Ray cluster instead (pytest_gap/scale/ray_executor.py) and
+  each item waits for its own trial's record.
 """
 
 from __future__ import annotations
@@ -216,11 +218,7 @@ class _Lead(GapSession):
             down = check_llms(configs)
             self.policies, policies_down = start_policies(configs)
         except GapError as exc:
-            report_path = self.config.getoption("gap_report_json")
-            if report_path:  # `gap benchmark` reads the one line from here
-                write_json(Path(report_path), {"passed": False, "error": str(exc), "configs": []})
-                self.reported = True
-            pytest.exit(f"gap: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+            self._usage_exit(exc)
         if self.policies is not None:
             self.policy_urls = self.policies.urls
             for notice in self.policies.notices:
@@ -231,6 +229,14 @@ class _Lead(GapSession):
             loaded[path].mark_unavailable(services)
         self.unavailable = down
         self._fit_workers(list(loaded.values()))
+
+    def _usage_exit(self, exc: GapError) -> None:
+        """Stop the session on a problem the user can fix (usage error), in one line."""
+        report_path = self.config.getoption("gap_report_json")
+        if report_path:  # `gap benchmark` reads the one line from here
+            write_json(Path(report_path), {"passed": False, "error": str(exc), "configs": []})
+            self.reported = True
+        pytest.exit(f"gap: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
 
     def _fit_workers(self, loaded: list[LoadedConfig]) -> None:
         """The controller starts no more workers than trials (Controller)."""
@@ -440,10 +446,26 @@ class SingleProcess(_Lead):
     def __init__(self, config: pytest.Config):
         super().__init__(config)
         _pin(None, 1)  # one process owns every device
+        self.ray = None  # RayExecution, with --gap-ray
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """The session's plan: what collection kept after -k, -m, --lf and other deselection."""
+        """The session's plan: what collection kept after -k, -m, --lf and other deselection;
+        with --gap-ray, its trials start on the cluster now."""
         self.selected.update(i.nodeid for i in session.items if _is_trial_nodeid(i.nodeid))
+        address = self.config.getoption("gap_ray")
+        if address and not self.config.option.collectonly:
+            from pytest_gap.scale.ray_executor import start_items
+
+            try:
+                self.ray, line = start_items(address, self, session.items)
+            except GapError as exc:
+                self._usage_exit(exc)
+            self._say(line)
+
+    def pytest_unconfigure(self) -> None:
+        if self.ray is not None:  # the actors this session started (also after Ctrl-C)
+            self.ray.close()
+        super().pytest_unconfigure()
 
 
 class Controller(_Lead):
@@ -555,6 +577,10 @@ def _role(config: pytest.Config) -> GapSession:
     if hasattr(config, "workerinput"):
         return Worker(config)
     if config.getoption("numprocesses", None):
+        if config.getoption("gap_ray"):
+            raise pytest.UsageError(
+                "--gap-ray runs trials on Ray actors, -n on xdist workers: drop one of them"
+            )
         return Controller(config)
     return SingleProcess(config)
 
@@ -643,6 +669,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--gap-no-plots",
         action="store_true",
         help="do not draw the run dir's plots/ (PNG heatmap and per-family bars)",
+    )
+    group.addoption(
+        "--gap-ray",
+        metavar="auto|ADDRESS",
+        help="run each trial on a Ray cluster (`auto`: the one `ray start` runs on this machine, "
+        "or its address host:port / ray://...); the run dir is written here; not with -n",
     )
     parser.addini(
         "gap_benchmark_dirs",
@@ -873,8 +905,14 @@ class TrialItem(pytest.Item):
     def runtest(self) -> None:
         session = self.config.stash[SESSION]
         run_dir = self.loaded.run_dir
-        replayed = self._recorded(run_dir) if session.resume else None
-        result = replayed or self._supervised(session, run_dir)
+        ray = getattr(session, "ray", None)
+        if ray is not None and ray.planned(self.nodeid):
+            self.watchdog.pause()  # its actor keeps the trial's time
+            result, notes = ray.result_of(self.nodeid)
+            replayed, self.notes = None, self.notes + notes
+        else:
+            replayed = self._recorded(run_dir) if session.resume else None
+            result = replayed or self._supervised(session, run_dir)
         self.result, self.replayed = result, replayed is not None
         self.user_properties.extend(result.properties())
         if not result.success:

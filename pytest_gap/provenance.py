@@ -196,6 +196,7 @@ PLAN_EXCLUDED: dict[str, tuple[str, ...]] = {
     # how many trials run at once, and how servers are started: throughput, not outcomes
     "concurrency": (
         "trials.num_workers",
+        "trials.ray",
         "benchmark.num_workers",
         "benchmark.mode_overrides.*.num_workers",
         "suites.*.num_workers",
