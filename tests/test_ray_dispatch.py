@@ -1,0 +1,177 @@
+"""The Ray executor's scheduling (pytest_gap/scale/dispatch.py) on fake actors, no Ray: which
+actor gets which trial (scene reuse, num_workers), and what an actor's death or a stuck trial
+does to the trials (re-run once, recorded lost, never waited on forever)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from pytest_gap.scale.dispatch import ActorGone, Delivery, Dispatcher, Job, Slot, TrialBroke
+
+
+@dataclass
+class Call:
+    slot: Slot
+    request: dict
+    seq: int
+
+
+@dataclass
+class FakeCluster:
+    """Every call finishes at the next wait, except those of `hang` (job keys); an actor named
+    in `dies` dies on its n-th call (1-based); `broken` job keys fail on a live actor."""
+
+    dies: dict[str, int] = field(default_factory=dict)
+    hang: set[str] = field(default_factory=set)
+    broken: set[str] = field(default_factory=set)
+    calls: list[Call] = field(default_factory=list)
+    killed: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    in_flight: dict[str, int] = field(default_factory=dict)
+    most_in_flight: dict[str, int] = field(default_factory=dict)
+    _seq = itertools.count()
+
+    def submit(self, slot: Slot, request: dict) -> Call:
+        call = Call(slot, request, next(self._seq))
+        self.calls.append(call)
+        mode = request["mode"]
+        self.in_flight[mode] = self.in_flight.get(mode, 0) + 1
+        self.most_in_flight[mode] = max(self.most_in_flight.get(mode, 0), self.in_flight[mode])
+        return call
+
+    def wait(self, handles: list[Call], timeout: float) -> list[Call]:
+        return [h for h in handles if h.request["nodeid"] not in self.hang]
+
+    def outcome(self, handle: Call) -> dict:
+        self.in_flight[handle.request["mode"]] -= 1
+        name = handle.slot.name
+        n = sum(1 for c in self.calls if c.slot.name == name and c.seq <= handle.seq)
+        if self.dies.get(name) == n:
+            raise ActorGone(f"{name} died")
+        if handle.request["nodeid"] in self.broken:
+            raise TrialBroke("harness raised")
+        return {"nodeid": handle.request["nodeid"], "by": name, "req": handle.request}
+
+    def kill(self, slot: Slot) -> None:
+        self.killed.append(slot.name)
+
+    def replace(self, slot: Slot) -> Slot | None:
+        self.replaced.append(slot.name)
+        return Slot(name=slot.name + "'", actor=None, node=slot.node)
+
+
+def job(task: int, seed: int, *, mode: str = "m", limit: int = 8, timeout_s: float = 0) -> Job:
+    key = f"b.yaml::{mode}::task{task:02d}::seed{seed:03d}"
+    return Job(
+        key=key,
+        scene=("b.yaml", "libero", "s", task),
+        throttle=("b.yaml", mode),
+        limit=limit,
+        timeout_s=timeout_s,
+        request={"nodeid": key, "mode": mode},
+    )
+
+
+def run(cluster: FakeCluster, n_slots: int, jobs: list[Job], **kwargs):
+    slots = [Slot(name=f"a{i}", actor=None, node=f"n{i}") for i in range(n_slots)]
+    delivered: list[Delivery] = []
+    broken: list[tuple[str, str]] = []
+
+    def on_broken(job: Job, why: str, slot: Slot) -> dict:
+        broken.append((job.key, slot.name))
+        return {"error": why}
+
+    Dispatcher(cluster, slots, jobs, delivered.append, on_broken, poll_s=0, **kwargs).run()
+    return delivered, broken
+
+
+def ran_by(cluster: FakeCluster) -> dict[str, list[str]]:
+    by: dict[str, list[str]] = {}
+    for call in cluster.calls:
+        by.setdefault(call.slot.name, []).append(call.request["nodeid"].split("::", 2)[2])
+    return by
+
+
+def test_an_actor_keeps_to_its_task_so_seeds_reuse_its_scene():
+    cluster = FakeCluster()
+    jobs = [job(t, s) for t in (0, 1) for s in range(3)]
+    delivered, _ = run(cluster, 2, jobs)
+    assert ran_by(cluster) == {
+        "a0": ["task00::seed000", "task00::seed001", "task00::seed002"],
+        "a1": ["task01::seed000", "task01::seed001", "task01::seed002"],
+    }
+    assert sorted(d.job.key for d in delivered) == sorted(j.key for j in jobs)
+    assert all(d.outcome is not None for d in delivered)
+
+
+def test_an_idle_actor_helps_with_another_task_once_its_own_is_done():
+    cluster = FakeCluster()
+    jobs = [job(0, s) for s in range(4)] + [job(1, 0)]
+    run(cluster, 2, jobs)
+    by = ran_by(cluster)
+    assert by["a0"][0] == "task00::seed000" and by["a1"][0] == "task01::seed000"
+    assert len(by["a1"]) > 1  # then seeds of task 0, instead of idling
+
+
+def test_num_workers_bounds_a_cells_trials_in_flight():
+    cluster = FakeCluster()
+    jobs = [job(t, 0, mode="one", limit=1) for t in range(3)]
+    jobs += [job(t, 1, mode="two", limit=2) for t in range(3)]
+    run(cluster, 3, jobs)
+    assert cluster.most_in_flight == {"one": 1, "two": 2}
+
+
+def test_a_dead_actors_trial_is_rerun_once_elsewhere_listing_the_broken_attempt():
+    cluster = FakeCluster(dies={"a0": 1})
+    jobs = [job(0, s) for s in range(2)] + [job(1, s) for s in range(2)]
+    delivered, broken = run(cluster, 2, jobs)
+    assert broken == [(jobs[0].key, "a0")]
+    assert sorted(d.job.key for d in delivered) == sorted(j.key for j in jobs)  # none lost
+    rerun = next(d for d in delivered if d.job.key == jobs[0].key)
+    assert rerun.outcome["by"] == "a1"
+    assert rerun.outcome["req"]["earlier_attempts"] == [
+        {"error": "its Ray actor a0 (node n0) died: a0 died"}
+    ]
+    assert "a0" not in ran_by(cluster) or ran_by(cluster)["a0"] == ["task00::seed000"]
+
+
+def test_a_trial_whose_actor_dies_twice_is_recorded_lost_not_run_a_third_time():
+    cluster = FakeCluster(dies={"a0": 1, "a1": 1})
+    delivered, broken = run(cluster, 3, [job(0, 0)])
+    assert len(broken) == 1 and len(cluster.calls) == 2  # a2 never gets it
+    (only,) = delivered
+    assert only.outcome is None and "its Ray actor a1 (node n1) died" in only.lost
+    assert len(only.job.broken) == 1  # the first death's attempt, for the record
+
+
+def test_when_every_actor_is_dead_the_trials_left_are_recorded_lost_at_once():
+    cluster = FakeCluster(dies={"a0": 1, "a1": 1})
+    jobs = [job(0, s) for s in range(4)]
+    delivered, _ = run(cluster, 2, jobs)
+    assert sorted(d.job.key for d in delivered) == sorted(j.key for j in jobs)
+    lost = {d.job.key: d.lost for d in delivered}
+    assert all("no Ray actor is left" in why or "died" in why for why in lost.values())
+    twice = [d for d in delivered if d.job.broken and "died" in d.lost]
+    assert twice  # a broken attempt's re-run whose actor died too: lost, its attempt listed
+
+
+def test_a_trial_stuck_past_its_limit_has_its_actor_killed_and_replaced():
+    stuck = job(0, 0, timeout_s=0.01)
+    cluster = FakeCluster(hang={stuck.key})
+    delivered, _ = run(cluster, 1, [stuck, job(0, 1)], grace_s=0.0)
+    timed_out = next(d for d in delivered if d.job.key == stuck.key)
+    assert timed_out.timed_out_s is not None and timed_out.worker == "a0"
+    assert cluster.killed == ["a0"] and cluster.replaced == ["a0"]
+    other = next(d for d in delivered if d.job.key != stuck.key)
+    assert other.outcome["by"] == "a0'"  # the replacement ran the next trial
+
+
+def test_a_failed_call_on_a_live_actor_is_recorded_and_the_actor_kept():
+    bad = job(0, 0)
+    cluster = FakeCluster(broken={bad.key})
+    delivered, broken = run(cluster, 1, [bad, job(0, 1)])
+    assert not broken
+    first = next(d for d in delivered if d.job.key == bad.key)
+    assert "harness raised" in first.lost
+    assert next(d for d in delivered if d.job.key != bad.key).outcome["by"] == "a0"
