@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -54,6 +55,45 @@ GET_TIMEOUT_S = 120.0  # fetching a finished trial's outcome (its files) from a 
 # import path (pytest-gap, a config's backend), the harness's GAP_* knobs (not the xdist GPU
 # list: Ray assigns GPUs) and the renderer's choice.
 FORWARDED = ("PYTHONPATH", "MUJOCO_GL", "PYOPENGL_PLATFORM")
+
+
+PROBE_TIMEOUT_S = 5.0
+
+
+def resolve_address(address: str) -> str:
+    """The cluster's host:port (or ray://host:port) for `--gap-ray`, checked to answer: `auto`
+    is RAY_ADDRESS or the cluster `ray start` last started on this machine. A cluster that is
+    not there is a one-line GapError now, not a connection that Ray retries for minutes."""
+    given = address
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS", "")
+        if not address:
+            try:
+                from ray._private.utils import read_ray_address
+
+                address = read_ray_address() or ""
+            except Exception:  # a Ray without the helper: its default file
+                path = Path("/tmp/ray/ray_current_cluster")
+                address = path.read_text().strip() if path.is_file() else ""
+        if not address:
+            raise GapError(
+                "--gap-ray auto: no Ray cluster runs on this machine (no RAY_ADDRESS, no "
+                "`ray start`); start one with `ray start --head` or give its address host:port"
+            )
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise GapError(
+            f"--gap-ray {given}: expected auto, host:port or ray://host:port (the cluster's "
+            "head, as `ray start --head` prints it)"
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise GapError(
+            f"--gap-ray {given}: no Ray cluster answers at {host}:{port} ({exc.strerror or exc});"
+            " start one with `ray start --head` or check the address"
+        ) from None
+    return address
 
 
 def forwarded_env(environ=os.environ) -> dict[str, str]:
@@ -225,19 +265,20 @@ class RayExecution:
             return "ray: every selected trial is recorded already"
         import ray
 
+        address = resolve_address(self.address)
         try:
             ray.init(
-                address=self.address,
+                address=address,
                 namespace=self.namespace,
                 runtime_env={"env_vars": forwarded_env()},
                 log_to_driver=False,
                 logging_level="WARNING",
             )
         except Exception as exc:  # ConnectionError, a bad address, a version skew
-            hint = "start one with `ray start --head`" if self.address == "auto" else "check it"
             raise GapError(
-                f"--gap-ray {self.address}: cannot connect to a Ray cluster "
-                f"({one_line(str(exc), 200)}); {hint}"
+                f"--gap-ray {self.address}: cannot connect to the Ray cluster at {address} "
+                f"({one_line(str(exc), 200)}); check that this machine runs the same Ray "
+                "and Python as the cluster"
             ) from None
         self.ray = ray
         resources = next(iter(shapes.values()))

@@ -1,0 +1,236 @@
+"""`pytest --gap-ray` on a real Ray cluster of two nodes, both on this machine: a head started by
+the test (`ray start --head`) and a second node process (`ray start --address`), one CPU each.
+Trials run on the fake backend (tests/fake_backend.py), which the nodes import from tests/ on
+their PYTHONPATH as any node imports a config's backend; its skills come from the session's
+conftest, which the actors load from the controller.
+
+One module, one cluster, a few sessions: a Ray run scores the same as an xdist run of the same
+plan; killing the second node mid-run loses no finished trial and re-runs the killed ones
+(their records list the broken attempt); --lf and --gap-resume then run on what is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fake_session import BACKEND, TESTS, FakeSession
+
+pytest.importorskip("ray")
+pytest_plugins = ["pytester"]
+
+ROOT = TESTS.parent
+RAY = Path(sys.executable).with_name("ray")
+UP_TIMEOUT_S = 90
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalCluster:
+    """A head and a second node, each `ray start --block` in a process group of its own, so the
+    test ends exactly what it started (a node is its group: raylet, workers, agents)."""
+
+    def __init__(self, tmp: Path):
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        path = os.pathsep.join(
+            p for p in (str(ROOT), str(TESTS), os.environ.get("PYTHONPATH")) if p
+        )
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": path,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # A dead node is noticed in about 2 s, not Ray's default half minute.
+            "RAY_health_check_period_ms": "500",
+            "RAY_health_check_timeout_ms": "500",
+            "RAY_health_check_failure_threshold": "4",
+        }
+        self.log = tmp / "ray.log"
+        small = ["--num-cpus=1", "--object-store-memory=80000000", "--disable-usage-stats"]
+        self.head = self._start(
+            "--head", f"--port={self.port}", "--include-dashboard=false", *small
+        )
+        self._wait_nodes(1)
+        self.node = self._start(f"--address={self.address}", *small)
+        self._wait_nodes(2)
+
+    def _start(self, *args: str) -> subprocess.Popen:
+        with self.log.open("a") as log:
+            return subprocess.Popen(
+                [str(RAY), "start", "--block", *args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def _wait_nodes(self, n: int) -> None:
+        probe = (
+            "import ray, sys, time\n"
+            f"deadline = time.time() + {UP_TIMEOUT_S}\n"
+            "while time.time() < deadline:\n"
+            "    try:\n"
+            f"        ray.init(address={self.address!r}, logging_level='ERROR')\n"
+            "        break\n"
+            "    except Exception:\n"
+            "        time.sleep(1)\n"
+            "while time.time() < deadline:\n"
+            f"    if sum(x['Alive'] for x in ray.nodes()) >= {n}:\n"
+            "        sys.exit(0)\n"
+            "    time.sleep(0.5)\n"
+            "sys.exit(1)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", probe],
+            env=self.env,
+            capture_output=True,
+            timeout=2 * UP_TIMEOUT_S,
+        )
+        assert done.returncode == 0, self.log.read_text()[-3000:]
+
+    def kill_node(self) -> None:
+        """The second node dies at once (SIGKILL to its raylet, workers and agents)."""
+        os.killpg(self.node.pid, signal.SIGKILL)
+        self.node.wait()
+
+    def stop(self) -> None:
+        for process in (self.node, self.head):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    started = LocalCluster(tmp_path_factory.mktemp("ray"))
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+def fake(pytester) -> FakeSession:
+    return FakeSession(pytester)
+
+
+def _grid(n_seeds: int) -> dict:
+    return {
+        "benchmark": {
+            "backend": BACKEND,
+            "families": ["fake"],
+            "variations": ["easy"],  # succeeds iff seed % 3 != 0
+            "modes": ["workflow"],
+            "task_ids": [0, 1],
+            "n_seeds": n_seeds,
+            "output_dir": "runs",
+            "gate_threshold": 0.5,
+            "mode_overrides": {"workflow": {"workflow_dir": "wf"}},
+        }
+    }
+
+
+SUMMARY_KEYS = ("n_trials", "n_success", "success_rate", "completion_rate", "matrix")
+CELL_KEYS = ("key", "n_success", "n_trials", "n_infra", "n_errored", "success_rate")
+
+
+def _scored(run_dir: Path) -> tuple[dict, dict]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    pooled = {k: summary[k] for k in SUMMARY_KEYS}
+    pooled["gate"] = summary["gate"]["verdict"]
+    pooled["cells"] = [{k: c[k] for k in CELL_KEYS} for c in summary["cells"]]
+    trials = {
+        key: (r["success"], r["steps"], r["init_state"], r["error"])
+        for key, r in FakeSession.results(run_dir).items()
+    }
+    return pooled, trials
+
+
+def test_a_ray_run_scores_as_an_xdist_run_of_the_same_plan(fake, cluster):
+    fake.config(_grid(3))
+    xdist = fake.run("bench.yaml", "-n", "2", "--gap-output-dir=xdist")
+    xdist.assert_outcomes(passed=4, failed=2)
+    n_envs = len(fake.env_records())
+    on_ray = fake.run("bench.yaml", f"--gap-ray={cluster.address}", "--gap-output-dir=ray")
+    out = on_ray.stdout.str()
+    on_ray.assert_outcomes(passed=4, failed=2)
+    assert on_ray.ret == 0, out
+    assert f"gap: ray: 6 trials on 2 actors over 2 nodes ({cluster.address})" in out
+    ray_dir = fake.run_dir("ray")
+    assert _scored(ray_dir) == _scored(fake.run_dir("xdist"))
+    records = FakeSession.results(ray_dir)
+    assert {r["worker"].rsplit("-", 2)[0] for r in records.values()} == {"ray"}
+    # the actors kept their envs: a task's seeds reused its scene (an env per trial would be 6)
+    made = fake.env_records()[n_envs:]
+    assert 2 <= len(made) < 6, made
+    # the trial files came back: traces and the produced workflow, written by the controller
+    assert (ray_dir / "workflow/fake/easy/task_00/seed_001/trace/dag_trace.json").is_file()
+    assert (ray_dir / "workflow/fake/easy/task_01/workflow/workflow.json").is_file()
+
+
+def test_a_killed_node_loses_no_finished_trial_and_its_trials_rerun_then_lf_and_resume(
+    fake, cluster
+):
+    fake.config(_grid(4))  # 8 trials of 2 s each, on 2 actors
+    fake.setenv(GAP_FAKE_STEP_S="0.5")
+    session = subprocess.Popen(  # a session of its own, so the test can kill a node under it
+        [sys.executable, "-m", "pytest", "bench.yaml", f"--gap-ray={cluster.address}"],
+        cwd=fake.path,
+        env=os.environ.copy(),  # pytester's: tests/ on PYTHONPATH, GAP_FAKE_STEP_S
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    runs = fake.path / "runs"
+    finished: dict[str, str] = {}
+    deadline = time.monotonic() + 120
+    while len(finished) < 2 and time.monotonic() < deadline and session.poll() is None:
+        time.sleep(0.2)
+        finished = {str(p): p.read_text() for p in runs.rglob("result.json")}
+    assert len(finished) >= 2, "no trial finished"
+    cluster.kill_node()
+    out, _ = session.communicate(timeout=180)
+    assert session.returncode == 0, out  # the gate (0.5) passes: 4 of 8 succeed
+    assert "4 failed, 4 passed" in out
+    run_dir = fake.run_dir()
+    for path, text in finished.items():  # what had finished before the kill is kept as it was
+        assert Path(path).read_text() == text
+    records = FakeSession.results(run_dir)
+    assert len(records) == 8 and not [r for r in records.values() if r["error"]]
+    rerun = [r for r in records.values() if r["earlier_attempts"]]
+    assert rerun, "no trial was running on the killed node"
+    for r in rerun:
+        (broken,) = r["earlier_attempts"]
+        assert broken["exit_code"] == 137 and "died" in broken["error"]
+        assert broken["rerun_because"].startswith("its Ray actor died")
+    assert "re-run on another Ray actor" in out
+
+    # --lf: the failed trials only, on the head alone, into the same run dir
+    last = fake.run("bench.yaml", f"--gap-ray={cluster.address}", "--lf")
+    last.assert_outcomes(failed=4, deselected=4)
+    assert "gap: ray: 4 trials on 1 actor over 1 node" in last.stdout.str()
+    assert fake.run_dir() == run_dir
+    pooled, _ = _scored(run_dir)
+    assert (pooled["n_trials"], pooled["n_success"]) == (8, 4)
+
+    # --gap-resume: a corrupt record is re-run on the cluster, the others replayed
+    corrupt = run_dir / "workflow/fake/easy/task_01/seed_002/result.json"
+    corrupt.write_text('{"version": 1, "nodeid": ')
+    resumed = fake.run("bench.yaml", f"--gap-ray={cluster.address}", "--gap-resume")
+    resumed.assert_outcomes(passed=4, failed=4)
+    assert "gap: ray: 1 trial on 1 actor over 1 node" in resumed.stdout.str()
+    again = json.loads(corrupt.read_text())
+    assert again["success"] and again["worker"].startswith("ray-")
+    assert _scored(run_dir)[0]["n_success"] == 4
