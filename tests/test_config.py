@@ -130,6 +130,14 @@ def test_every_problem_is_reported_at_once_with_its_key(tmp_path):
         ),
         ({"benchmark": {}, "llm": {"provider": "anthropic"}}, "llm.provider: Input should be"),
         (
+            {"benchmark": {}, "trials": {"ray": {"num_gpus": -1}}},
+            "trials.ray.num_gpus: Input should be greater than or equal to 0",
+        ),
+        (
+            {"benchmark": {}, "trials": {"ray": {"num_cpus": 0}}},
+            "trials.ray: num_cpus and num_gpus are both 0",
+        ),
+        (
             {"benchmark": {"variations": ["object"], "families": ["posvar"]}},
             "benchmark.variations: unknown variation of the chosen families 'object'",
         ),

@@ -5,9 +5,15 @@ does to the trials (re-run once, recorded lost, never waited on forever)."""
 from __future__ import annotations
 
 import itertools
+import socket
 from dataclasses import dataclass, field
 
+import pytest
+
 from pytest_gap.scale.dispatch import ActorGone, Delivery, Dispatcher, Job, Slot, TrialBroke
+from tests.fake_session import BACKEND, FakeSession
+
+pytest_plugins = ["pytester"]
 
 
 @dataclass
@@ -175,3 +181,42 @@ def test_a_failed_call_on_a_live_actor_is_recorded_and_the_actor_kept():
     first = next(d for d in delivered if d.job.key == bad.key)
     assert "harness raised" in first.lost
     assert next(d for d in delivered if d.job.key != bad.key).outcome["by"] == "a0"
+
+
+# -- the option's errors: one line, a usage error, before anything runs ---------------------------
+@pytest.fixture
+def fake(pytester) -> FakeSession:
+    return FakeSession(pytester)
+
+
+def _bench(fake: FakeSession) -> None:
+    fake.config(
+        {
+            "backend": BACKEND,
+            "trials": {"output_dir": "runs"},
+            "suites": [{"suite_name": "fake_easy", "task_ids": [0], "workflow_dir": "wf"}],
+        }
+    )
+
+
+def test_gap_ray_with_xdist_is_a_usage_error(fake):
+    _bench(fake)
+    result = fake.run_inprocess("bench.yaml", "--gap-ray=auto", "-n", "2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--gap-ray runs trials on Ray actors, -n on xdist workers: drop one of them" in (
+        result.stderr.str()
+    )
+    assert not (fake.path / "runs").exists()
+
+
+def test_no_cluster_at_the_address_is_one_line_not_a_hang(fake):
+    pytest.importorskip("ray")
+    _bench(fake)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    result = fake.run_inprocess("bench.yaml", f"--gap-ray=127.0.0.1:{port}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    out = result.stdout.str() + result.stderr.str()
+    assert f"gap: --gap-ray 127.0.0.1:{port}: no Ray cluster answers at 127.0.0.1:{port}" in out
+    assert "Traceback" not in out

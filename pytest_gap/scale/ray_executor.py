@@ -263,8 +263,12 @@ class RayExecution:
         self._done = {p.nodeid: threading.Event() for p in planned}
         if not planned:
             return "ray: every selected trial is recorded already"
-        import ray
-
+        try:
+            import ray
+        except ImportError:
+            raise GapError(
+                "--gap-ray needs Ray on this machine and every node: pip install 'pytest-gap[ray]'"
+            ) from None
         address = resolve_address(self.address)
         try:
             ray.init(
