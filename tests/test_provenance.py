@@ -78,6 +78,8 @@ def test_plan_digest_ignores_outputs_recording_reporting_and_the_policies_compar
     same_plan = [
         _grid(output_dir="elsewhere", record_video=True, gate_threshold=0.2, num_workers=3),
         {**_grid(), "trials": {"output_dir": "x", "record_video": True, "enable_tracing": False}},
+        # where a trial runs is not what it runs: on Ray, with a GPU of its own
+        {**_grid(), "trials": {"ray": {"num_cpus": 2, "num_gpus": 1, "memory": 4 << 30}}},
         # checkpoint B's run of the same plan: another server, another policy id
         {**_grid(policies=["b"]), "policies": {"b": {"url": "ws://10.0.0.2:9000"}}},
         {**_grid(), "llm": {"api_key": "sk-not-part-of-any-plan"}},

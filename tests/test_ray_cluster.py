@@ -234,3 +234,38 @@ def test_a_killed_node_loses_no_finished_trial_and_its_trials_rerun_then_lf_and_
     again = json.loads(corrupt.read_text())
     assert again["success"] and again["worker"].startswith("ray-")
     assert _scored(run_dir)[0]["n_success"] == 4
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.is_file() and stat.read_text().split(") ")[-1].startswith("Z"))
+
+
+def test_ctrl_c_ends_the_session_and_the_actors_it_started(fake, cluster):
+    fake.config(_grid(4))
+    fake.setenv(GAP_FAKE_STEP_S="1")  # 4 s a trial: the session is mid-trial when interrupted
+    session = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "bench.yaml", f"--gap-ray={cluster.address}"],
+        cwd=fake.path,
+        env=os.environ.copy(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (fake.envs.is_file() and fake.env_records()):
+        time.sleep(0.2)
+    actors = {e["pid"] for e in fake.env_records()}
+    assert actors, "no actor made an env"
+    session.send_signal(signal.SIGINT)
+    out, _ = session.communicate(timeout=60)
+    assert session.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert "KeyboardInterrupt" in out
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_alive(pid) for pid in actors):
+        time.sleep(0.2)
+    assert not [pid for pid in actors if _alive(pid)], "an actor outlived its session"
