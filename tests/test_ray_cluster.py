@@ -1,12 +1,14 @@
 """`pytest --gap-ray` on a real Ray cluster of two nodes, both on this machine: a head started by
-the test (`ray start --head`) and a second node process (`ray start --address`), one CPU each.
+the test (`ray start --head`) and a second node process (`ray start --address`), one CPU each
+(the second also declares one GPU, for the pinning test).
 Trials run on the fake backend (tests/fake_backend.py), which the nodes import from tests/ on
 their PYTHONPATH as any node imports a config's backend; its skills come from the session's
 conftest, which the actors load from the controller.
 
 One module, one cluster, a few sessions: a Ray run scores the same as an xdist run of the same
-plan; killing the second node mid-run loses no finished trial and re-runs the killed ones
-(their records list the broken attempt); --lf and --gap-resume then run on what is left.
+plan; a GPU trial is pinned to the GPU Ray assigned; killing the second node mid-run loses no
+finished trial and re-runs the killed ones (their records list the broken attempt); --lf and
+--gap-resume then run on what is left; Ctrl-C ends a session and the actors it started.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ class LocalCluster:
             "--head", f"--port={self.port}", "--include-dashboard=false", *small
         )
         self._wait_nodes(1)
-        self.node = self._start(f"--address={self.address}", *small)
+        # The second node declares a GPU (Ray assigns it; nothing here uses CUDA).
+        self.node = self._start(f"--address={self.address}", "--num-gpus=1", *small)
         self._wait_nodes(2)
 
     def _start(self, *args: str) -> subprocess.Popen:
@@ -178,6 +181,20 @@ def test_a_ray_run_scores_as_an_xdist_run_of_the_same_plan(fake, cluster):
     # the trial files came back: traces and the produced workflow, written by the controller
     assert (ray_dir / "workflow/fake/easy/task_00/seed_001/trace/dag_trace.json").is_file()
     assert (ray_dir / "workflow/fake/easy/task_01/workflow/workflow.json").is_file()
+
+
+def test_a_gpu_trial_is_pinned_to_the_gpu_ray_assigned_its_actor(fake, cluster):
+    """CUDA_VISIBLE_DEVICES (Ray's assignment) and the EGL device the env is built for agree,
+    as on a pinned xdist worker; only the node with a GPU takes such trials."""
+    fake.config({**_grid(1), "trials": {"ray": {"num_cpus": 0.5, "num_gpus": 1}}})
+    on_gpu = fake.run("bench.yaml", f"--gap-ray={cluster.address}")
+    on_gpu.assert_outcomes(failed=2)
+    assert "gap: ray: 2 trials on 1 actor over 1 node" in on_gpu.stdout.str()
+    pinned = {"CUDA_VISIBLE_DEVICES": "0", "MUJOCO_EGL_DEVICE_ID": "0"}
+    made = fake.env_records()
+    assert made and all(e["egl_device"] == 0 and e["environ"] == pinned for e in made), made
+    for record in FakeSession.results(fake.run_dir()).values():
+        assert record["devices"] == {**pinned, "env_egl_device": "0"}
 
 
 def test_a_killed_node_loses_no_finished_trial_and_its_trials_rerun_then_lf_and_resume(
