@@ -88,6 +88,7 @@ def pytest_args(
     modes: list[str] | None = None,
     output_dir: str | Path | None = None,
     workers: int = 1,
+    ray: str | None = None,
     verbose: bool = False,
     report_json: Path,
 ) -> list[str]:
@@ -102,7 +103,9 @@ def pytest_args(
         args.append(f"--gap-modes={','.join(modes)}")
     if output_dir:
         args.append(f"--gap-output-dir={Path(output_dir).resolve()}")
-    if workers > 1:
+    if ray:  # trials on Ray actors, not xdist workers
+        args.append(f"--gap-ray={ray}")
+    elif workers > 1:
         args += ["-n", str(workers)]
     args += ["-v", "--log-level=DEBUG"] if verbose else []
     return args
@@ -130,6 +133,7 @@ async def run_benchmark(
     modes: list[str] | None = None,
     output_dir: str | Path | None = None,
     workers: int | None = None,
+    ray: str | None = None,
     verbose: bool = False,
     quiet: bool = False,
 ) -> BenchmarkSummary:
@@ -153,6 +157,7 @@ async def run_benchmark(
             modes=modes,
             output_dir=output_dir,
             workers=workers,
+            ray=ray,
             verbose=verbose,
             report_json=report_json,
         )

@@ -191,6 +191,8 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     """Exit 0 success (gate PASS), 1 run exception or gate FAIL, 2 config problem."""
     from pytest_gap.benchmark import BenchmarkRunError, run
 
+    if args.ray and args.n:
+        raise GapError("--ray runs the trials on Ray actors, -n on xdist workers: drop one of them")
     try:
         summary = run(
             args.config,
@@ -200,6 +202,7 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
             modes=args.modes,
             output_dir=args.output_dir,
             workers=args.n,
+            ray=args.ray,
             verbose=args.verbose,
         )
     except BenchmarkRunError as exc:
@@ -712,6 +715,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--output-dir", help="write the run dir here instead of the config's")
     bench.add_argument(
         "-n", type=int, help="parallel trial workers (default: the config's num_workers)"
+    )
+    bench.add_argument(
+        "--ray",
+        metavar="auto|ADDRESS",
+        help="run the trials on a Ray cluster (pytest --gap-ray; not with -n)",
     )
     bench.add_argument("-v", "--verbose", action="store_true", help="verbose pytest output")
     bench.set_defaults(func=_cmd_benchmark)

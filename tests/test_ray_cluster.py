@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gap import cli
 from tests.fake_session import BACKEND, TESTS, FakeSession
 
 pytest.importorskip("ray")
@@ -183,13 +184,16 @@ def test_a_ray_run_scores_as_an_xdist_run_of_the_same_plan(fake, cluster):
     assert (ray_dir / "workflow/fake/easy/task_01/workflow/workflow.json").is_file()
 
 
-def test_a_gpu_trial_is_pinned_to_the_gpu_ray_assigned_its_actor(fake, cluster):
+def test_a_gpu_trial_is_pinned_to_the_gpu_ray_assigned_its_actor(fake, cluster, capfd, monkeypatch):
     """CUDA_VISIBLE_DEVICES (Ray's assignment) and the EGL device the env is built for agree,
-    as on a pinned xdist worker; only the node with a GPU takes such trials."""
-    fake.config({**_grid(1), "trials": {"ray": {"num_cpus": 0.5, "num_gpus": 1}}})
-    on_gpu = fake.run("bench.yaml", f"--gap-ray={cluster.address}")
-    on_gpu.assert_outcomes(failed=2)
-    assert "gap: ray: 2 trials on 1 actor over 1 node" in on_gpu.stdout.str()
+    as on a pinned xdist worker; only the node with a GPU takes such trials. Through
+    `gap benchmark --ray`, which runs the same pytest session."""
+    path = fake.config({**_grid(1), "trials": {"ray": {"num_cpus": 0.5, "num_gpus": 1}}})
+    monkeypatch.syspath_prepend(str(TESTS))  # `gap benchmark` checks the backend here first
+    assert cli.main(["benchmark", str(path), "--ray", cluster.address]) == 0
+    out = capfd.readouterr().out
+    assert "gap: ray: 2 trials on 1 actor over 1 node" in out
+    assert "gate FAIL: success_rate=0.000" in out  # seed 0 fails on fake_easy
     pinned = {"CUDA_VISIBLE_DEVICES": "0", "MUJOCO_EGL_DEVICE_ID": "0"}
     made = fake.env_records()
     assert made and all(e["egl_device"] == 0 and e["environ"] == pinned for e in made), made

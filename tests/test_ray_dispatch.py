@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from pytest_gap import cli
 from pytest_gap.scale.dispatch import ActorGone, Delivery, Dispatcher, Job, Slot, TrialBroke
 from tests.fake_session import BACKEND, FakeSession
 
@@ -207,6 +208,15 @@ def test_gap_ray_with_xdist_is_a_usage_error(fake):
         result.stderr.str()
     )
     assert not (fake.path / "runs").exists()
+
+
+def test_gap_benchmark_refuses_ray_with_n(fake, capsys):
+    _bench(fake)
+    assert cli.main(["benchmark", "bench.yaml", "--ray", "auto", "-n", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "gap: error: --ray runs the trials on Ray actors, -n on xdist workers: drop one of them"
+    )
 
 
 def test_no_cluster_at_the_address_is_one_line_not_a_hang(fake):
