@@ -55,6 +55,8 @@ class LocalCluster:
             **os.environ,
             "PYTHONPATH": path,
             "RAY_USAGE_STATS_ENABLED": "0",
+            # No token auth, whatever ~/.ray holds: the test's cluster is its own, on loopback.
+            "RAY_AUTH_MODE": "disabled",
             # A dead node is noticed in about 2 s, not Ray's default half minute.
             "RAY_health_check_period_ms": "500",
             "RAY_health_check_timeout_ms": "500",
@@ -62,13 +64,18 @@ class LocalCluster:
         }
         self.log = tmp / "ray.log"
         small = ["--num-cpus=1", "--object-store-memory=80000000", "--disable-usage-stats"]
-        self.head = self._start(
-            "--head", f"--port={self.port}", "--include-dashboard=false", *small
-        )
-        self._wait_nodes(1)
-        # The second node declares a GPU (Ray assigns it; nothing here uses CUDA).
-        self.node = self._start(f"--address={self.address}", "--num-gpus=1", *small)
-        self._wait_nodes(2)
+        self.head = self.node = None
+        try:
+            self.head = self._start(
+                "--head", f"--port={self.port}", "--include-dashboard=false", *small
+            )
+            self._wait_nodes(1)
+            # The second node declares a GPU (Ray assigns it; nothing here uses CUDA).
+            self.node = self._start(f"--address={self.address}", "--num-gpus=1", *small)
+            self._wait_nodes(2)
+        except BaseException:
+            self.stop()
+            raise
 
     def _start(self, *args: str) -> subprocess.Popen:
         with self.log.open("a") as log:
@@ -111,18 +118,20 @@ class LocalCluster:
 
     def stop(self) -> None:
         for process in (self.node, self.head):
-            if process.poll() is None:
+            if process is not None and process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    started = LocalCluster(tmp_path_factory.mktemp("ray"))
-    try:
-        yield started
-    finally:
-        started.stop()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_AUTH_MODE", "disabled")  # the sessions' side of it
+        started = LocalCluster(tmp_path_factory.mktemp("ray"))
+        try:
+            yield started
+        finally:
+            started.stop()
 
 
 @pytest.fixture
@@ -199,6 +208,19 @@ def test_a_gpu_trial_is_pinned_to_the_gpu_ray_assigned_its_actor(fake, cluster, 
     assert made and all(e["egl_device"] == 0 and e["environ"] == pinned for e in made), made
     for record in FakeSession.results(fake.run_dir()).values():
         assert record["devices"] == {**pinned, "env_egl_device": "0"}
+
+
+def test_a_trial_past_its_limit_is_stopped_by_its_actors_watchdog(fake, cluster):
+    """The actor keeps the trial's time as pytest-timeout would: 124, with the steps reached,
+    and the actor goes on to the next trial."""
+    fake.config({**_grid(1), "trials": {"task_timeout_secs": 3}})
+    result = fake.run("bench.yaml", f"--gap-ray={cluster.address}", GAP_FAKE_HANG="0:0")
+    result.assert_outcomes(failed=2)
+    records = FakeSession.results(fake.run_dir())
+    hung = records["workflow/fake/easy/task_00/seed_000"]
+    assert hung["exit_code"] == 124 and hung["reason"].startswith("timed out after 3 s")
+    assert hung["init_state"] == 0 and hung["steps"] == 0
+    assert records["workflow/fake/easy/task_01/seed_000"]["exit_code"] == 0
 
 
 def test_a_killed_node_loses_no_finished_trial_and_its_trials_rerun_then_lf_and_resume(

@@ -262,7 +262,7 @@ class RayExecution:
         self._planned = {p.nodeid: p for p in planned}
         self._done = {p.nodeid: threading.Event() for p in planned}
         if not planned:
-            return "ray: every selected trial is recorded already"
+            return "ray: no trial left to run (every selected trial has a record)"
         try:
             import ray
         except ImportError:
