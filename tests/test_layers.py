@@ -155,6 +155,8 @@ REACH_RULES += [
     ("pytest_gap.viz", ("pytest", *UPPER)),
     ("pytest_gap.service", ("pytest", *UPPER)),
     ("pytest_gap.progress", ("pytest", *UPPER)),
+    # The Ray executor runs on nodes without pytest; the plugin drives it, not the reverse.
+    ("pytest_gap.scale", ("pytest", *UPPER)),
 ]
 # (who, what it must never import directly): the layers above reach the ones below only.
 IMPORT_RULES = [
