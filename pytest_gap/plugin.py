@@ -301,6 +301,8 @@ class _Lead(GapSession):
         progress = self.progress.get(loaded.path)
         if progress is None:
             workers = getattr(self.config.option, "numprocesses", None)
+            ray = getattr(self, "ray", None)
+            workers = len(ray.slots) if ray is not None else workers
             progress = self.progress[loaded.path] = Progress(
                 name=loaded.path.name,
                 total=len(self._selected_trials(loaded)),
@@ -908,7 +910,12 @@ class TrialItem(pytest.Item):
         ray = getattr(session, "ray", None)
         if ray is not None and ray.planned(self.nodeid):
             self.watchdog.pause()  # its actor keeps the trial's time
-            result, notes = ray.result_of(self.nodeid)
+            try:
+                result, notes = ray.result_of(self.nodeid)
+            except OSError as exc:  # the controller could not write what the actor sent
+                if exc.errno not in NO_ROOM:
+                    raise
+                raise NotRecorded(exc, run_dir) from None
             replayed, self.notes = None, self.notes + notes
         else:
             replayed = self._recorded(run_dir) if session.resume else None
@@ -979,7 +986,7 @@ class TrialItem(pytest.Item):
             return run.abort(EXIT_TIMEOUT, f"timed out after {limit:g} s (the trial watchdog)")
 
     def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, TrialFailed | NotRecorded):
+        if isinstance(excinfo.value, TrialFailed | NotRecorded | GapError):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)
 

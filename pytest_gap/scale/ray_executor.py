@@ -1,12 +1,13 @@
 """The controller's side of `pytest --gap-ray auto|ADDRESS`: trials run on a Ray cluster.
 
-After collection the session's lead connects to the cluster, starts one long-lived actor
-(scale/ray_actor.py) per slot of each live node (a node's CPUs, GPUs and memory divided by the
-config's `trials.ray`), and a dispatcher thread (scale/dispatch.py) feeds them the selected
-trials that have no record yet. Each pytest item then waits for its own trial's record instead
-of running it, so pytest reports in collection order while the cluster runs trials in
-parallel. Records and files come back to the controller, which writes the run dir (no shared
-filesystem needed); the summary is folded from the run dir as in any session.
+After collection the session's lead connects to the cluster (scale/ray_cluster.py), starts one
+long-lived actor (scale/ray_actor.py) per slot of each live node (a node's CPUs, GPUs and
+memory divided by the config's `trials.ray`), and a dispatcher thread (scale/dispatch.py)
+feeds them the selected trials that have no record yet. Each pytest item then waits for its
+own trial's record instead of running it, so pytest reports in collection order while the
+cluster runs trials in parallel. Records and files come back to the controller, which writes
+the run dir (no shared filesystem needed); the summary is folded from the run dir as in any
+session.
 
 A node or actor that dies mid-trial: the trial is recorded as an infrastructure failure and
 re-run once on another actor (the final record lists the broken attempt); every wait has a
@@ -22,14 +23,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_gap.devices import DEVICES_VAR
 from pytest_gap.errors import GapError, one_line
 from pytest_gap.provenance import record_fields
 from pytest_gap.results import (
@@ -42,66 +41,19 @@ from pytest_gap.results import (
     now_iso,
     write_result,
 )
-from pytest_gap.scale.dispatch import ActorGone, Delivery, Dispatcher, Job, Slot, TrialBroke
-from pytest_gap.scale.ray_actor import ActorSetup, TrialActor, TrialOutcome, read_files
+from pytest_gap.scale.dispatch import Delivery, Dispatcher, Job, Slot
+from pytest_gap.scale.ray_actor import ActorSetup, TrialOutcome, read_files
+from pytest_gap.scale.ray_cluster import (
+    STARTUP_TIMEOUT_S,
+    RayCluster,
+    forwarded_env,
+    resolve_address,
+    slots_of,
+)
 
 if TYPE_CHECKING:
     from pytest_gap.config import RayResources
     from pytest_gap.plan import Trial
-
-STARTUP_TIMEOUT_S = 180.0  # an actor's start: a worker process, its runtime env, its imports
-GET_TIMEOUT_S = 120.0  # fetching a finished trial's outcome (its files) from a node
-# What a node's actors inherit from the controller besides their node's environment: the
-# import path (pytest-gap, a config's backend), the harness's GAP_* knobs (not the xdist GPU
-# list: Ray assigns GPUs) and the renderer's choice.
-FORWARDED = ("PYTHONPATH", "MUJOCO_GL", "PYOPENGL_PLATFORM")
-
-
-PROBE_TIMEOUT_S = 5.0
-
-
-def resolve_address(address: str) -> str:
-    """The cluster's host:port (or ray://host:port) for `--gap-ray`, checked to answer: `auto`
-    is RAY_ADDRESS or the cluster `ray start` last started on this machine. A cluster that is
-    not there is a one-line GapError now, not a connection that Ray retries for minutes."""
-    given = address
-    if address == "auto":
-        address = os.environ.get("RAY_ADDRESS", "")
-        if not address:
-            try:
-                from ray._private.utils import read_ray_address
-
-                address = read_ray_address() or ""
-            except Exception:  # a Ray without the helper: its default file
-                path = Path("/tmp/ray/ray_current_cluster")
-                address = path.read_text().strip() if path.is_file() else ""
-        if not address:
-            raise GapError(
-                "--gap-ray auto: no Ray cluster runs on this machine (no RAY_ADDRESS, no "
-                "`ray start`); start one with `ray start --head` or give its address host:port"
-            )
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise GapError(
-            f"--gap-ray {given}: expected auto, host:port or ray://host:port (the cluster's "
-            "head, as `ray start --head` prints it)"
-        )
-    try:
-        socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
-    except OSError as exc:
-        raise GapError(
-            f"--gap-ray {given}: no Ray cluster answers at {host}:{port} ({exc.strerror or exc});"
-            " start one with `ray start --head` or check the address"
-        ) from None
-    return address
-
-
-def forwarded_env(environ=os.environ) -> dict[str, str]:
-    return {
-        k: v
-        for k, v in environ.items()
-        if (k in FORWARDED or k.startswith("GAP_")) and k != DEVICES_VAR
-    }
 
 
 @dataclass
@@ -119,118 +71,6 @@ class Planned:
     max_validation_retries: int
 
 
-def slots_of(node: dict[str, float], want: RayResources) -> int:
-    """How many actors of `want` a node with resources `node` holds."""
-    counts = []
-    for key, need in (("CPU", want.num_cpus), ("GPU", want.num_gpus), ("memory", want.memory)):
-        if need:
-            counts.append(int(node.get(key, 0.0) // need))
-    return min(counts) if counts else 0
-
-
-def spread(nodes: list[tuple[str, int]], limit: int) -> list[tuple[str, int]]:
-    """(node, slot index) for at most `limit` actors, taking nodes in turn so that a small
-    session still spreads over the cluster."""
-    order, index = [], 0
-    while len(order) < limit and any(index < n for _, n in nodes):
-        order += [(node, index) for node, n in nodes if index < n]
-        index += 1
-    return order[:limit]
-
-
-class RayCluster:
-    """dispatch.Cluster over Ray: actors made from TrialActor, calls as object refs."""
-
-    def __init__(self, ray, resources: RayResources, setup: dict[str, Any], planned: dict):
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        self.ray, self.resources, self.setup = ray, resources, setup
-        self._affinity = NodeAffinitySchedulingStrategy
-        self._remote = ray.remote(TrialActor)
-        self.planned = planned  # nodeid -> Planned: reads what a request carries at submit
-        self.started: list[Any] = []  # every actor this session made, for close()
-
-    def start(self, nodes: list[tuple[str, int]], limit: int) -> list[Slot]:
-        """Actors on `nodes` ((node id, slots)), at most `limit`; those that start in time."""
-        pending = []
-        for node, index in spread(nodes, limit):
-            name = f"ray-{node[:8]}-{index}"
-            pending.append((name, node, self._actor(name, node)))
-        slots = []
-        for name, node, actor in pending:
-            try:
-                self.ray.get(actor.where.remote(), timeout=STARTUP_TIMEOUT_S)
-            except Exception:  # an actor that does not start is one slot less
-                self.ray.kill(actor, no_restart=True)
-                continue
-            slots.append(Slot(name=name, actor=actor, node=node))
-        return slots
-
-    def _actor(self, name: str, node: str):
-        r = self.resources
-        options: dict[str, Any] = {
-            "num_cpus": r.num_cpus,
-            "num_gpus": r.num_gpus,
-            "max_restarts": 0,
-            "scheduling_strategy": self._affinity(node_id=node, soft=False),
-        }
-        if r.memory:
-            options["memory"] = r.memory
-        actor = self._remote.options(**options).remote(name, self.setup)
-        self.started.append(actor)
-        return actor
-
-    def submit(self, slot: Slot, request: dict[str, Any]) -> Any:
-        planned: Planned = self.planned[request["nodeid"]]
-        # The task's workflows produced so far (by any actor): produced once per cell x task.
-        task_dir = planned.run_dir / planned.trial.task_dir
-        run_files = {}
-        if task_dir.is_dir():
-            for path in task_dir.iterdir():
-                if path.is_dir() and path.name.startswith("workflow"):
-                    for rel, data in read_files(path).items():
-                        run_files[f"{planned.trial.task_dir}/{path.name}/{rel}"] = data
-        return slot.actor.run.remote({**request, "run_files": run_files})
-
-    def wait(self, handles: list[Any], timeout: float) -> list[Any]:
-        self.ray.wait(handles, num_returns=1, timeout=timeout)
-        ready, _ = self.ray.wait(handles, num_returns=len(handles), timeout=0)
-        return ready
-
-    def outcome(self, handle: Any) -> dict[str, Any]:
-        from ray import exceptions as rx
-
-        try:
-            return self.ray.get(handle, timeout=GET_TIMEOUT_S)
-        except (
-            rx.RayActorError,
-            rx.NodeDiedError,
-            rx.WorkerCrashedError,
-            rx.ObjectLostError,
-            rx.GetTimeoutError,
-        ) as exc:
-            raise ActorGone(one_line(str(exc), 300)) from None
-        except rx.RayError as exc:
-            raise TrialBroke(one_line(str(exc), 300)) from None
-
-    def kill(self, slot: Slot) -> None:
-        self.ray.kill(slot.actor, no_restart=True)
-
-    def replace(self, slot: Slot) -> Slot | None:
-        actor = self._actor(slot.name, slot.node)
-        try:
-            self.ray.get(actor.where.remote(), timeout=STARTUP_TIMEOUT_S)
-        except Exception:  # its node is gone too: one slot less
-            self.ray.kill(actor, no_restart=True)
-            return None
-        return Slot(name=slot.name, actor=actor, node=slot.node)
-
-    def close(self) -> None:
-        for actor in self.started:
-            with contextlib.suppress(Exception):  # already gone with its node
-                self.ray.kill(actor, no_restart=True)
-
-
 class RayExecution:
     """The session's trials on a Ray cluster: `start` after collection, `result_of` per item,
     `close` at the end."""
@@ -245,6 +85,7 @@ class RayExecution:
         self._done: dict[str, threading.Event] = {}
         self._results: dict[str, TrialResult] = {}
         self._notes: dict[str, list[str]] = {}
+        self._unrecorded: dict[str, OSError] = {}
         self._thread: threading.Thread | None = None
         self._crash: str | None = None
 
@@ -291,7 +132,7 @@ class RayExecution:
             for n in ray.nodes()
             if n.get("Alive")
         ]
-        self.cluster = RayCluster(ray, resources, setup.model_dump(), self._planned)
+        self.cluster = RayCluster(ray, resources, setup.model_dump(), self._prepare)
         self.slots = self.cluster.start([n for n in nodes if n[1]], len(planned))
         if not self.slots:
             self.close()
@@ -310,6 +151,19 @@ class RayExecution:
             f"actor{'s' if len(self.slots) != 1 else ''} over {n_nodes} "
             f"node{'s' if n_nodes != 1 else ''} ({self.address})"
         )
+
+    def _prepare(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The request as sent: with the task's workflows produced so far (by any actor), so a
+        cell x task's workflow is produced once, as in a shared run dir."""
+        p = self._planned[request["nodeid"]]
+        task_dir = p.run_dir / p.trial.task_dir
+        run_files = {}
+        if task_dir.is_dir():
+            for path in task_dir.iterdir():
+                if path.is_dir() and path.name.startswith("workflow"):
+                    for rel, data in read_files(path).items():
+                        run_files[f"{p.trial.task_dir}/{path.name}/{rel}"] = data
+        return {**request, "run_files": run_files}
 
     def _job(self, p: Planned) -> Job:
         cell = p.trial.cell
@@ -371,10 +225,8 @@ class RayExecution:
             started_at=slot.started_at,
             wall_s=time.monotonic() - slot.started,
         )
-        trial_dir = p.run_dir / p.trial.key
-        shutil.rmtree(trial_dir, ignore_errors=True)
-        trial_dir.mkdir(parents=True, exist_ok=True)
-        write_result(trial_dir, result)
+        with contextlib.suppress(OSError):  # a full disk: the re-run's record says it all
+            self._write_record(p, result)
         self._notes.setdefault(job.key, []).append(
             f"{job.key}: re-run on another Ray actor; the broken attempt: {why}"
         )
@@ -384,10 +236,10 @@ class RayExecution:
         job = delivery.job
         p = self._planned[job.key]
         earlier = [EarlierAttempt.model_validate(b) for b in job.broken]
+        files: dict[str, bytes] | None = None
         if delivery.outcome is not None:
             outcome = TrialOutcome.model_validate(delivery.outcome)
-            result = outcome.result
-            self._write_files(p.run_dir, p.trial.key, outcome.files)
+            result, files = outcome.result, outcome.files
         elif delivery.timed_out_s is not None:
             limit = p.trial.cell.timeout_s
             result = self._record(
@@ -409,13 +261,22 @@ class RayExecution:
                 worker=delivery.worker,
                 earlier_attempts=earlier,
             )
-        if delivery.outcome is None:
-            trial_dir = p.run_dir / p.trial.key
-            shutil.rmtree(trial_dir, ignore_errors=True)
-            trial_dir.mkdir(parents=True, exist_ok=True)
-            write_result(trial_dir, result)
+        try:
+            if files is not None:
+                self._write_files(p.run_dir, p.trial.key, files)
+            else:
+                self._write_record(p, result)
+        except OSError as exc:  # a full disk, a read-only dir: that item says so; the rest go on
+            self._unrecorded[job.key] = exc
         self._results[job.key] = result
         self._done[job.key].set()
+
+    @staticmethod
+    def _write_record(p: Planned, result: TrialResult) -> None:
+        trial_dir = p.run_dir / p.trial.key
+        shutil.rmtree(trial_dir, ignore_errors=True)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        write_result(trial_dir, result)
 
     @staticmethod
     def _write_files(run_dir: Path, trial_key: str, files: dict[str, bytes]) -> None:
@@ -435,8 +296,12 @@ class RayExecution:
         return nodeid in self._done
 
     def result_of(self, nodeid: str) -> tuple[TrialResult, list[str]]:
-        """The trial's record once the cluster ran it (blocks); its notes (a re-run)."""
-        self._done[nodeid].wait()
+        """The trial's record once the cluster ran it (blocks); its notes (a re-run). Raises
+        the OSError that kept the controller from writing it into the run dir."""
+        while not self._done[nodeid].wait(1.0):  # a timed wait: Ctrl-C gets through
+            pass
+        if nodeid in self._unrecorded:
+            raise self._unrecorded[nodeid]
         result = self._results.get(nodeid)
         if result is None:
             why = self._crash or "the session is ending"
