@@ -230,3 +230,32 @@ def test_no_cluster_at_the_address_is_one_line_not_a_hang(fake):
     out = result.stdout.str() + result.stderr.str()
     assert f"gap: --gap-ray 127.0.0.1:{port}: no Ray cluster answers at 127.0.0.1:{port}" in out
     assert "Traceback" not in out
+
+
+# -- how many actors, where, on which devices ---------------------------------------------------
+def test_a_node_holds_as_many_actors_as_its_scarcest_resource_allows():
+    from pytest_gap.config import RayResources
+    from pytest_gap.scale.ray_cluster import slots_of, spread
+
+    node = {"CPU": 16.0, "GPU": 2.0, "memory": 64e9}
+    assert slots_of(node, RayResources(num_cpus=1)) == 16
+    assert slots_of(node, RayResources(num_cpus=1, num_gpus=0.5)) == 4
+    assert slots_of(node, RayResources(num_cpus=2, memory=20_000_000_000)) == 3
+    assert slots_of({"CPU": 8.0}, RayResources(num_gpus=1)) == 0  # no GPU: no GPU trial
+    # a small session still spreads over the nodes: node by node, slot by slot
+    assert spread([("a", 3), ("b", 1), ("c", 0)], 3) == [("a", 0), ("b", 0), ("a", 1)]
+    assert spread([("a", 1)], 5) == [("a", 0)]
+
+
+def test_an_actor_renders_on_the_gpu_ray_assigned_it():
+    from pytest_gap.devices import egl_device_for_cell
+    from pytest_gap.scale.ray_actor import pin_ray_devices
+
+    environ = {"GAP_MUJOCO_EGL_DEVICES": "0,1,2,3"}  # the xdist list, forwarded by mistake
+    assert pin_ray_devices(environ, [2, 3]) == {
+        "CUDA_VISIBLE_DEVICES": "2,3",
+        "MUJOCO_EGL_DEVICE_ID": "2",
+    }
+    assert egl_device_for_cell(0, environ) == 2 and egl_device_for_cell(1, environ) == 3
+    cpu_only = {"GAP_MUJOCO_EGL_DEVICES": "0,1"}
+    assert pin_ray_devices(cpu_only, []) == {} and egl_device_for_cell(0, cpu_only) is None

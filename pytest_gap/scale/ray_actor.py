@@ -238,4 +238,7 @@ class TrialActor:
         after = _snapshot(local)
         changed = [rel for rel, stamp in after.items() if before.get(rel) != stamp]
         files = {rel: (local / rel).read_bytes() for rel in changed}
+        # Sent: the node keeps only what later trials reuse (the task's produced workflows).
+        shutil.rmtree(local / trial.key, ignore_errors=True)
+        run.frames_path.unlink(missing_ok=True)
         return TrialOutcome(result=result, files=files).model_dump()
