@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +33,7 @@ pytest_plugins = ["pytester"]
 
 ROOT = TESTS.parent
 RAY = Path(sys.executable).with_name("ray")
+GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
 UP_TIMEOUT_S = 90
 
 
@@ -221,6 +223,29 @@ def test_a_trial_past_its_limit_is_stopped_by_its_actors_watchdog(fake, cluster)
     assert hung["exit_code"] == 124 and hung["reason"].startswith("timed out after 3 s")
     assert hung["init_state"] == 0 and hung["steps"] == 0
     assert records["workflow/fake/easy/task_01/seed_000"]["exit_code"] == 0
+
+
+def test_a_managed_policy_server_answers_the_actors(fake, cluster):
+    """The server the session starts (on loopback) serves trials run by actors on this
+    machine's nodes; the records name it as they do without Ray."""
+    fake.config(
+        {
+            "policies": {"hold": {"command": [GAP, "policy", "serve", "hold", "--port", "{port}"]}},
+            "trials": {"max_steps": 10},
+            "benchmark": {
+                **_grid(2)["benchmark"],
+                "task_ids": [0],
+                "modes": ["policy_only"],
+                "policies": ["hold"],
+                "mode_overrides": {"policy_only": {"template": "policy_only_bare"}},
+            },
+        }
+    )
+    result = fake.run("bench.yaml", f"--gap-ray={cluster.address}")
+    result.assert_outcomes(passed=1, failed=1)  # holding still succeeds on seed 1 only
+    for record in FakeSession.results(fake.run_dir()).values():
+        assert record["policy_url"].startswith("ws://127.0.0.1:") and record["error"] is None
+        assert record["worker"].startswith("ray-") and record["steps"] > 0
 
 
 def test_a_killed_node_loses_no_finished_trial_and_its_trials_rerun_then_lf_and_resume(

@@ -259,3 +259,19 @@ def test_an_actor_renders_on_the_gpu_ray_assigned_it():
     assert egl_device_for_cell(0, environ) == 2 and egl_device_for_cell(1, environ) == 3
     cpu_only = {"GAP_MUJOCO_EGL_DEVICES": "0,1"}
     assert pin_ray_devices(cpu_only, []) == {} and egl_device_for_cell(0, cpu_only) is None
+
+
+def test_trials_of_a_loopback_policy_server_keep_their_actors_on_this_machine():
+    from pytest_gap.scale.ray_cluster import usable_nodes
+
+    nodes = [
+        {"NodeID": "h", "Alive": True, "NodeManagerAddress": "10.0.0.1"},
+        {"NodeID": "g", "Alive": True, "NodeManagerAddress": "10.0.0.2"},
+        {"NodeID": "x", "Alive": False, "NodeManagerAddress": "10.0.0.1"},
+    ]
+    assert usable_nodes(nodes, "10.0.0.1", []) == (nodes[:2], None)
+    local, why = usable_nodes(nodes, "10.0.0.1", ["pi0"])
+    assert local == nodes[:1]
+    assert why.startswith("policy servers on loopback (pi0) are reachable from this machine only")
+    one_machine = [{**n, "NodeManagerAddress": "10.0.0.1"} for n in nodes]
+    assert usable_nodes(one_machine, "10.0.0.1", ["pi0"]) == (one_machine[:2], None)

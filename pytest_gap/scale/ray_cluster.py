@@ -184,3 +184,23 @@ class RayCluster:
         for actor in self.started:
             with contextlib.suppress(Exception):  # already gone with its node
                 self.ray.kill(actor, no_restart=True)
+
+
+def usable_nodes(
+    nodes: list[dict[str, Any]], here: str, loopback_policies: list[str]
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The live nodes (ray.nodes() entries) actors may go to, and a line saying why fewer: a
+    policy server on loopback (a managed server, or a url: on 127.0.0.1) is reachable only from
+    this machine, so its trials' actors stay on the nodes at this machine's address `here`."""
+    alive = [n for n in nodes if n.get("Alive")]
+    if not loopback_policies:
+        return alive, None
+    local = [n for n in alive if n.get("NodeManagerAddress") == here]
+    if len(local) == len(alive):
+        return alive, None
+    names = ", ".join(sorted(loopback_policies))
+    return local, (
+        f"policy servers on loopback ({names}) are reachable from this machine only: actors "
+        f"run on its {len(local)} node{'s' if len(local) != 1 else ''} of {len(alive)}; serve "
+        "them on an address the nodes reach (a url: entry) to use the whole cluster"
+    )

@@ -15,7 +15,8 @@ bound, so a dead node never hangs the session. `close()` (the session's end, Ctr
 actors this session started and disconnects; the cluster itself is the user's.
 
 Policy servers: URL entries work as before (each node must reach the URL); managed servers run
-where the controller runs, on loopback, so only actors on the controller's machine reach them.
+where the controller runs, on loopback, so a session whose trials need one places its actors on
+the controller's machine only (ray_cluster.usable_nodes).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
+from pytest_gap.bind import is_loopback
 from pytest_gap.errors import GapError, one_line
 from pytest_gap.provenance import record_fields
 from pytest_gap.results import (
@@ -49,6 +52,7 @@ from pytest_gap.scale.ray_cluster import (
     forwarded_env,
     resolve_address,
     slots_of,
+    usable_nodes,
 )
 
 if TYPE_CHECKING:
@@ -127,11 +131,17 @@ class RayExecution:
             ) from None
         self.ray = ray
         resources = next(iter(shapes.values()))
-        nodes = [
-            (n["NodeID"], slots_of(n["Resources"], resources))
-            for n in ray.nodes()
-            if n.get("Alive")
-        ]
+        loopback = sorted(
+            {
+                policy_id
+                for p in planned
+                for policy_id, endpoint in p.policies.items()
+                if policy_id == p.trial.cell.policy_id
+                and is_loopback(urlsplit(endpoint.url).hostname or "")
+            }
+        )
+        usable, notice = usable_nodes(ray.nodes(), ray.util.get_node_ip_address(), loopback)
+        nodes = [(n["NodeID"], slots_of(n["Resources"], resources)) for n in usable]
         self.cluster = RayCluster(ray, resources, setup.model_dump(), self._prepare)
         self.slots = self.cluster.start([n for n in nodes if n[1]], len(planned))
         if not self.slots:
@@ -146,10 +156,11 @@ class RayExecution:
         self._thread = threading.Thread(target=self._dispatch, name="gap-ray", daemon=True)
         self._thread.start()
         n_nodes = len({s.node for s in self.slots})
+        notice = f"; {notice}" if notice else ""
         return (
             f"ray: {len(planned)} trial{'s' if len(planned) != 1 else ''} on {len(self.slots)} "
             f"actor{'s' if len(self.slots) != 1 else ''} over {n_nodes} "
-            f"node{'s' if n_nodes != 1 else ''} ({self.address})"
+            f"node{'s' if n_nodes != 1 else ''} ({self.address}){notice}"
         )
 
     def _prepare(self, request: dict[str, Any]) -> dict[str, Any]:
