@@ -22,10 +22,12 @@ the controller's machine only (ray_cluster.usable_nodes).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,7 +72,9 @@ class Planned:
     run_dir: Path
     plan_digest: str | None
     resources: RayResources
-    policies: dict  # policy id -> PolicyEndpoint
+    # policy id -> PolicyEndpoint, as of now: a managed server restarted on a new port is
+    # where the next trial sent is told to look (the plugin's GapSession.endpoints)
+    endpoints: Callable[[], dict]
     llm: Any  # LLMConfig
     max_validation_retries: int
 
@@ -135,7 +139,7 @@ class RayExecution:
             {
                 policy_id
                 for p in planned
-                for policy_id, endpoint in p.policies.items()
+                for policy_id, endpoint in p.endpoints().items()
                 if policy_id == p.trial.cell.policy_id
                 and is_loopback(urlsplit(endpoint.url).hostname or "")
             }
@@ -174,7 +178,8 @@ class RayExecution:
                 if path.is_dir() and path.name.startswith("workflow"):
                     for rel, data in read_files(path).items():
                         run_files[f"{p.trial.task_dir}/{path.name}/{rel}"] = data
-        return {**request, "run_files": run_files}
+        policies = {k: v.model_dump() for k, v in p.endpoints().items()}
+        return {**request, "run_files": run_files, "policies": policies}
 
     def _job(self, p: Planned) -> Job:
         cell = p.trial.cell
@@ -185,7 +190,6 @@ class RayExecution:
             "config": str(p.config),
             "run_dir": str(p.run_dir),
             "plan_digest": p.plan_digest,
-            "policies": {k: v.model_dump() for k, v in p.policies.items()},
             "llm": p.llm.model_dump() if p.llm is not None else None,
             "max_validation_retries": p.max_validation_retries,
             "workflow_source": source,
@@ -211,7 +215,7 @@ class RayExecution:
     # -- records ------------------------------------------------------------------------------
     def _record(self, p: Planned, **fields) -> TrialResult:
         """A record the controller makes (the actor sent none): identity and provenance."""
-        endpoint = p.policies.get(p.trial.cell.policy_id or "")
+        endpoint = p.endpoints().get(p.trial.cell.policy_id or "")
         return TrialResult(
             **TrialIdentity.of(p.trial, nodeid=p.nodeid, config=str(p.config)).model_dump(),
             **record_fields(
@@ -368,7 +372,7 @@ def start_items(address: str, lead, items: list) -> tuple[RayExecution, str]:
                 run_dir=loaded.run_dir,
                 plan_digest=loaded.plan_digest,
                 resources=config.trials.ray,
-                policies=lead.endpoints(loaded),
+                endpoints=functools.partial(lead.endpoints, loaded),
                 llm=config.llm,
                 max_validation_retries=config.composition.max_validation_retries,
             )
