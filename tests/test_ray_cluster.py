@@ -248,6 +248,57 @@ def test_a_managed_policy_server_answers_the_actors(fake, cluster):
         assert record["worker"].startswith("ray-") and record["steps"] > 0
 
 
+DIE_ONCE = """
+import os, signal
+from pathlib import Path
+import numpy as np
+
+
+class DieOnceOnThirdCall:
+    \"\"\"Zero motion; the first server's process is killed at its third call (an OOM kill).\"\"\"
+
+    calls = 0
+
+    def infer(self, obs):
+        DieOnceOnThirdCall.calls += 1
+        marker = Path(os.environ["DIED_MARKER"])
+        if DieOnceOnThirdCall.calls == 3 and not marker.exists():
+            marker.write_text("died")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"actions": np.tile([0, 0, 0, 0, 0, 0, -1.0], (5, 1))}
+"""
+
+
+def test_a_trial_whose_managed_server_died_is_rerun_after_the_restart(fake, cluster):
+    (fake.path / "die_once.py").write_text(DIE_ONCE)
+    serve = [GAP, "policy", "serve", "die_once:DieOnceOnThirdCall", "--port", "{port}"]
+    env = {"PYTHONPATH": str(fake.path), "DIED_MARKER": str(fake.path / "died")}
+    fake.config(
+        {
+            "policies": {"once": {"command": serve, "env": env}},
+            "trials": {"max_steps": 20},
+            "benchmark": {
+                **_grid(1)["benchmark"],
+                "task_ids": [0],  # seed 0: never succeeds, so the policy is asked 4 times
+                "modes": ["policy_only"],
+                "policies": ["once"],
+                "mode_overrides": {"policy_only": {"template": "policy_only_bare"}},
+            },
+        }
+    )
+    result = fake.run("bench.yaml", f"--gap-ray={cluster.address}")
+    out = result.stdout.str()
+    result.assert_outcomes(failed=1)
+    assert (fake.path / "died").is_file()
+    (record,) = FakeSession.results(fake.run_dir()).values()
+    assert record["error"] is None and record["steps"] == 20, record
+    (broken,) = record["earlier_attempts"]
+    assert (
+        "closed the connection" in broken["error"] and broken["policy_url"] != record["policy_url"]
+    )
+    assert "re-run" in out
+
+
 def test_a_killed_node_loses_no_finished_trial_and_its_trials_rerun_then_lf_and_resume(
     fake, cluster
 ):

@@ -141,6 +141,10 @@ class Dispatcher:
         self.pending.remove(pick)
         return pick
 
+    def requeue(self, job: Job) -> None:
+        """Run `job` again, next (from `deliver`: its policy server died under it and is back)."""
+        self.pending.insert(0, job)
+
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
         """Until every job is delivered (or `stopping` is set)."""

@@ -75,6 +75,7 @@ class Planned:
     # policy id -> PolicyEndpoint, as of now: a managed server restarted on a new port is
     # where the next trial sent is told to look (the plugin's GapSession.endpoints)
     endpoints: Callable[[], dict]
+    benchmark: Any  # the config (BenchmarkConfig): its managed servers' supervision
     llm: Any  # LLMConfig
     max_validation_retries: int
 
@@ -94,6 +95,10 @@ class RayExecution:
         self._results: dict[str, TrialResult] = {}
         self._notes: dict[str, list[str]] = {}
         self._unrecorded: dict[str, OSError] = {}
+        # Trials of a managed server: its state when each was sent (ServerWatch.before_trial),
+        # and those re-run once already because it died under them.
+        self._before: dict[str, Any] = {}
+        self._server_reruns: set[str] = set()
         self._thread: threading.Thread | None = None
         self._crash: str | None = None
 
@@ -171,6 +176,9 @@ class RayExecution:
         """The request as sent: with the task's workflows produced so far (by any actor), so a
         cell x task's workflow is produced once, as in a shared run dir."""
         p = self._planned[request["nodeid"]]
+        watch = self._watch(p)
+        if watch is not None:  # waits out a restart in progress: the trial gets the new port
+            self._before[p.nodeid] = watch.before_trial()
         task_dir = p.run_dir / p.trial.task_dir
         run_files = {}
         if task_dir.is_dir():
@@ -180,6 +188,34 @@ class RayExecution:
                         run_files[f"{p.trial.task_dir}/{path.name}/{rel}"] = data
         policies = {k: v.model_dump() for k, v in p.endpoints().items()}
         return {**request, "run_files": run_files, "policies": policies}
+
+    @staticmethod
+    def _watch(p: Planned):
+        from pytest_gap.policies.supervisor import ServerWatch
+
+        return ServerWatch.for_cell(p.run_dir, p.trial.cell, p.benchmark)
+
+    def _server_died(self, job: Job, p: Planned, result: TrialResult) -> TrialResult | None:
+        """After an infrastructure failure of a managed server's trial, as run_supervised
+        judges it on one machine: the server died and is back -> re-run it once (returns None;
+        the attempt is kept for the re-run's record); it cannot be kept up -> its record says
+        why; otherwise the record as it is."""
+        before = self._before.get(job.key)
+        if not result.infra_failure or before is None or job.key in self._server_reruns:
+            return result
+        verdict = self._watch(p).after_failure(before)
+        if verdict.reason:
+            return result.model_copy(update={"error": f"{result.error}; {verdict.reason}"})
+        if not verdict.rerun:
+            return result
+        because = verdict.because or "its policy server died"
+        self._server_reruns.add(job.key)
+        job.broken.append(EarlierAttempt.of(result, because).model_dump())
+        self._notes.setdefault(job.key, []).append(
+            f"{job.key}: re-run, {because}; the broken attempt: {result.error}"
+        )
+        self.dispatcher.requeue(job)
+        return None
 
     def _job(self, p: Planned) -> Job:
         cell = p.trial.cell
@@ -255,6 +291,14 @@ class RayExecution:
         if delivery.outcome is not None:
             outcome = TrialOutcome.model_validate(delivery.outcome)
             result, files = outcome.result, outcome.files
+            checked = self._server_died(job, p, result)
+            if checked is None:  # re-run: the broken attempt stays recorded until then
+                with contextlib.suppress(OSError):
+                    self._write_files(p.run_dir, p.trial.key, files)
+                return
+            if checked is not result:  # the server could not be kept up: the record says so
+                files = {**files, f"{p.trial.key}/{RESULT_FILE}": _record_bytes(checked)}
+                result = checked
         elif delivery.timed_out_s is not None:
             limit = p.trial.cell.timeout_s
             result = self._record(
@@ -373,6 +417,7 @@ def start_items(address: str, lead, items: list) -> tuple[RayExecution, str]:
                 plan_digest=loaded.plan_digest,
                 resources=config.trials.ray,
                 endpoints=functools.partial(lead.endpoints, loaded),
+                benchmark=config,
                 llm=config.llm,
                 max_validation_retries=config.composition.max_validation_retries,
             )
@@ -381,3 +426,14 @@ def start_items(address: str, lead, items: list) -> tuple[RayExecution, str]:
     setup = session_setup(lead.config.pluginmanager.get_plugins(), lead.mode_table)
     line = execution.start(planned, setup)
     return execution, line
+
+
+def _record_bytes(result: TrialResult) -> bytes:
+    """result.json's content for `result`, as write_result writes it (secrets masked)."""
+    import json
+
+    from pytest_gap.redaction import redact_tree
+
+    return (
+        json.dumps(redact_tree(result.model_dump(mode="json")), indent=1, default=str) + "\n"
+    ).encode()
