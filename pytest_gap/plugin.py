@@ -95,6 +95,7 @@ class GapSession:
         self.modes = _csv(config.getoption("gap_modes"))
         self.gate_on = not config.getoption("gap_no_gate")
         self.frames_every: int | None = config.getoption("gap_frames")
+        self.shard = _shard_option(config)  # --gap-shard K/N (checked in pytest_cmdline_main)
         # What the preflight found, per config path: services down {"llm" | "policies": why},
         # and the urls of the policy servers it started {policy id: url}.
         self.unavailable: dict[str, dict[str, str]] = {}
@@ -627,6 +628,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gap-modes", action="append", help="restrict grid configs to these modes")
     group.addoption("--gap-report-json", help="write each config's run dir and gate here")
     group.addoption(
+        "--gap-shard",
+        metavar="K/N",
+        help="run only shard K of N: disjoint parts of the planned trials, balanced by expected "
+        "cost, the same on every machine (merge the shards' run dirs with `gap merge`)",
+    )
+    group.addoption(
         "--gap-frames",
         type=_frames_every,
         metavar="N",
@@ -662,6 +669,24 @@ def _frames_every(raw: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{raw!r}: {FRAMES_EVERY_HINT}")
     return value
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """A bad --gap-shard is one line and exit 2, before anything starts."""
+    try:
+        _shard_option(config)
+    except GapError as exc:
+        sys.stderr.write(f"ERROR: {exc}\n")
+        return 2
+    return None
+
+
+def _shard_option(config: pytest.Config):
+    from pytest_gap.scale.shard import parse_shard
+
+    raw = config.getoption("gap_shard", None)
+    return parse_shard(raw) if raw is not None else None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -704,6 +729,32 @@ class BenchmarkFile(pytest.File):
                 )
         for name, children in tree.items():
             yield TrialGroup.from_parent(self, name=name, children=children, loaded=loaded)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--gap-shard K/N deselects every trial outside shard K, as -k deselects: in each process
+    that collects (every xdist worker alike), from the plan of the configs collected, so every
+    worker keeps the same items. First (tryfirst), so -k, -m and --lf select within the shard
+    and never change which shard a trial is in."""
+    spec = config.stash[SESSION].shard
+    if spec is None:
+        return
+    from pytest_gap.scale.shard import shard_plan, too_many_shards
+
+    trials = [item for item in items if isinstance(item, TrialItem)]
+    if not trials:  # a config that failed to load says so itself
+        return
+    plans = {item.nodeid.split("::")[0]: item.loaded.cells for item in trials}
+    shards = shard_plan(list(plans.items()), spec.count)
+    why = too_many_shards(spec, sum(len(keys) for keys in shards.keys))
+    if why:
+        raise pytest.UsageError(why)
+    mine = shards.of(spec)  # keys are trial node ids: <yaml>::<trial id>
+    kept = [i for i in items if not isinstance(i, TrialItem) or i.nodeid in mine]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[i for i in trials if i.nodeid not in mine])
+        items[:] = kept
 
 
 class TrialGroup(pytest.Collector):
