@@ -325,7 +325,8 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     different plans, missing trials without --allow-partial, an --out that is not new)."""
     from pathlib import Path
 
-    from pytest_gap.scale.merge import SHOWN, merge
+    from pytest_gap.scale.merge import SHOWN
+    from pytest_gap.scale.merge_session import merge
 
     outcome = merge(
         [Path(r) for r in args.runs],

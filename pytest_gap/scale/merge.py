@@ -4,8 +4,8 @@ What a merge does, in order; it writes nothing until every check has passed:
 1. reads every input's records (result.json; a corrupt one is kept as such) and manifest;
 2. refuses inputs of different plans: every record and manifest must carry one plan digest
    (provenance.plan_digest), and the shard sessions the same --gap-families/--gap-modes;
-3. plans the config as a session would (a pytest session over the YAML, collecting nothing:
-   its conftests' modes count), and checks its digest is the inputs' one;
+3. plans the config as a session would (merge_session.py: a pytest session over the YAML,
+   collecting nothing, so its conftests' modes count), and checks its digest is the inputs';
 4. picks one record per trial seen in several inputs (`choose`: a scored record over an
    errored one (infrastructure failure, harness error) over a corrupt one; among equals the
    later finished_at; then the earlier input) and reports every such duplicate;
@@ -29,10 +29,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
 from pydantic import BaseModel
 
 from pytest_gap.errors import GapError
+from pytest_gap.plan import Trial
 from pytest_gap.results import (
     RESULT_FILE,
     STAMP_RE,
@@ -174,7 +174,7 @@ def choose(candidates: list[tuple[int, TrialResult | Corrupt]]) -> tuple[int, st
     return best[0], "identical rank and finish time: the earlier input"
 
 
-def _one_plan(inputs: list[MergeInput], config: Path | None) -> tuple[str, Path, tuple]:
+def one_plan(inputs: list[MergeInput], config: Path | None) -> tuple[str, Path, tuple]:
     """The inputs' one plan digest, the config to plan with, and the sessions' restriction."""
     digests = {d: i for i in inputs for d in i.digests()}
     if len(digests) > 1:
@@ -205,100 +205,54 @@ def _one_plan(inputs: list[MergeInput], config: Path | None) -> tuple[str, Path,
     return digest, config.resolve(), (families, modes)
 
 
-# -- the merge, inside a pytest session over the config -------------------------------------------
-def merge(
-    paths: list[Path], out: Path, *, config: Path | None = None, allow_partial: bool = False
-) -> MergeOutcome:
-    """Merge the run dirs `paths` into the new run dir `out` (see the module docstring)."""
-    out = Path(out).resolve()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise MergeRefused(f"--out {out}: exists and is not empty; name a new directory")
-    inputs = [read_input(p) for p in input_dirs(paths)]
-    if out in {i.path for i in inputs}:
-        raise MergeRefused(f"--out {out} is one of the inputs; name a new directory")
-    digest, config_path, (families, modes) = _one_plan(inputs, config)
-    job = _MergeJob(inputs, out, config_path, digest, allow_partial)
-    args = [str(config_path), "--collect-only", "-p", "no:cacheprovider", "-p", "no:terminal"]
-    args += ["-n", "0"]  # the outputs are written here, whatever the project's addopts say
-    for option, values in (("--gap-families", families), ("--gap-modes", modes)):
-        if values:
-            args += [option, ",".join(values)]
-    code = pytest.main(args, plugins=[job])
-    if job.error is not None:
-        raise job.error
-    if job.outcome is None:
-        raise MergeRefused(
-            f"{config_path}: a pytest session over it did not start (exit {int(code)}); run "
-            f"`pytest {config_path} --collect-only` to see why"
-        )
-    return job.outcome
+# -- choosing and writing ------------------------------------------------------------------------
+class Selection(BaseModel):
+    """What the merge takes: per planned trial with a usable record, the input to take it from."""
+
+    kept: dict[str, int]  # trial dir -> input index, in trial dir order
+    duplicates: list[Duplicate]
+    missing: list[str]  # planned trial ids without a usable record, in plan order
+    not_planned: int
+    shards: list[str]
 
 
-class _MergeJob:
-    """The plugin object of the merge's session: plans the config with the session's mode table
-    and writes the merged run through the session's output writers."""
+class Merge:
+    """Inputs of one plan going into the new run dir `out`: picks the records, copies them and
+    seeds the manifest. Planning (which needs the session's mode table) happens outside."""
 
-    def __init__(self, inputs, out: Path, config_path: Path, digest: str, allow_partial: bool):
-        self.inputs, self.out, self.config_path = inputs, out, config_path
-        self.digest, self.allow_partial = digest, allow_partial
-        self.error: GapError | None = None
-        self.outcome: MergeOutcome | None = None
+    def __init__(self, inputs: list[MergeInput], out: Path, config_path: Path, digest: str):
+        self.inputs, self.out, self.config_path, self.digest = inputs, out, config_path, digest
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collection(self, session: pytest.Session) -> bool:
-        """After sessionstart (the manifest writer has noted the start); collects nothing."""
-        try:
-            self.outcome = self._merge(session.config)
-        except GapError as exc:
-            self.error = exc if isinstance(exc, MergeRefused) else MergeRefused(str(exc))
-        return True
-
-    def _merge(self, config: pytest.Config) -> MergeOutcome:
-        from pytest_gap.plugin import SESSION
-        from pytest_gap.report import fold_run
-        from pytest_gap.results import scan_results
-
-        loaded = config.stash[SESSION].load(self.config_path)
-        if self.digest and loaded.plan_digest != self.digest:
+    def check_digest(self, planned_digest: str) -> None:
+        if self.digest and planned_digest != self.digest:
             raise MergeRefused(
-                f"{self.config_path} plans digest {loaded.plan_digest[:12]} but the inputs ran "
+                f"{self.config_path} plans digest {planned_digest[:12]} but the inputs ran "
                 f"{self.digest[:12]}: the config changed since; give the YAML they ran with "
                 "--config"
             )
-        planned = [t for cell in loaded.cells for t in cell.trials()]
+
+    def select(self, planned: list[Trial], allow_partial: bool) -> Selection:
+        """Pick the records; refuse (before anything is written) when a planned trial has none
+        and `allow_partial` is not set."""
         kept, duplicates, not_planned = self._choose({t.key for t in planned})
         missing = [t.id for t in planned if t.key not in kept]
         shards = sorted({i.shard for i in self.inputs if i.shard}, key=_shard_order)
-        if missing and not self.allow_partial:
+        if missing and not allow_partial:
             raise MergeRefused(_missing_line(missing, len(planned), shards))
-        self.out.mkdir(parents=True, exist_ok=True)
-        notes = [self._copy(key, self.inputs[index]) for key, index in kept.items()]
-        self._seed_manifest(kept, duplicates, shards)
-        results = scan_results(self.out)
-        benchmark = loaded.config
-        summary = fold_run(
-            loaded.all_cells,
-            results,
-            benchmark.threshold,
-            benchmark.rule,
-            selected={t.id for t in planned},
-        )
-        config.hook.pytest_gap_write_outputs(
-            config=config, run_dir=self.out, summary=summary, results=results, benchmark=benchmark
-        )
-        return MergeOutcome(
-            out=self.out,
-            inputs=[i.label for i in self.inputs],
-            planned=len(planned),
-            merged=len(kept),
-            missing=missing,
+        return Selection(
+            kept=kept,
             duplicates=duplicates,
+            missing=missing,
             not_planned=not_planned,
             shards=shards,
-            notes=sorted({n for group in notes for n in group}),
-            gate_line=summary.gate.line(),
-            passed=summary.gate.passed,
         )
+
+    def write(self, selection: Selection) -> list[str]:
+        """Copy the kept trials into `out` and seed its manifest; notes on what differed."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        notes = [self._copy(key, self.inputs[index]) for key, index in selection.kept.items()]
+        self._seed_manifest(selection.kept, selection.duplicates, selection.shards)
+        return sorted({n for group in notes for n in group})
 
     def _choose(self, planned: set[str]) -> tuple[dict[str, int], list[Duplicate], int]:
         """Per planned trial with a usable record: the input to take it from."""
