@@ -9,6 +9,9 @@ selection, exactly as a session's end does (plugin `_Lead._write_outputs`).
 
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,15 +39,21 @@ def merge(
         raise MergeRefused(f"--out {out} is one of the inputs; name a new directory")
     digest, config_path, (families, modes) = one_plan(inputs, config)
     job = _MergeJob(Merge(inputs, out, config_path, digest), allow_partial)
-    args = [str(config_path), "--collect-only", "-p", "no:cacheprovider", "-p", "no:terminal"]
-    args += ["-n", "0"]  # the outputs are written here, whatever the project's addopts say
+    args = [str(config_path), "--collect-only", "-p", "no:cacheprovider", "-qq"]
+    # The outputs are written in this process, whatever the project's addopts say; and its
+    # modules are imported already (no assertion rewriting to ask for: under a project's
+    # `filterwarnings = error` asking would stop the session).
+    args += ["-n", "0", "--assert=plain"]
     for option, values in (("--gap-families", families), ("--gap-modes", modes)):
         if values:
             args += [option, ",".join(values)]
-    code = pytest.main(args, plugins=[job])
+    said = io.StringIO()  # the session's terminal: shown only when it did not run the merge
+    with contextlib.redirect_stdout(said):
+        code = pytest.main(args, plugins=[job])
     if job.error is not None:
         raise job.error
     if job.outcome is None:
+        sys.stderr.write(said.getvalue())
         raise MergeRefused(
             f"{config_path}: a pytest session over it did not start (exit {int(code)}); run "
             f"`pytest {config_path} --collect-only` to see why"

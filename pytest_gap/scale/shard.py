@@ -6,18 +6,20 @@ the session's configs, in plan order) and K/N: nothing that differs between mach
 environment, a service found down, a clock, -k) enters it. The union of shards 1..N is the plan
 and no trial is in two of them.
 
-Balance is by expected cost, not count: a trial costs about its step limit times what a step
-costs in its mode, so 50 policy_only trials of libero_10 (520 steps, a render and an inference
-per step) are not 50 workflow trials of libero_object (280 scripted steps). The unit of
-assignment is a (cell, task) group: its seeds share one produced workflow (an LLM mode writes
-it once per task) and one env in the process's pool, so a shard keeps them together; a group
-is split, into runs of consecutive seeds, only when it alone costs more than a shard's share.
+Balance is by expected cost, not count: a trial costs about its step limit (the suite's, or
+its family's for that task) times what a step costs in its mode, so 50 policy_only trials of
+libero_10 (520 steps, a render and an inference per step) are not 50 workflow trials of
+libero_object (280 scripted steps). The unit of assignment is a (cell, task) group: its seeds
+share one produced workflow (an LLM mode writes it once per task) and one env in the process's
+pool, so a shard keeps them together; a group is split, into runs of consecutive seeds, only
+when it alone costs more than a shard's share.
 Groups are packed greedily, longest first, each onto the least-loaded shard (LPT scheduling:
-within 4/3 of the best possible makespan).
+within 4/3 of the best possible makespan), equal ones in a fixed pseudo-random order.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from functools import cache
@@ -64,17 +66,24 @@ def parse_shard(raw: str) -> ShardSpec:
 
 
 @cache
-def _suite_steps(backend: str, suite: str) -> int:
+def _step_limit(backend: str, family: str, variation: str, suite: str, task_id: int) -> int:
+    """The task's episode step limit: its family's `step_limit` where it has one (a family that
+    lengthens some tasks' episodes, e.g. grocery packing, 280 steps per item), else the
+    suite's protocol limit."""
     from pytest_gap.sim.backend import get_backend
 
-    return get_backend(backend).max_steps(suite)
+    found = get_backend(backend)
+    limit = getattr(found.families().get(family), "step_limit", None)
+    return (limit(variation, task_id) if limit else None) or found.max_steps(suite)
 
 
-def trial_cost(cell: Cell) -> float:
-    """Expected cost of one trial of `cell`: a reset, then up to its step limit (the config's
-    trials.max_steps, else the suite's protocol limit) at its mode's cost per step. Read from
-    the cell's plan fields only (never `error`, which depends on the machine's environment)."""
-    steps = cell.max_steps or _suite_steps(cell.backend, cell.suite)
+def trial_cost(cell: Cell, task_id: int) -> float:
+    """Expected cost of one trial of `cell`'s task `task_id`: a reset, then up to its step limit
+    (the config's trials.max_steps, else the task's) at its mode's cost per step. Read from the
+    cell's plan fields only (never `error`, which depends on the machine's environment)."""
+    steps = cell.max_steps or _step_limit(
+        cell.backend, cell.family, cell.variation, cell.suite, task_id
+    )
     per_step = POLICY_STEP if cell.policy_id else 1.0
     return RESET_COST + steps * per_step
 
@@ -84,7 +93,7 @@ class Piece(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    order: int  # the group's place in the plan: the tie-break that keeps packing deterministic
+    order: int  # the group's place in the plan
     trials: tuple[str, ...]  # trial keys (`plan_key`: the trial's node id)
     cost: float
     once: float = 0.0  # the group's own cost, paid again by each piece of a split group
@@ -125,14 +134,22 @@ def _split(order: int, keys: list[str], each: float, once: float, parts: int) ->
 
 
 def pack(found: Iterable[Piece], count: int) -> list[list[Piece]]:
-    """Longest first, each onto the least-loaded shard (the lowest index on a tie)."""
+    """Longest first, each onto the least-loaded shard (the lowest index on a tie). Pieces of
+    equal cost go in the order of a digest of their first trial, not plan order: plan order
+    alternates tasks, and dealing equal groups out in it would give shard 1 every task 0 and
+    shard 2 every task 1 (tasks differ in what a cost model cannot see); the digest is the same
+    on every machine, as Python's salted hash() is not."""
     shards: list[list[Piece]] = [[] for _ in range(count)]
     loads = [0.0] * count
-    for piece in sorted(found, key=lambda p: (-p.cost, p.order, p.trials)):
+    for piece in sorted(found, key=lambda p: (-p.cost, _digest(p.trials[0]), p.trials)):
         target = min(range(count), key=lambda i: (loads[i], i))
         shards[target].append(piece)
         loads[target] += piece.cost
     return shards
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def plan_groups(
@@ -143,9 +160,9 @@ def plan_groups(
     groups = []
     for label, cells in plans:
         for cell in cells:
-            each = trial_cost(cell)
             once = LLM_GROUP_COST if cell.uses_llm else 0.0
             for task_id in cell.task_ids:
+                each = trial_cost(cell, task_id)
                 keys = [
                     plan_key(label, Trial(cell=cell, task_id=task_id, seed=s)) for s in cell.seeds
                 ]
