@@ -24,7 +24,7 @@ from pytest_gap.errors import GapError
 from pytest_gap.plan import Cell
 from pytest_gap.results import TrialResult
 from pytest_gap.scale.merge import choose
-from pytest_gap.scale.shard import parse_shard, shard_plan, trial_cost
+from pytest_gap.scale.shard import RESET_COST, parse_shard, shard_plan, trial_cost
 from tests.fake_session import BACKEND, CONFTEST, IDLE_THEN_CHECK, TESTS
 
 ROOT = TESTS.parent
@@ -93,6 +93,22 @@ def test_shards_balance_cost_and_keep_a_tasks_seeds_together():
     for keys in shards.keys:  # every (cell, task) is whole: its 4 seeds in one shard
         tasks = {key.rsplit("::", 1)[0] for key in keys}
         assert all(sum(k.startswith(t + "::") for k in keys) == 4 for t in tasks)
+
+
+def test_a_family_that_lengthens_a_tasks_episodes_costs_them_more():
+    """grocery_packing task t packs 2 + t % 4 items, 280 steps each: its cost follows."""
+    cell = Cell(
+        mode="workflow",
+        family="grocery_packing",
+        variation="object",
+        suite="libero_object",
+        task_ids=(0, 3),
+        seeds=(0,),
+    )
+    assert trial_cost(cell, 0) == RESET_COST + 2 * 280
+    assert trial_cost(cell, 3) == RESET_COST + 5 * 280
+    plain = cell.model_copy(update={"family": "libero"})
+    assert trial_cost(plain, 3) == RESET_COST + 280  # the suite's own limit
 
 
 def test_a_group_bigger_than_a_share_is_split_into_runs_of_seeds():
