@@ -209,6 +209,7 @@ class _Lead(GapSession):
                 loaded[str(path)] = self.load(path)
             except GapError:
                 continue  # collection reports it, with every other problem of the file
+        self._check_shard(list(loaded.values()))
         from pytest_gap.policies.supervisor import LOG_DIR
         from pytest_gap.preflight import check_llms, start_policies
 
@@ -232,6 +233,16 @@ class _Lead(GapSession):
             loaded[path].mark_unavailable(services)
         self.unavailable = down
         self._fit_workers(list(loaded.values()))
+
+    def _check_shard(self, loaded: list[LoadedConfig]) -> None:
+        """More shards than planned trials is a usage error, said here, before any worker
+        starts (a worker's collection error would end an xdist session in an internal error)."""
+        from pytest_gap.scale.shard import too_many_shards
+
+        n_trials = sum(len(cell.trials()) for c in loaded for cell in c.cells)
+        why = self.shard and n_trials and too_many_shards(self.shard, n_trials)
+        if why:
+            pytest.exit(f"gap: {why}", returncode=pytest.ExitCode.USAGE_ERROR)
 
     def _fit_workers(self, loaded: list[LoadedConfig]) -> None:
         """The controller starts no more workers than trials (Controller)."""
@@ -748,7 +759,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     plans = {item.nodeid.split("::")[0]: item.loaded.cells for item in trials}
     shards = shard_plan(list(plans.items()), spec.count)
     why = too_many_shards(spec, sum(len(keys) for keys in shards.keys))
-    if why:
+    if why and not hasattr(config, "workerinput"):  # the controller said it (_check_shard)
         raise pytest.UsageError(why)
     mine = shards.of(spec)  # keys are trial node ids: <yaml>::<trial id>
     kept = [i for i in items if not isinstance(i, TrialItem) or i.nodeid in mine]

@@ -277,9 +277,11 @@ def test_bad_shard_options_stop_the_session_in_one_line(project):
         lines = (done.stdout + done.stderr).strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1, lines
         assert f"--gap-shard {raw!r}: expected K/N" in lines[0]
-    done = _pytest(project, "bench.yaml", "--gap-shard", "30/30")
-    assert done.returncode == 4, done.stdout + done.stderr  # a usage error, before any trial
-    assert "plans 24 trials, fewer than 30 shards; use at most 24" in done.stderr
+    for xdist in ([], ["-n", "2"]):  # said before any worker starts
+        done = _pytest(project, "bench.yaml", "--gap-shard", "30/30", *xdist)
+        said = done.stdout + done.stderr
+        assert done.returncode == 4 and "INTERNALERROR" not in said, said  # a usage error
+        assert "plans 24 trials, fewer than 30 shards; use at most 24" in said
 
 
 def test_a_merge_missing_a_shard_is_refused_or_written_with_a_failing_gate(project, runs, tmp_path):
