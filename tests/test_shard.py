@@ -315,9 +315,14 @@ def test_a_trial_in_two_inputs_is_kept_once_by_the_stated_rule(project, runs, tm
     record = json.loads(rerun.read_text())
     record |= {"success": not record["success"], "finished_at": "2099-01-01T00:00:00+00:00"}
     rerun.write_text(json.dumps(record))
+    # and its task's workflow written anew (as an LLM mode would): the merge says it differs
+    workflow = again / json.loads(failure.read_text())["workflow"] / "workflow.json"
+    workflow.write_text(workflow.read_text() + "\n")
     inputs = [runs["shard_1"], again, runs["shard_2"], runs["shard_3"]]
     done = _gap(project, "merge", *inputs, "--out", tmp_path / "m")
     assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert "workflow differs between the inputs" in done.stderr
+    assert f"kept the first copy, from {runs['shard_1']}" in done.stderr
     assert "duplicates: 8 trials recorded in more than one input" in done.stdout
     manifest = json.loads((tmp_path / "m" / "run_manifest.json").read_text())
     rules = {d["trial"]: (d["kept"], d["rule"]) for d in manifest["merged_from"]["duplicates"]}

@@ -222,6 +222,7 @@ class Merge:
 
     def __init__(self, inputs: list[MergeInput], out: Path, config_path: Path, digest: str):
         self.inputs, self.out, self.config_path, self.digest = inputs, out, config_path, digest
+        self._origin: dict[str, Path] = {}  # a copied path outside a trial dir: its input
 
     def check_digest(self, planned_digest: str) -> None:
         if self.digest and planned_digest != self.digest:
@@ -294,18 +295,16 @@ class Merge:
                 if not _same(src, dest):
                     notes.append(
                         f"{linked} differs between the inputs (the shards produced it "
-                        f"separately); kept the first copy, from {self._first_with(linked)}"
+                        f"separately); kept the first copy, from {self._origin[linked]}"
                     )
                 continue
+            self._origin[linked] = source.path
             dest.parent.mkdir(parents=True, exist_ok=True)
             if src.is_dir():
                 shutil.copytree(src, dest)
             else:
                 shutil.copy2(src, dest)
         return notes
-
-    def _first_with(self, linked: str) -> str:
-        return next((str(i.path) for i in self.inputs if (i.path / linked).exists()), "?")
 
     def _seed_manifest(self, kept: dict[str, int], duplicates: list[Duplicate], shards) -> None:
         """run_manifest.json before the writers update it: every input's sessions (so the
