@@ -3,7 +3,8 @@
 Every session over a config in benchmarks/ appends one line per config to
 benchmark_runs/history.tsv (time in UTC, git commit, config, trials, success rate, gate), so the
 project sees how its own benchmark moves from commit to commit. Other sessions (`pytest tests`,
-a config outside benchmarks/) are left alone; the hook costs nothing at import.
+a config outside benchmarks/, a `--gap-shard` session: its `gap merge` records the run) are left
+alone; the hook costs nothing at import.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def pytest_gap_write_outputs(config: pytest.Config, summary, benchmark) -> None:
     root = config.rootpath
     source = Path(benchmark.source)
     if (root / "benchmarks") not in source.parents:
+        return
+    if config.getoption("gap_shard", None):  # a part of the plan: its merge is the trend point
         return
     gate = summary.gate
     row = (

@@ -323,6 +323,37 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    """Exit 0 the merged run's gate passes, 1 it does not, 2 the merge was refused (one line:
+    different plans, missing trials without --allow-partial, an --out that is not new)."""
+    from pathlib import Path
+
+    from pytest_gap.scale.merge import SHOWN
+    from pytest_gap.scale.merge_session import merge
+
+    outcome = merge(
+        [Path(r) for r in args.runs],
+        Path(args.out),
+        config=Path(args.config) if args.config else None,
+        allow_partial=args.allow_partial,
+    )
+    shards = f" (shards {', '.join(outcome.shards)})" if outcome.shards else ""
+    print(f"merged {len(outcome.inputs)} run dirs{shards} into {outcome.out}")
+    print(f"trials: {outcome.merged} of {outcome.planned} planned have a record")
+    if outcome.duplicates:
+        print(f"duplicates: {len(outcome.duplicates)} trials recorded in more than one input")
+        for dup in outcome.duplicates[:SHOWN]:
+            print(f"  {dup.trial}: kept {dup.kept} ({dup.rule})")
+        if len(outcome.duplicates) > SHOWN:
+            print(f"  ... (+{len(outcome.duplicates) - SHOWN} more: run_manifest.json merged_from)")
+    if outcome.not_planned:
+        print(f"left out: {outcome.not_planned} records of trials this plan does not have")
+    for note in outcome.notes:
+        print(f"gap: {note}", file=sys.stderr)
+    print(outcome.gate_line)
+    return 0 if outcome.passed else 1
+
+
 def _cmd_viz(args: argparse.Namespace) -> int:
     """Write the HTML report (exit 0, its path printed) or serve it until interrupted."""
     from pathlib import Path
@@ -872,6 +903,25 @@ def build_parser() -> argparse.ArgumentParser:
     viz.add_argument("--serve", action="store_true", help="serve it on loopback instead")
     viz.add_argument("--port", type=int, default=0, help="--serve's port (default: any free)")
     viz.set_defaults(func=_cmd_viz)
+    merge = sub.add_parser(
+        "merge",
+        help="merge shards' run dirs (one config, one plan) into one run dir: de-duplicated, "
+        "coverage checked, summaries, parquet and gate rebuilt (exit 0 gate passes, 1 fails, "
+        "2 refused)",
+    )
+    merge.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="run dirs, or output dirs holding them"
+    )
+    merge.add_argument("--out", required=True, help="the merged run dir to create (new or empty)")
+    merge.add_argument(
+        "--config", help="the benchmark YAML the inputs ran (default: the path they recorded)"
+    )
+    merge.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="write the merge even when planned trials have no record (its gate fails on them)",
+    )
+    merge.set_defaults(func=_cmd_merge)
     schema = sub.add_parser("schema", help="print the benchmark YAML's JSON Schema")
     schema.set_defaults(func=_cmd_schema)
     return parser

@@ -97,6 +97,7 @@ class GapSession:
         self.modes = _csv(config.getoption("gap_modes"))
         self.gate_on = not config.getoption("gap_no_gate")
         self.frames_every: int | None = config.getoption("gap_frames")
+        self.shard = _shard_option(config)  # --gap-shard K/N (checked in pytest_cmdline_main)
         # What the preflight found, per config path: services down {"llm" | "policies": why},
         # and the urls of the policy servers it started {policy id: url}.
         self.unavailable: dict[str, dict[str, str]] = {}
@@ -210,6 +211,7 @@ class _Lead(GapSession):
                 loaded[str(path)] = self.load(path)
             except GapError:
                 continue  # collection reports it, with every other problem of the file
+        self._check_shard(list(loaded.values()))
         from pytest_gap.policies.supervisor import LOG_DIR
         from pytest_gap.preflight import check_llms, start_policies
 
@@ -237,6 +239,16 @@ class _Lead(GapSession):
             write_json(Path(report_path), {"passed": False, "error": str(exc), "configs": []})
             self.reported = True
         pytest.exit(f"gap: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+
+    def _check_shard(self, loaded: list[LoadedConfig]) -> None:
+        """More shards than planned trials is a usage error, said here, before any worker
+        starts (a worker's collection error would end an xdist session in an internal error)."""
+        from pytest_gap.scale.shard import too_many_shards
+
+        n_trials = sum(len(cell.trials()) for c in loaded for cell in c.cells)
+        why = self.shard and n_trials and too_many_shards(self.shard, n_trials)
+        if why:
+            pytest.exit(f"gap: {why}", returncode=pytest.ExitCode.USAGE_ERROR)
 
     def _fit_workers(self, loaded: list[LoadedConfig]) -> None:
         """The controller starts no more workers than trials (Controller)."""
@@ -579,10 +591,6 @@ def _role(config: pytest.Config) -> GapSession:
     if hasattr(config, "workerinput"):
         return Worker(config)
     if config.getoption("numprocesses", None):
-        if config.getoption("gap_ray"):
-            raise pytest.UsageError(
-                "--gap-ray runs trials on Ray actors, -n on xdist workers: drop one of them"
-            )
         return Controller(config)
     return SingleProcess(config)
 
@@ -655,6 +663,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gap-modes", action="append", help="restrict grid configs to these modes")
     group.addoption("--gap-report-json", help="write each config's run dir and gate here")
     group.addoption(
+        "--gap-shard",
+        metavar="K/N",
+        help="run only shard K of N: disjoint parts of the planned trials, balanced by expected "
+        "cost, the same on every machine (merge the shards' run dirs with `gap merge`)",
+    )
+    group.addoption(
         "--gap-frames",
         type=_frames_every,
         metavar="N",
@@ -698,6 +712,29 @@ def _frames_every(raw: str) -> int:
     return value
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """A bad --gap-shard, or --gap-ray with -n, is one line and exit 2, before anything
+    starts."""
+    try:
+        _shard_option(config)
+        if config.getoption("gap_ray") and config.getoption("numprocesses", None):
+            raise GapError(
+                "--gap-ray runs trials on Ray actors, -n on xdist workers: drop one of them"
+            )
+    except GapError as exc:
+        sys.stderr.write(f"ERROR: {exc}\n")
+        return 2
+    return None
+
+
+def _shard_option(config: pytest.Config):
+    from pytest_gap.scale.shard import parse_shard
+
+    raw = config.getoption("gap_shard", None)
+    return parse_shard(raw) if raw is not None else None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gap_mode(name): the benchmark mode of a trial")
     config.addinivalue_line("markers", "gap_family(name): the benchmark family of a trial")
@@ -738,6 +775,32 @@ class BenchmarkFile(pytest.File):
                 )
         for name, children in tree.items():
             yield TrialGroup.from_parent(self, name=name, children=children, loaded=loaded)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--gap-shard K/N deselects every trial outside shard K, as -k deselects: in each process
+    that collects (every xdist worker alike), from the plan of the configs collected, so every
+    worker keeps the same items. First (tryfirst), so -k, -m and --lf select within the shard
+    and never change which shard a trial is in."""
+    spec = config.stash[SESSION].shard
+    if spec is None:
+        return
+    from pytest_gap.scale.shard import shard_plan, too_many_shards
+
+    trials = [item for item in items if isinstance(item, TrialItem)]
+    if not trials:  # a config that failed to load says so itself
+        return
+    plans = {item.nodeid.split("::")[0]: item.loaded.cells for item in trials}
+    shards = shard_plan(list(plans.items()), spec.count)
+    why = too_many_shards(spec, sum(len(keys) for keys in shards.keys))
+    if why and not hasattr(config, "workerinput"):  # the controller said it (_check_shard)
+        raise pytest.UsageError(why)
+    mine = shards.of(spec)  # keys are trial node ids: <yaml>::<trial id>
+    kept = [i for i in items if not isinstance(i, TrialItem) or i.nodeid in mine]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[i for i in trials if i.nodeid not in mine])
+        items[:] = kept
 
 
 class TrialGroup(pytest.Collector):

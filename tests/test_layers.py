@@ -155,8 +155,14 @@ REACH_RULES += [
     ("pytest_gap.viz", ("pytest", *UPPER)),
     ("pytest_gap.service", ("pytest", *UPPER)),
     ("pytest_gap.progress", ("pytest", *UPPER)),
+    # Cutting a plan into shards is a pure function of the plan: every machine computes it.
+    ("pytest_gap.scale.shard", ("pytest", *UPPER, *SESSION, "pytest_gap.results")),
+    ("pytest_gap.scale.merge", ("pytest", *UPPER)),  # its session is merge_session's
     # The Ray executor runs on nodes without pytest; the plugin drives it, not the reverse.
-    ("pytest_gap.scale", ("pytest", *UPPER)),
+    *[
+        (f"pytest_gap.scale.{m}", ("pytest", *UPPER))
+        for m in ("dispatch", "ray_actor", "ray_cluster", "ray_executor")
+    ],
 ]
 # (who, what it must never import directly): the layers above reach the ones below only.
 IMPORT_RULES = [
@@ -215,4 +221,5 @@ def test_only_the_pytest_glue_imports_pytest():
             m for m in MODULES if m.startswith("pytest_gap.outputs.") and "pytest" in imports(m)
         ),
         "pytest_gap.plugin",
+        "pytest_gap.scale.merge_session",  # gap merge: a session over the config, no trial
     ]

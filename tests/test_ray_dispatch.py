@@ -202,8 +202,8 @@ def _bench(fake: FakeSession) -> None:
 
 def test_gap_ray_with_xdist_is_a_usage_error(fake):
     _bench(fake)
-    result = fake.run_inprocess("bench.yaml", "--gap-ray=auto", "-n", "2")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result = fake.run("bench.yaml", "--gap-ray=auto", "-n", "2")
+    assert result.ret == 2
     assert "--gap-ray runs trials on Ray actors, -n on xdist workers: drop one of them" in (
         result.stderr.str()
     )

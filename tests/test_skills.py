@@ -153,6 +153,20 @@ def test_next_item_leaves_an_item_perched_over_the_container(env):
     assert picks[-1].done and picks[-1].remaining == len(task.items)
 
 
+@pytest.mark.parametrize("seed", [21, 27])
+def test_the_basket_is_measured_no_narrower_than_it_is(env, seed):
+    """The slots are planned inside the basket's measured walls: measured 3 mm narrower than
+    it is (a 256-pixel look at these seeds), two cartons no longer fit side by side and the
+    can to come ends on top of one. Its width comes out within a few mm over the truth."""
+    env.reset(seed, variation=resolve("grocery_packing", "permutation"))
+    ctx = SkillContext(env)
+    name = perception.ground_name(ctx, "basket")
+    lo, hi = env.scene.world_aabb(name)  # the basket stands square: its box is its frame
+    measured = 2 * np.array(perception.locate_container(ctx, name).half_extents[:2])
+    true = np.sort((hi - lo)[:2])  # the frame's y axis runs along the longer side
+    assert np.all(measured >= true - 0.001) and np.all(measured <= true + 0.006), (measured, true)
+
+
 def test_next_item_leaves_floor_for_a_can_no_narrower_than_the_can(env):
     """The footprint a can to come is given room for (`to_pack`) is not narrower than the can:
     room left for a smaller one is too little, and the can ends on top of a carton."""

@@ -95,6 +95,7 @@ def test_grocery_packing_lists_n_items_in_prompt_and_goal(variation):
         now = positions(env)
         items = [p[1] for p in env.goal]
         assert len(items) == len(set(items)) == 5
+        assert env.max_steps == 5 * 280  # what GroceryPacking.step_limit says (--gap-shard)
         assert all(p[0] == "in" and p[2] == "basket_1_contain_region" for p in env.goal)
         assert obs.prompt.startswith("pack the ") and obs.prompt.endswith(" into the basket")
         assert obs.prompt.count(" the ") == 6

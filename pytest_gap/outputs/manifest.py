@@ -23,6 +23,8 @@ beside the run logs"), as of the latest session; a field that cannot be known sa
     workers           worker (or "main" without xdist) -> the devices its trials saw
     horizon           per cell: run_policy's replan_every (actions applied per observation);
                       action_horizon (the chunk length a server returns) is not recorded
+    shard             {spec, index, count, plan_digest} of a `--gap-shard K/N` session, else
+                      null (`gap merge` reads it to say which shards its inputs are)
     policy_servers    the managed policy servers of the latest session that started any, their
                       state and every restart (policy_logs/servers.json), or "none"
     started_at, finished_at, host, command (sanitized: pytest_gap/redaction.py)
@@ -112,7 +114,7 @@ def write_manifest(
 
 def session_options(config: pytest.Config) -> dict:
     """The options that change what a session runs: --gap-resume, --gap-families, --gap-modes
-    (comma-separated values split, as the plugin reads them)."""
+    (comma-separated values split, as the plugin reads them), --gap-shard."""
 
     def split(values: list[str] | None) -> list[str] | None:
         return [v for value in values for v in value.split(",") if v] if values else None
@@ -121,6 +123,7 @@ def session_options(config: pytest.Config) -> dict:
         "resume": config.getoption("gap_resume"),
         "families": split(config.getoption("gap_families")),
         "modes": split(config.getoption("gap_modes")),
+        "shard": config.getoption("gap_shard", None),
     }
 
 
@@ -220,6 +223,22 @@ def planned_cells(config: pytest.Config, benchmark: BenchmarkConfig):
     return plan(benchmark, mode_table=table)
 
 
+def shard_record(config: pytest.Config, benchmark: BenchmarkConfig) -> dict | None:
+    """The session's `--gap-shard K/N` and the plan it cut, or None (an unsharded session)."""
+    from pytest_gap.scale.shard import parse_shard
+
+    raw = config.getoption("gap_shard", None)
+    if raw is None:
+        return None
+    spec = parse_shard(raw)
+    return {
+        "spec": str(spec),
+        "index": spec.index,
+        "count": spec.count,
+        "plan_digest": plan_digest(benchmark),
+    }
+
+
 def workflow_dirs(benchmark: BenchmarkConfig) -> list[Path]:
     dirs = [entry.workflow_dir for entry in benchmark.suites or []]
     if benchmark.benchmark is not None:
@@ -271,6 +290,7 @@ def run_fields(
         "workers": worker_devices(results),
         "horizon": horizons(run_dir, results),
         "policy_servers": policy_servers(run_dir),
+        "shard": shard_record(config, benchmark),
         "started_at": config.stash.get(STARTED, UNKNOWN),
         "finished_at": now_iso(),
         "host": socket.gethostname(),

@@ -1,1 +1,1 @@
-"""Scaling out: trials on a Ray cluster (ray_executor), shards and their merge."""
+"""Scaling a benchmark out: shards of a plan and their merge, the Ray executor."""

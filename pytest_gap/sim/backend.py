@@ -240,7 +240,11 @@ class Family(Protocol):
         """Its variations, in a fixed order (cheap: catalogue only)."""
 
     def resolve(self, variation: str) -> Variation:
-        """The Variation for one of `variations()`."""
+        """The Variation for one of `variations()`.
+
+        Optionally a family also has `step_limit(variation, task_id) -> int | None`: the step
+        limit of that task's episodes where it differs from its suite's (`--gap-shard` costs
+        trials with it; pytest_gap/scale/shard.py)."""
 
 
 @runtime_checkable

@@ -297,8 +297,17 @@ class GroceryPacking(GeneratedFamily):
     name = "grocery_packing"
     kinds = ("object", "permutation")
 
+    @staticmethod
+    def n_items(task_id: int) -> int:
+        return 2 + task_id % 4
+
+    def step_limit(self, variation: str, task_id: int) -> int:
+        """A task's episodes may take the base suite's limit once per item (known before any
+        layout is drawn: `--gap-shard` costs trials with it)."""
+        return MAX_STEPS_BY_BASE[GENERATED_BASE_SUITE] * self.n_items(task_id)
+
     def plan(self, variation, task_id, rng, layout, goal) -> EpisodePlan:
-        n_items = 2 + task_id % 4
+        n_items = self.n_items(task_id)
         picked = rng.choice(len(layout.items), size=n_items, replace=False)
         targets = [layout.items[int(i)] for i in sorted(picked)]
         region = f"{layout.container}_contain_region"
@@ -307,7 +316,7 @@ class GroceryPacking(GeneratedFamily):
             kind="permutation" if variation == "permutation" else None,
             goal=tuple(("in", t, region) for t in targets),
             prompt=_grocery_prompt(layout, targets),
-            max_steps=MAX_STEPS_BY_BASE[GENERATED_BASE_SUITE] * n_items,
+            max_steps=self.step_limit(variation, task_id),
         )
 
 

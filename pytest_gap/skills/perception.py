@@ -35,6 +35,13 @@ from pytest_gap.skills.geometry import (
 from pytest_gap.skills.registry import SkillFailure
 
 MIN_PIXELS = 8
+LOOK_PX = 256  # the frames skills look at objects in (square)
+# A container's walls are looked at in frames this large: at LOOK_PX a pixel of the front
+# camera spans about 4 mm at the basket, and its width came out 154-161 mm for a true 157 mm
+# over 15 grocery_packing scenes (512: 158-162). Two 53 mm cartons side by side need 107 mm of
+# the 110 mm inside: 4 mm too narrow sent the second carton to the other row and left no
+# floor for the can (grocery_packing/permutation task 7 seed 21). A look costs ~0.1 s more.
+CONTAINER_LOOK_PX = 512
 WALL_REACH = 0.01  # a compartment's walls stand within this of its region site's footprint
 # What stands on a surface: seen this far over it (the surface's own points scatter a few mm).
 ON_SURFACE = 0.01
@@ -277,12 +284,14 @@ def is_hollow(points: np.ndarray, box: Box) -> bool:
     return bool(len(middle) >= 10 and np.median(middle[:, 2]) < box.top - 0.015)
 
 
-def object_points(ctx: SkillContext, scene_name: str) -> tuple[np.ndarray, int]:
-    """The named object's points (N, 3) from the cameras' depth and segmentation, and how
-    many pixels showed it."""
+def object_points(
+    ctx: SkillContext, scene_name: str, size: int = LOOK_PX
+) -> tuple[np.ndarray, int]:
+    """The named object's points (N, 3) from the cameras' depth and segmentation (frames of
+    `size` pixels square), and how many pixels showed it."""
     clouds, pixels = [], 0
     for camera in ctx.cameras:
-        frame = ctx.render(camera)
+        frame = ctx.render(camera, height=size, width=size)
         mask = frame.mask(scene_name)
         pixels += int(mask.sum())
         if mask.sum() >= MIN_PIXELS:
@@ -312,7 +321,7 @@ def locate_box(ctx: SkillContext, scene_name: str) -> tuple[Box, int]:
 def locate_container(ctx: SkillContext, scene_name: str) -> Box:
     """A container's frame as the slots are planned in (`geometry.container_frame`): centre
     and extent of what the cameras see, yaw from its rim, the longer side along y."""
-    points, _ = object_points(ctx, scene_name)
+    points, _ = object_points(ctx, scene_name, size=CONTAINER_LOOK_PX)
     support = support_height(points, surroundings(ctx, scene_name))
     return container_frame(points, _rim(points)[:, :2], floor=support, turn=CONTAINER_TURN)
 
