@@ -219,6 +219,9 @@ class SkillsConfig(_Strict):
 
     planner: Literal["ik"] = "ik"
     perception: Perception = "privileged"
+    # User skill packages (pytest_gap/skills/packages.py): importable module names, or
+    # directories of skill modules relative to the config; loaded by every process of a session.
+    packages: list[str] = []
 
     @field_validator("planner", mode="before")
     @classmethod
@@ -440,6 +443,13 @@ def _resolve_paths(config: BenchmarkConfig, base: Path) -> None:
             override.workflow_dir = fix(override.workflow_dir)
     for entry in config.suites or []:
         entry.workflow_dir = fix(entry.workflow_dir)
+    from pytest_gap.skills.packages import is_directory_entry
+
+    # A directory entry stays right when the config is written anew (the Python API does).
+    config.skills.packages = [
+        str(fix(Path(p).expanduser())) if is_directory_entry(p) else p
+        for p in config.skills.packages
+    ]
 
 
 def parse_config(
@@ -482,6 +492,11 @@ def parse_config(
         config = BenchmarkConfig.model_validate(body)
     except ValidationError as exc:
         problems += _describe_all(exc.errors(), body)
+    skills = body.get("skills")
+    if isinstance(skills, dict):  # before the workflows are checked: they may call these skills
+        from pytest_gap.skills.packages import package_problems
+
+        problems += package_problems(skills.get("packages"), base)
     problems += semantic_problems(body, base, table)
     if problems:
         raise ConfigError(source, problems)
