@@ -7,6 +7,11 @@
 `run` wraps the async `run_benchmark`. Both launch `python -m pytest CONFIG` in a subprocess (the
 same session a user gets from the command line: items, xdist workers, run dir, summary, gate)
 and read back what the session wrote.
+
+`GAP_PARALLEL_INPROC=1` with one worker runs that session in this process instead (no
+subprocess, no xdist), so breakpoints and monkeypatches reach the trials: a debug escape hatch.
+Its run is marked a debug run (summary.json's `debug_run`, the manifest, the gate line): one
+process shares one GPU, one GIL and process-global state across cells, so never score with it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,33 @@ __all__ = [
 ]
 
 BenchmarkModeOverride = ModeOverride
+INPROC_ENV = "GAP_PARALLEL_INPROC"
+
+
+def in_process(workers: int) -> bool:
+    """Run the session in this process: GAP_PARALLEL_INPROC=1 and one worker."""
+    if os.environ.get(INPROC_ENV) != "1":
+        return False
+    if workers > 1:
+        print(
+            f"gap: {INPROC_ENV}=1 ignored: the run has {workers} workers (it needs "
+            "num_workers: 1, or -n 1)",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
+def _run_in_process(args: list[str], quiet: bool) -> int:
+    """The pytest session in this process (a debug run, marked so in its outputs)."""
+    import contextlib
+    import io
+
+    import pytest
+
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext():
+        return int(pytest.main([*args, "--gap-debug-run"]))
 
 
 class BenchmarkRunError(GapError, RuntimeError):
@@ -156,11 +188,14 @@ async def run_benchmark(
             verbose=verbose,
             report_json=report_json,
         )
-        quiet_io = asyncio.subprocess.DEVNULL if quiet else None
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "pytest", *args, stdout=quiet_io, stderr=quiet_io
-        )
-        exit_code = await process.wait()
+        if in_process(workers):
+            exit_code = _run_in_process(args, quiet)
+        else:
+            quiet_io = asyncio.subprocess.DEVNULL if quiet else None
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "pytest", *args, stdout=quiet_io, stderr=quiet_io
+            )
+            exit_code = await process.wait()
         report = json.loads(report_json.read_text()) if report_json.is_file() else None
         if report is not None and report.get("error"):
             raise BenchmarkConfigError(report["error"])

@@ -208,6 +208,7 @@ class _Lead(GapSession):
         self.started = time.monotonic()
         self.progress: dict[Path, Progress] = {}
         self.live_progress = bool(config.getoption("gap_progress"))
+        self.debug_run = bool(config.getoption("gap_debug_run"))  # GAP_PARALLEL_INPROC=1
         # Why the session may end with no trial recorded, for `gap benchmark` (the report's
         # "stopped"; "error" when it is a config problem): the first reason seen wins.
         self.stopped: str | None = None
@@ -386,6 +387,10 @@ class _Lead(GapSession):
                 loaded.config.rule,
                 selected=self._selected_trials(loaded),
             )
+            from pytest_gap.outputs.manifest import was_debug_run
+
+            # A debug session's trials stay in the run dir: so does its mark.
+            summary.gate.debug = self.debug_run or was_debug_run(loaded.run_dir)
             try:
                 self.config.hook.pytest_gap_write_outputs(
                     config=self.config,
@@ -687,6 +692,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--gap-no-plots",
         action="store_true",
         help="do not draw the run dir's plots/ (PNG heatmap and per-family bars)",
+    )
+    group.addoption(
+        "--gap-debug-run",
+        action="store_true",
+        help="mark the run as an in-process debug run, not for scoring (`gap benchmark` with "
+        "GAP_PARALLEL_INPROC=1 sets it)",
     )
     parser.addini(
         "gap_benchmark_dirs",
