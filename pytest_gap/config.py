@@ -234,6 +234,24 @@ class SkillsConfig(_Strict):
         return value
 
 
+# The spec's implicit fallback: a template mode given no policy (no benchmark.policies, no
+# mode_overrides.<mode>.policy_id) runs this preset, booted like any managed entry.
+IMPLICIT_POLICY = "pi05-libero"
+
+
+def implicit_policy_modes(config: BenchmarkConfig, table: ModeTable) -> list[str]:
+    """The grid's template modes that run the implicit `IMPLICIT_POLICY` fallback."""
+    block = config.benchmark
+    if block is None or block.policies:
+        return []
+    found = []
+    for mode in block.modes:
+        row, override = table.get(mode), block.mode_overrides.get(mode)
+        if row.takes_policy_axis and row.template and not (override and override.policy_id):
+            found.append(mode)
+    return found
+
+
 class ModeOverride(_Strict):
     n_seeds: Seeds | None = None
     num_workers: Workers | None = None
@@ -501,6 +519,8 @@ def parse_config(
     if problems:
         raise ConfigError(source, problems)
     _resolve_paths(config, base)
+    if implicit_policy_modes(config, table) and IMPLICIT_POLICY not in config.policies:
+        config.policies[IMPLICIT_POLICY] = PolicyEntry(preset=IMPLICIT_POLICY)
     config.source = Path(source).resolve() if source != "<config>" else None
     return config
 

@@ -237,6 +237,7 @@ class _Lead(GapSession):
         from pytest_gap.preflight import check_llms, start_policies
 
         configs = [(c.path, c.config, c.cells, c.run_dir / LOG_DIR) for c in loaded.values()]
+        self._implicit_policy_lines(loaded.values())
         try:
             down = check_llms(configs)
             self.policies, policies_down = start_policies(configs)
@@ -256,6 +257,20 @@ class _Lead(GapSession):
             loaded[path].mark_unavailable(services)
         self.unavailable = down
         self._fit_workers(list(loaded.values()))
+
+    def _implicit_policy_lines(self, loaded) -> None:
+        """Say which template modes run the spec's implicit policy fallback, before it starts."""
+        from pytest_gap.config import IMPLICIT_POLICY, implicit_policy_modes
+
+        for c in loaded:
+            running = {cell.mode for cell in c.cells if not cell.error}
+            for mode in implicit_policy_modes(c.config, self.mode_table):
+                if mode in running:
+                    self._say(
+                        f"{c.path.name}: mode {mode} names no policy (benchmark.policies, "
+                        f"benchmark.mode_overrides.{mode}.policy_id): it runs the "
+                        f"{IMPLICIT_POLICY} preset, the spec's implicit fallback"
+                    )
 
     def _fit_workers(self, loaded: list[LoadedConfig]) -> None:
         """The controller starts no more workers than trials (Controller)."""
