@@ -17,6 +17,7 @@ process shares one GPU, one GIL and process-global state across cells, so never 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import sys
@@ -42,7 +43,10 @@ from pytest_gap.workers import fit_workers
 
 __all__ = [
     "DEFAULT_GATE_THRESHOLD",
+    "FAMILY_SUITES",  # noqa: F822 (module __getattr__)
+    "KNOWN_FAMILIES",  # noqa: F822
     "KNOWN_MODES",
+    "POSVAR_SUITES",  # noqa: F822
     "BenchmarkConfig",
     "BenchmarkModeOverride",
     "BenchmarkRunError",
@@ -52,6 +56,33 @@ __all__ = [
 ]
 
 BenchmarkModeOverride = ModeOverride
+
+
+@functools.cache
+def _family_suites() -> dict[str, dict[str, str]]:
+    from pytest_gap.sim.backend import get_backend, resolve_variation
+
+    backend = get_backend("libero")
+    return {
+        name: {v: resolve_variation(backend, name, v).suite for v in family.variations()}
+        for name, family in backend.families().items()
+    }
+
+
+def __getattr__(name: str):
+    """The family catalogue, read from the families the LIBERO backend registers (not a second
+    list) on first use, since reading it imports LIBERO and importing this module should not:
+    FAMILY_SUITES {family: {variation: suite}}, KNOWN_FAMILIES (their names, in order) and
+    POSVAR_SUITES (FAMILY_SUITES["posvar"]). Each access returns a fresh copy."""
+    if name == "FAMILY_SUITES":
+        return {family: dict(suites) for family, suites in _family_suites().items()}
+    if name == "KNOWN_FAMILIES":
+        return tuple(_family_suites())
+    if name == "POSVAR_SUITES":
+        return dict(_family_suites()["posvar"])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 INPROC_ENV = "GAP_PARALLEL_INPROC"
 
 

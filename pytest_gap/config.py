@@ -318,6 +318,11 @@ class BenchmarkConfig(_Strict):
     smoke: bool = False
     source: Path | None = Field(default=None, exclude=True)
 
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> BenchmarkConfig:
+        """The config of a benchmark YAML (`load_config`): ConfigError lists every problem."""
+        return load_config(path)
+
     @property
     def shape(self) -> Literal["grid", "suites"]:
         return "grid" if self.benchmark is not None else "suites"
