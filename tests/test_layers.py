@@ -207,10 +207,12 @@ def test_lower_layers_never_import_upper_ones(rules, edges):
 def test_only_the_pytest_glue_imports_pytest():
     users = sorted(m for m in MODULES if "pytest" in imports(m))
     assert users == [
+        "pytest_gap.benchmark",  # GAP_PARALLEL_INPROC=1: the session in this process
         "pytest_gap.hookspecs",
         "pytest_gap.outputs",
         *sorted(
             m for m in MODULES if m.startswith("pytest_gap.outputs.") and "pytest" in imports(m)
         ),
         "pytest_gap.plugin",
+        "pytest_gap.scheduling",  # xdist's Scheduling protocol (a collection-diff report)
     ]
