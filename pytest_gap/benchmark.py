@@ -184,8 +184,9 @@ def _config_file(config: BenchmarkConfig | str | Path, tmp: Path) -> tuple[Path,
     return path, config
 
 
-async def run_benchmark(
+def _prepare(
     config: BenchmarkConfig | str | Path,
+    tmp: Path,
     *,
     gate: bool = False,
     resume: bool = False,
@@ -194,60 +195,60 @@ async def run_benchmark(
     output_dir: str | Path | None = None,
     workers: int | None = None,
     verbose: bool = False,
-    quiet: bool = False,
-) -> BenchmarkSummary:
-    with tempfile.TemporaryDirectory(prefix="gap-benchmark-") as tmp:
-        path, loaded = _config_file(config, Path(tmp))
-        cells = plan(loaded, families=families, modes=modes)  # config errors before any trial
-        if any(c.uses_llm for c in cells):
-            problem = llm_problem(loaded)
-            if problem:  # fail fast: every cell whose producer is the LLM would error on it
-                raise ConfigError(str(path), [problem])
-        check_config(path.resolve(), loaded, cells)  # a refused key, a missing program
-        report_json = Path(tmp) / "report.json"
-        # No more workers than trials: a one-trial config with -n 8 starts one process.
-        n_trials = sum(len(cell.trials()) for cell in cells)
-        workers = fit_workers(workers or default_workers(loaded), n_trials)
-        args = pytest_args(
-            path,
-            gate=gate,
-            resume=resume,
-            families=families,
-            modes=modes,
-            output_dir=output_dir,
-            workers=workers,
-            verbose=verbose,
-            report_json=report_json,
+) -> tuple[Path, list[str], Path, int]:
+    """Check the config (its errors before any trial) and build the session's pytest args:
+    (config path, args, where the session reports, workers)."""
+    path, loaded = _config_file(config, tmp)
+    cells = plan(loaded, families=families, modes=modes)  # config errors before any trial
+    if any(c.uses_llm for c in cells):
+        problem = llm_problem(loaded)
+        if problem:  # fail fast: every cell whose producer is the LLM would error on it
+            raise ConfigError(str(path), [problem])
+    check_config(path.resolve(), loaded, cells)  # a refused key, a missing program
+    report_json = tmp / "report.json"
+    # No more workers than trials: a one-trial config with -n 8 starts one process.
+    n_trials = sum(len(cell.trials()) for cell in cells)
+    workers = fit_workers(workers or default_workers(loaded), n_trials)
+    args = pytest_args(
+        path,
+        gate=gate,
+        resume=resume,
+        families=families,
+        modes=modes,
+        output_dir=output_dir,
+        workers=workers,
+        verbose=verbose,
+        report_json=report_json,
+    )
+    return path, args, report_json, workers
+
+
+def _read_report(path: Path, report_json: Path, exit_code: int) -> dict:
+    """What the session reported, or the one-line error of a session that scored nothing."""
+    report = json.loads(report_json.read_text()) if report_json.is_file() else None
+    if report is not None and report.get("error"):
+        raise BenchmarkConfigError(report["error"])
+    if exit_code == 4:  # pytest's usage error, from an option or a plugin
+        raise BenchmarkConfigError(
+            f"{path}: the pytest session stopped on a usage error (exit status 4); its "
+            "message is above"
         )
-        if in_process(workers):
-            exit_code = _run_in_process(args, quiet)
-        else:
-            quiet_io = asyncio.subprocess.DEVNULL if quiet else None
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "pytest", *args, stdout=quiet_io, stderr=quiet_io
-            )
-            exit_code = await process.wait()
-        report = json.loads(report_json.read_text()) if report_json.is_file() else None
-        if report is not None and report.get("error"):
-            raise BenchmarkConfigError(report["error"])
-        if exit_code == 4:  # pytest's usage error, from an option or a plugin
-            raise BenchmarkConfigError(
-                f"{path}: the pytest session stopped on a usage error (exit status 4); its "
-                "message is above"
-            )
-        if report is None or not report.get("configs"):
-            why = (report or {}).get("stopped")
-            raise BenchmarkRunError(
-                f"{path}: the pytest session ended with exit status {exit_code} and scored "
-                + (f"nothing: {why}" if why else "nothing; run it with -v to see why")
-            )
+    if report is None or not report.get("configs"):
+        why = (report or {}).get("stopped")
+        raise BenchmarkRunError(
+            f"{path}: the pytest session ended with exit status {exit_code} and scored "
+            + (f"nothing: {why}" if why else "nothing; run it with -v to see why")
+        )
+    return report
+
+
+def _summary(report: dict, exit_code: int, gate: bool) -> BenchmarkSummary:
+    from pytest_gap.report import Gate
+
     entry = report["configs"][0]
     run_dir = Path(entry["run_dir"])
     summary = json.loads((run_dir / "summary.json").read_text())
-    gate_data = entry["gate"]
-    from pytest_gap.report import Gate
-
-    gate_result = Gate.model_validate(gate_data)
+    gate_result = Gate.model_validate(entry["gate"])
     return BenchmarkSummary(
         ok=gate_result.passed if gate else exit_code in (0, 1),
         gated=gate,
@@ -264,6 +265,63 @@ async def run_benchmark(
     )
 
 
+async def run_benchmark(
+    config: BenchmarkConfig | str | Path,
+    *,
+    gate: bool = False,
+    resume: bool = False,
+    families: list[str] | None = None,
+    modes: list[str] | None = None,
+    output_dir: str | Path | None = None,
+    workers: int | None = None,
+    verbose: bool = False,
+    quiet: bool = False,
+) -> BenchmarkSummary:
+    options = {
+        "gate": gate,
+        "resume": resume,
+        "families": families,
+        "modes": modes,
+        "output_dir": output_dir,
+        "workers": workers,
+        "verbose": verbose,
+    }
+    with tempfile.TemporaryDirectory(prefix="gap-benchmark-") as tmp:
+        path, args, report_json, workers = _prepare(config, Path(tmp), **options)
+        if in_process(workers):
+            exit_code = _run_in_process(args, quiet)
+        else:
+            quiet_io = asyncio.subprocess.DEVNULL if quiet else None
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "pytest", *args, stdout=quiet_io, stderr=quiet_io
+            )
+            exit_code = await process.wait()
+        report = _read_report(path, report_json, exit_code)
+    return _summary(report, exit_code, gate)
+
+
 def run(config: BenchmarkConfig | str | Path, **kwargs) -> BenchmarkSummary:
-    """Synchronous `run_benchmark` (do not call it from inside a running event loop)."""
+    """Synchronous `run_benchmark` (do not call it from inside a running event loop).
+
+    With GAP_PARALLEL_INPROC=1 it runs no event loop at all, so the in-process session's
+    trials are free to run their own."""
+    if os.environ.get(INPROC_ENV) == "1":
+        return _run_sync(config, **kwargs)
     return asyncio.run(run_benchmark(config, **kwargs))
+
+
+def _run_sync(
+    config: BenchmarkConfig | str | Path, *, quiet: bool = False, **options
+) -> BenchmarkSummary:
+    import subprocess
+
+    with tempfile.TemporaryDirectory(prefix="gap-benchmark-") as tmp:
+        path, args, report_json, workers = _prepare(config, Path(tmp), **options)
+        if in_process(workers):
+            exit_code = _run_in_process(args, quiet)
+        else:
+            quiet_io = subprocess.DEVNULL if quiet else None
+            command = [sys.executable, "-m", "pytest", *args]
+            exit_code = subprocess.run(command, stdout=quiet_io, stderr=quiet_io).returncode
+        report = _read_report(path, report_json, exit_code)
+    return _summary(report, exit_code, options.get("gate", False))
