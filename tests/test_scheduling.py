@@ -209,3 +209,31 @@ def test_a_sigkilled_worker_neither_hangs_nor_loses_trials(two_modes):
     assert len(records) == 9, sorted(records)  # every trial recorded: none lost
     killed = records[("again", 2, 1)]
     assert killed["exit_code"] == 137 and killed["infra_failure"]
+
+
+def test_suites_cells_run_concurrently(pytester):
+    """Suites mode is one phase: its cells run side by side, each within its own num_workers."""
+    session = FakeSession(pytester)
+    session.config(
+        {
+            "backend": "fake_backend:FakeBackend",
+            "trials": {"output_dir": "runs"},
+            "suites": [
+                {"suite_name": "fake_easy", "task_ids": [0], "seeds": [1, 2], "workflow_dir": "wf",
+                 "num_workers": 1},
+                {"suite_name": "fake_hard", "task_ids": [1], "seeds": [1, 2], "workflow_dir": "wf",
+                 "num_workers": 1},
+            ],
+            "gate_threshold": 0.0,
+        }
+    )  # fmt: skip
+    # 0.5 s a step: a trial takes seconds, above the records' one-second time resolution
+    result = session.run("bench.yaml", "-n", "2", GAP_FAKE_STEP_S="0.5")
+    assert result.ret == 0, result.stdout.str()
+    spans: dict[str, list] = {"fake_easy": [], "fake_hard": []}
+    for _, start, end, record in _times(session.run_dir()):
+        spans[record["suite_name"]].append((start, end))
+    easy, hard = sorted(spans["fake_easy"]), sorted(spans["fake_hard"])
+    # the two cells overlap in time; within each, its one slot runs one trial at a time
+    assert easy[0][1] > hard[0][0] and hard[0][1] > easy[0][0], spans
+    assert easy[0][1] <= easy[1][0] and hard[0][1] <= hard[1][0], spans
