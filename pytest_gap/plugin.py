@@ -551,8 +551,13 @@ class Controller(_Lead):
 
     @staticmethod
     def _schedules(config: pytest.Config) -> bool:
-        """Benchmark sessions with xdist's default `--dist load` get our scheduler."""
+        """Benchmark sessions with xdist's default `--dist load` get our scheduler, when every
+        worker is local (`popen`): its phase gate is a directory they all see."""
         if config.getoption("dist") != "load":
+            return False
+        from xdist.workermanage import parse_tx_spec_config
+
+        if not all(spec.startswith("popen") for spec in parse_tx_spec_config(config)):
             return False
         return any(_is_benchmark_arg(config, a) for a in config.args)
 
