@@ -7,11 +7,17 @@
 `run` wraps the async `run_benchmark`. Both launch `python -m pytest CONFIG` in a subprocess (the
 same session a user gets from the command line: items, xdist workers, run dir, summary, gate)
 and read back what the session wrote.
+
+`GAP_PARALLEL_INPROC=1` with one worker runs that session in this process instead (no
+subprocess, no xdist), so breakpoints and monkeypatches reach the trials: a debug escape hatch.
+Its run is marked a debug run (summary.json's `debug_run`, the manifest, the gate line): one
+process shares one GPU, one GIL and process-global state across cells, so never score with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import sys
@@ -37,7 +43,10 @@ from pytest_gap.workers import fit_workers
 
 __all__ = [
     "DEFAULT_GATE_THRESHOLD",
+    "FAMILY_SUITES",  # noqa: F822 (module __getattr__)
+    "KNOWN_FAMILIES",  # noqa: F822
     "KNOWN_MODES",
+    "POSVAR_SUITES",  # noqa: F822
     "BenchmarkConfig",
     "BenchmarkModeOverride",
     "BenchmarkRunError",
@@ -47,6 +56,60 @@ __all__ = [
 ]
 
 BenchmarkModeOverride = ModeOverride
+
+
+@functools.cache
+def _family_suites() -> dict[str, dict[str, str]]:
+    from pytest_gap.sim.backend import get_backend, resolve_variation
+
+    backend = get_backend("libero")
+    return {
+        name: {v: resolve_variation(backend, name, v).suite for v in family.variations()}
+        for name, family in backend.families().items()
+    }
+
+
+def __getattr__(name: str):
+    """The family catalogue, read from the families the LIBERO backend registers (not a second
+    list) on first use, since reading it imports LIBERO and importing this module should not:
+    FAMILY_SUITES {family: {variation: suite}}, KNOWN_FAMILIES (their names, in order) and
+    POSVAR_SUITES (FAMILY_SUITES["posvar"]). Each access returns a fresh copy."""
+    if name == "FAMILY_SUITES":
+        return {family: dict(suites) for family, suites in _family_suites().items()}
+    if name == "KNOWN_FAMILIES":
+        return tuple(_family_suites())
+    if name == "POSVAR_SUITES":
+        return dict(_family_suites()["posvar"])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+INPROC_ENV = "GAP_PARALLEL_INPROC"
+
+
+def in_process(workers: int) -> bool:
+    """Run the session in this process: GAP_PARALLEL_INPROC=1 and one worker."""
+    if os.environ.get(INPROC_ENV) != "1":
+        return False
+    if workers > 1:
+        print(
+            f"gap: {INPROC_ENV}=1 ignored: the run has {workers} workers (it needs "
+            "num_workers: 1, or -n 1)",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
+def _run_in_process(args: list[str], quiet: bool) -> int:
+    """The pytest session in this process (a debug run, marked so in its outputs)."""
+    import contextlib
+    import io
+
+    import pytest
+
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink) if quiet else contextlib.nullcontext():
+        return int(pytest.main([*args, "--gap-debug-run"]))
 
 
 class BenchmarkRunError(GapError, RuntimeError):
@@ -124,8 +187,9 @@ def _config_file(config: BenchmarkConfig | str | Path, tmp: Path) -> tuple[Path,
     return path, config
 
 
-async def run_benchmark(
+def _prepare(
     config: BenchmarkConfig | str | Path,
+    tmp: Path,
     *,
     gate: bool = False,
     resume: bool = False,
@@ -135,58 +199,61 @@ async def run_benchmark(
     workers: int | None = None,
     ray: str | None = None,
     verbose: bool = False,
-    quiet: bool = False,
-) -> BenchmarkSummary:
-    with tempfile.TemporaryDirectory(prefix="gap-benchmark-") as tmp:
-        path, loaded = _config_file(config, Path(tmp))
-        cells = plan(loaded, families=families, modes=modes)  # config errors before any trial
-        if any(c.uses_llm for c in cells):
-            problem = llm_problem(loaded)
-            if problem:  # fail fast: every cell whose producer is the LLM would error on it
-                raise ConfigError(str(path), [problem])
-        check_config(path.resolve(), loaded, cells)  # a refused key, a missing program
-        report_json = Path(tmp) / "report.json"
-        # No more workers than trials: a one-trial config with -n 8 starts one process.
-        n_trials = sum(len(cell.trials()) for cell in cells)
-        workers = fit_workers(workers or default_workers(loaded), n_trials)
-        args = pytest_args(
-            path,
-            gate=gate,
-            resume=resume,
-            families=families,
-            modes=modes,
-            output_dir=output_dir,
-            workers=workers,
-            ray=ray,
-            verbose=verbose,
-            report_json=report_json,
+) -> tuple[Path, list[str], Path, int]:
+    """Check the config (its errors before any trial) and build the session's pytest args:
+    (config path, args, where the session reports, workers)."""
+    path, loaded = _config_file(config, tmp)
+    cells = plan(loaded, families=families, modes=modes)  # config errors before any trial
+    if any(c.uses_llm for c in cells):
+        problem = llm_problem(loaded)
+        if problem:  # fail fast: every cell whose producer is the LLM would error on it
+            raise ConfigError(str(path), [problem])
+    check_config(path.resolve(), loaded, cells)  # a refused key, a missing program
+    report_json = tmp / "report.json"
+    # No more workers than trials: a one-trial config with -n 8 starts one process.
+    n_trials = sum(len(cell.trials()) for cell in cells)
+    workers = fit_workers(workers or default_workers(loaded), n_trials)
+    args = pytest_args(
+        path,
+        gate=gate,
+        resume=resume,
+        families=families,
+        modes=modes,
+        output_dir=output_dir,
+        workers=workers,
+        ray=ray,
+        verbose=verbose,
+        report_json=report_json,
+    )
+    return path, args, report_json, workers
+
+
+def _read_report(path: Path, report_json: Path, exit_code: int) -> dict:
+    """What the session reported, or the one-line error of a session that scored nothing."""
+    report = json.loads(report_json.read_text()) if report_json.is_file() else None
+    if report is not None and report.get("error"):
+        raise BenchmarkConfigError(report["error"])
+    if exit_code == 4:  # pytest's usage error, from an option or a plugin
+        raise BenchmarkConfigError(
+            f"{path}: the pytest session stopped on a usage error (exit status 4); its "
+            "message is above"
         )
-        quiet_io = asyncio.subprocess.DEVNULL if quiet else None
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "pytest", *args, stdout=quiet_io, stderr=quiet_io
+    if report is None or not report.get("configs"):
+        why = (report or {}).get("stopped")
+        raise BenchmarkRunError(
+            f"{path}: the pytest session ended with exit status {exit_code} and scored "
+            + (f"nothing: {why}" if why else "nothing; run it with -v to see why")
         )
-        exit_code = await process.wait()
-        report = json.loads(report_json.read_text()) if report_json.is_file() else None
-        if report is not None and report.get("error"):
-            raise BenchmarkConfigError(report["error"])
-        if exit_code == 4:  # pytest's usage error, from an option or a plugin
-            raise BenchmarkConfigError(
-                f"{path}: the pytest session stopped on a usage error (exit status 4); its "
-                "message is above"
-            )
-        if report is None or not report.get("configs"):
-            why = (report or {}).get("stopped")
-            raise BenchmarkRunError(
-                f"{path}: the pytest session ended with exit status {exit_code} and scored "
-                + (f"nothing: {why}" if why else "nothing; run it with -v to see why")
-            )
+    return report
+
+
+def _summary(report: dict, exit_code: int, gate: bool) -> BenchmarkSummary:
+    from pytest_gap.report import Gate
+
     entry = report["configs"][0]
     run_dir = Path(entry["run_dir"])
     summary = json.loads((run_dir / "summary.json").read_text())
-    gate_data = entry["gate"]
-    from pytest_gap.report import Gate
-
-    gate_result = Gate.model_validate(gate_data)
+    gate_result = Gate.model_validate(entry["gate"])
     return BenchmarkSummary(
         ok=gate_result.passed if gate else exit_code in (0, 1),
         gated=gate,
@@ -203,6 +270,65 @@ async def run_benchmark(
     )
 
 
+async def run_benchmark(
+    config: BenchmarkConfig | str | Path,
+    *,
+    gate: bool = False,
+    resume: bool = False,
+    families: list[str] | None = None,
+    modes: list[str] | None = None,
+    output_dir: str | Path | None = None,
+    workers: int | None = None,
+    ray: str | None = None,
+    verbose: bool = False,
+    quiet: bool = False,
+) -> BenchmarkSummary:
+    options = {
+        "gate": gate,
+        "resume": resume,
+        "families": families,
+        "modes": modes,
+        "output_dir": output_dir,
+        "workers": workers,
+        "ray": ray,
+        "verbose": verbose,
+    }
+    with tempfile.TemporaryDirectory(prefix="gap-benchmark-") as tmp:
+        path, args, report_json, workers = _prepare(config, Path(tmp), **options)
+        if in_process(workers):
+            exit_code = _run_in_process(args, quiet)
+        else:
+            quiet_io = asyncio.subprocess.DEVNULL if quiet else None
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "pytest", *args, stdout=quiet_io, stderr=quiet_io
+            )
+            exit_code = await process.wait()
+        report = _read_report(path, report_json, exit_code)
+    return _summary(report, exit_code, gate)
+
+
 def run(config: BenchmarkConfig | str | Path, **kwargs) -> BenchmarkSummary:
-    """Synchronous `run_benchmark` (do not call it from inside a running event loop)."""
+    """Synchronous `run_benchmark` (do not call it from inside a running event loop).
+
+    With GAP_PARALLEL_INPROC=1 it runs no event loop at all, so the in-process session's
+    trials are free to run their own."""
+    if os.environ.get(INPROC_ENV) == "1":
+        return _run_sync(config, **kwargs)
     return asyncio.run(run_benchmark(config, **kwargs))
+
+
+def _run_sync(
+    config: BenchmarkConfig | str | Path, *, quiet: bool = False, **options
+) -> BenchmarkSummary:
+    import subprocess
+
+    with tempfile.TemporaryDirectory(prefix="gap-benchmark-") as tmp:
+        path, args, report_json, workers = _prepare(config, Path(tmp), **options)
+        if in_process(workers):
+            exit_code = _run_in_process(args, quiet)
+        else:
+            quiet_io = subprocess.DEVNULL if quiet else None
+            command = [sys.executable, "-m", "pytest", *args]
+            exit_code = subprocess.run(command, stdout=quiet_io, stderr=quiet_io).returncode
+        report = _read_report(path, report_json, exit_code)
+    return _summary(report, exit_code, options.get("gate", False))

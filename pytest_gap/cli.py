@@ -76,6 +76,10 @@ def _cmd_skills(args: argparse.Namespace) -> int:
 
     from pytest_gap.skills.registry import catalogue
 
+    if args.config:  # its skills.packages join the catalogue (installed packages always do)
+        from pytest_gap.config import load_config
+
+        load_config(args.config)
     entries = catalogue()
     if args.json:
         print(json.dumps(entries, indent=1))
@@ -703,6 +707,9 @@ def build_parser() -> argparse.ArgumentParser:
         listing.set_defaults(func=func)
     skills = sub.add_parser("skills", help="list the skills a workflow can call")
     skills.add_argument("--json", action="store_true", help="the machine-readable catalogue")
+    skills.add_argument(
+        "config", nargs="?", help="a benchmark YAML: list its skills.packages' skills too"
+    )
     skills.set_defaults(func=_cmd_skills)
     run = sub.add_parser("run", help="run one trial of a workflow and print the outcome")
     run.add_argument(

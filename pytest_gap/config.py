@@ -240,6 +240,9 @@ class SkillsConfig(_Strict):
 
     planner: Literal["ik"] = "ik"
     perception: Perception = "privileged"
+    # User skill packages (pytest_gap/skills/packages.py): importable module names, or
+    # directories of skill modules relative to the config; loaded by every process of a session.
+    packages: list[str] = []
 
     @field_validator("planner", mode="before")
     @classmethod
@@ -250,6 +253,24 @@ class SkillsConfig(_Strict):
                 "remove the key or set planner: ik (the builtin IK servo)"
             )
         return value
+
+
+# The spec's implicit fallback: a template mode given no policy (no benchmark.policies, no
+# mode_overrides.<mode>.policy_id) runs this preset, booted like any managed entry.
+IMPLICIT_POLICY = "pi05-libero"
+
+
+def implicit_policy_modes(config: BenchmarkConfig, table: ModeTable) -> list[str]:
+    """The grid's template modes that run the implicit `IMPLICIT_POLICY` fallback."""
+    block = config.benchmark
+    if block is None or block.policies:
+        return []
+    found = []
+    for mode in block.modes:
+        row, override = table.get(mode), block.mode_overrides.get(mode)
+        if row.takes_policy_axis and row.template and not (override and override.policy_id):
+            found.append(mode)
+    return found
 
 
 class ModeOverride(_Strict):
@@ -317,6 +338,11 @@ class BenchmarkConfig(_Strict):
     gate_rule: GateRule = "point"
     smoke: bool = False
     source: Path | None = Field(default=None, exclude=True)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> BenchmarkConfig:
+        """The config of a benchmark YAML (`load_config`): ConfigError lists every problem."""
+        return load_config(path)
 
     @property
     def shape(self) -> Literal["grid", "suites"]:
@@ -461,6 +487,13 @@ def _resolve_paths(config: BenchmarkConfig, base: Path) -> None:
             override.workflow_dir = fix(override.workflow_dir)
     for entry in config.suites or []:
         entry.workflow_dir = fix(entry.workflow_dir)
+    from pytest_gap.skills.packages import is_directory_entry
+
+    # A directory entry stays right when the config is written anew (the Python API does).
+    config.skills.packages = [
+        str(fix(Path(p).expanduser())) if is_directory_entry(p) else p
+        for p in config.skills.packages
+    ]
 
 
 def parse_config(
@@ -503,10 +536,17 @@ def parse_config(
         config = BenchmarkConfig.model_validate(body)
     except ValidationError as exc:
         problems += _describe_all(exc.errors(), body)
+    skills = body.get("skills")
+    if isinstance(skills, dict):  # before the workflows are checked: they may call these skills
+        from pytest_gap.skills.packages import package_problems
+
+        problems += package_problems(skills.get("packages"), base)
     problems += semantic_problems(body, base, table)
     if problems:
         raise ConfigError(source, problems)
     _resolve_paths(config, base)
+    if implicit_policy_modes(config, table) and IMPLICIT_POLICY not in config.policies:
+        config.policies[IMPLICIT_POLICY] = PolicyEntry(preset=IMPLICIT_POLICY)
     config.source = Path(source).resolve() if source != "<config>" else None
     return config
 

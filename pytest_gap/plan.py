@@ -46,6 +46,8 @@ class Cell(BaseModel):
     error: str | None = None
     infra_error: bool = False  # `error` is a service found down before any trial, not config
     privileged: bool = False  # its policy reads ground truth (privileged_state: true)
+    # Suites mode: the managed policies its workflow's run_policy nodes name (booted for it).
+    workflow_policies: tuple[str, ...] = ()
     # Its mode's producer has the LLM write the workflow (read from the plan's mode table).
     uses_llm: bool = False
 
@@ -60,7 +62,9 @@ class Cell(BaseModel):
         `services` ({"llm": why, "policies": why}) comes from the controller's preflight.
         """
         why = (self.needs_llm and services.get("llm")) or (
-            self.policy_id and self.error is None and services.get("policies")
+            (self.policy_id or self.workflow_policies)
+            and self.error is None
+            and services.get("policies")
         )
         return self.model_copy(update={"error": why, "infra_error": True}) if why else self
 
@@ -281,11 +285,34 @@ def _workflow_source(override) -> Path | None:
 
 
 def _policy_axis(row, policies, override) -> list[str | None]:
+    from pytest_gap.config import IMPLICIT_POLICY
+
     if not row.takes_policy_axis:
         return [None]  # llm_generation and workflow ignore the policy axis
     if policies:
         return list(policies)
-    return [override.policy_id if override and override.policy_id else None]
+    if override and override.policy_id:
+        return [override.policy_id]
+    return [IMPLICIT_POLICY if row.template else None]  # a template mode: the spec's fallback
+
+
+def _workflow_policies(workflow_dir: Path | None, registry: dict) -> tuple[str, ...]:
+    """The managed registry policies a workflow's run_policy nodes name (`url:` entries are
+    reached, never booted or probed: suites mode has no preflight)."""
+    import json
+
+    try:
+        nodes = json.loads((workflow_dir / "workflow.json").read_text()).get("nodes", {})
+    except (TypeError, OSError, ValueError, AttributeError):
+        return ()  # no workflow here, or one the producer reports on
+    named = {
+        node.get("inputs", {}).get("policy")
+        for node in (nodes.values() if isinstance(nodes, dict) else [])
+        if isinstance(node, dict) and node.get("skill") == "run_policy"
+    }
+    return tuple(
+        sorted(p for p in named if isinstance(p, str) and p in registry and not registry[p].url)
+    )
 
 
 def _grid_seeds(block, override) -> list[int]:
@@ -389,6 +416,7 @@ def _suite_cells(config: BenchmarkConfig, source: str, table: ModeTable) -> list
                 objects=entry.objects,
                 error=None if entry.workflow_dir else llm_problem(config),
                 uses_llm=table.needs_llm(mode),
+                workflow_policies=_workflow_policies(entry.workflow_dir, config.policies),
             )
         )
         offset += workers

@@ -139,6 +139,9 @@ class GapSession:
             self._loaded[path] = loaded
         return self._loaded[path]
 
+    def wait_turn(self, item: TrialItem) -> None:
+        """Before a trial runs: wait until its mode may start (an xdist Worker's schedule)."""
+
     def endpoints(self, loaded: LoadedConfig):
         """The policy endpoints this process's trials of `loaded` talk to: a managed server is
         where the lead says it is now (a restart moves it to a new port)."""
@@ -169,7 +172,28 @@ class Worker(GapSession):
         super().__init__(config, handed.get("gap_stamp") or new_stamp())
         self.unavailable = handed.get("gap_unavailable", {})
         self.policy_urls = handed.get("gap_policy_urls", {})
+        self.phase_dir: str | None = handed.get("gap_phase_dir")  # scheduling.PhaseGate's
+        self.phase_of: dict[str, int] = {}
         _pin(self.worker, handed.get("workercount"))
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Each item's phase, as the controller's scheduler numbers them (same collection)."""
+        from pytest_gap.scheduling import phases
+
+        ids = [item.nodeid for item in session.items]
+        self.phase_of = dict(zip(ids, phases(ids), strict=True))
+
+    def wait_turn(self, item: TrialItem) -> None:
+        """A trial of a later mode starts once every earlier mode's trials are done."""
+        if self.phase_dir is None or item.nodeid not in self.phase_of:
+            return
+        from pytest_gap.scheduling import PhaseGate, wait_for_phase
+
+        item.watchdog.pause()  # waiting for a mode is not the trial's time
+        try:
+            wait_for_phase(PhaseGate(Path(self.phase_dir)), self.phase_of[item.nodeid])
+        finally:
+            item.watchdog.resume()
 
 
 class _Lead(GapSession):
@@ -187,6 +211,7 @@ class _Lead(GapSession):
         self.started = time.monotonic()
         self.progress: dict[Path, Progress] = {}
         self.live_progress = bool(config.getoption("gap_progress"))
+        self.debug_run = bool(config.getoption("gap_debug_run"))  # GAP_PARALLEL_INPROC=1
         # Why the session may end with no trial recorded, for `gap benchmark` (the report's
         # "stopped"; "error" when it is a config problem): the first reason seen wins.
         self.stopped: str | None = None
@@ -216,6 +241,7 @@ class _Lead(GapSession):
         from pytest_gap.preflight import check_llms, start_policies
 
         configs = [(c.path, c.config, c.cells, c.run_dir / LOG_DIR) for c in loaded.values()]
+        self._implicit_policy_lines(loaded.values())
         try:
             down = check_llms(configs)
             self.policies, policies_down = start_policies(configs)
@@ -249,6 +275,20 @@ class _Lead(GapSession):
         why = self.shard and n_trials and too_many_shards(self.shard, n_trials)
         if why:
             pytest.exit(f"gap: {why}", returncode=pytest.ExitCode.USAGE_ERROR)
+
+    def _implicit_policy_lines(self, loaded) -> None:
+        """Say which template modes run the spec's implicit policy fallback, before it starts."""
+        from pytest_gap.config import IMPLICIT_POLICY, implicit_policy_modes
+
+        for c in loaded:
+            running = {cell.mode for cell in c.cells if not cell.error}
+            for mode in implicit_policy_modes(c.config, self.mode_table):
+                if mode in running:
+                    self._say(
+                        f"{c.path.name}: mode {mode} names no policy (benchmark.policies, "
+                        f"benchmark.mode_overrides.{mode}.policy_id): it runs the "
+                        f"{IMPLICIT_POLICY} preset, the spec's implicit fallback"
+                    )
 
     def _fit_workers(self, loaded: list[LoadedConfig]) -> None:
         """The controller starts no more workers than trials (Controller)."""
@@ -382,6 +422,10 @@ class _Lead(GapSession):
                 loaded.config.rule,
                 selected=self._selected_trials(loaded),
             )
+            from pytest_gap.outputs.manifest import was_debug_run
+
+            # A debug session's trials stay in the run dir: so does its mark.
+            summary.gate.debug = self.debug_run or was_debug_run(loaded.run_dir)
             try:
                 self.config.hook.pytest_gap_write_outputs(
                     config=self.config,
@@ -523,6 +567,8 @@ class Controller(_Lead):
         node.workerinput["gap_stamp"] = self.stamp
         node.workerinput["gap_unavailable"] = self.unavailable
         node.workerinput["gap_policy_urls"] = self.policy_urls
+        if self._schedules(self.config):
+            node.workerinput["gap_phase_dir"] = str(self.phase_dir)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
@@ -530,22 +576,45 @@ class Controller(_Lead):
         --lf); every worker collects the same items."""
         self.selected.update(i for i in ids if _is_trial_nodeid(i))
 
+    @property
+    def phase_dir(self) -> Path:
+        """Where the scheduler tells workers which modes are done (scheduling.PhaseGate)."""
+        if getattr(self, "_phase_dir", None) is None:
+            import tempfile
+
+            self._phase_dir = Path(tempfile.mkdtemp(prefix="gap-phases-"))
+        return self._phase_dir
+
+    @staticmethod
+    def _schedules(config: pytest.Config) -> bool:
+        """Benchmark sessions with xdist's default `--dist load` get our scheduler, when every
+        worker is local (`popen`): its phase gate is a directory they all see."""
+        if config.getoption("dist") != "load":
+            return False
+        from xdist.workermanage import parse_tx_spec_config
+
+        if not all(spec.startswith("popen") for spec in parse_tx_spec_config(config)):
+            return False
+        return any(_is_benchmark_arg(config, a) for a in config.args)
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log):
-        """Benchmark sessions hand each worker a contiguous run of trials (work stealing).
-
-        Collection order keeps a (cell, task)'s seeds together, so a worker mostly runs whole
-        tasks and reuses their env and workflow; only idle workers steal from the end of
-        another's run. xdist's loadscope/loadgroup would keep tasks whole, but they stall after
-        a worker crash, and a crash must never stop a benchmark.
-        """
-        if config.getoption("dist") != "load":
+        """Modes one after another, a task's seeds on one worker (pytest_gap/scheduling.py)."""
+        if not self._schedules(config):
             return None
-        if not any(_is_benchmark_arg(config, a) for a in config.args):
-            return None
-        from xdist.scheduler import WorkStealingScheduling
+        from xdist.workermanage import parse_tx_spec_config
 
-        return WorkStealingScheduling(config, log)
+        from pytest_gap.scheduling import ModePhaseScheduling, PhaseGate
+
+        numnodes = len(parse_tx_spec_config(config))
+        return ModePhaseScheduling(config, log, gate=PhaseGate(self.phase_dir), numnodes=numnodes)
+
+    def pytest_unconfigure(self) -> None:
+        super().pytest_unconfigure()
+        if getattr(self, "_phase_dir", None) is not None:
+            import shutil
+
+            shutil.rmtree(self._phase_dir, ignore_errors=True)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report, sched) -> None:
@@ -691,6 +760,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="auto|ADDRESS",
         help="run each trial on a Ray cluster (`auto`: the one `ray start` runs on this machine, "
         "or its address host:port / ray://...); the run dir is written here; not with -n",
+    )
+    group.addoption(
+        "--gap-debug-run",
+        action="store_true",
+        help="mark the run as an in-process debug run, not for scoring (`gap benchmark` with "
+        "GAP_PARALLEL_INPROC=1 sets it)",
     )
     parser.addini(
         "gap_benchmark_dirs",
@@ -982,6 +1057,8 @@ class TrialItem(pytest.Item):
             replayed, self.notes = None, self.notes + notes
         else:
             replayed = self._recorded(run_dir) if session.resume else None
+            if replayed is None:
+                session.wait_turn(self)
             result = replayed or self._supervised(session, run_dir)
         self.result, self.replayed = result, replayed is not None
         self.user_properties.extend(result.properties())

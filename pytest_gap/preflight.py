@@ -66,7 +66,11 @@ def start_policies(configs: list[Planned]):
     from pytest_gap.policies.manager import PolicyConfigError
     from pytest_gap.policies.registry import SessionPolicies
 
-    users = [c for c in configs if any(cell.policy_id and not cell.error for cell in c[2])]
+    users = [
+        c
+        for c in configs
+        if any((cell.policy_id or cell.workflow_policies) and not cell.error for cell in c[2])
+    ]
     if not users:
         return None, {}
     policies = SessionPolicies()

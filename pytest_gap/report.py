@@ -97,6 +97,9 @@ class Coverage(BaseModel):
         return line + (f", {self.deselected} deselected" if self.deselected else "")
 
 
+DEBUG_RUN_NOTE = "[debug run: in-process (GAP_PARALLEL_INPROC=1), not for scoring]"
+
+
 class Gate(BaseModel):
     """The session's verdict on a config. `passed` is `verdict == "PASS"`: INCONCLUSIVE (only
     under `gate_rule: wilson`) does not pass, and exits 1 like FAIL."""
@@ -116,6 +119,8 @@ class Gate(BaseModel):
     completion_ci_high: float | None = None
     to_decide: int | None = None  # INCONCLUSIVE: further trials at the rate that would decide
     coverage: Coverage | None = None  # None outside a session (no selection to check)
+    # Recorded by an in-process debug session (GAP_PARALLEL_INPROC=1): not for scoring.
+    debug: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -135,7 +140,8 @@ class Gate(BaseModel):
         reasons = f" ({'; '.join(self.reasons)})" if self.reasons else ""
         # Coverage last: what is read (and matched) first stays the spec's `gate V: rate threshold`
         coverage = f"; {self.coverage.line()}" if self.coverage is not None else ""
-        return f"gate {self.verdict}: {values}{reasons}{coverage}"
+        debug = f" {DEBUG_RUN_NOTE}" if self.debug else ""
+        return f"gate {self.verdict}: {values}{reasons}{coverage}{debug}"
 
 
 def _mean(values: list[float]) -> float | None:
@@ -414,6 +420,7 @@ def summary_document(summary: RunSummary, grid: dict) -> dict:
         "cells": [s.model_dump(mode="json") for s in summary.cells],
         "matrix": matrix,
         "gate": gate.model_dump(mode="json"),
+        "debug_run": gate.debug,  # GAP_PARALLEL_INPROC=1 recorded trials here: not for scoring
         "n_trials": gate.n_trials,
         "n_success": gate.n_success,
         "success_rate": gate.success_rate,

@@ -215,6 +215,7 @@ def test_lower_layers_never_import_upper_ones(rules, edges):
 def test_only_the_pytest_glue_imports_pytest():
     users = sorted(m for m in MODULES if "pytest" in imports(m))
     assert users == [
+        "pytest_gap.benchmark",  # GAP_PARALLEL_INPROC=1: the session in this process
         "pytest_gap.hookspecs",
         "pytest_gap.outputs",
         *sorted(
@@ -222,4 +223,5 @@ def test_only_the_pytest_glue_imports_pytest():
         ),
         "pytest_gap.plugin",
         "pytest_gap.scale.merge_session",  # gap merge: a session over the config, no trial
+        "pytest_gap.scheduling",  # xdist's Scheduling protocol (a collection-diff report)
     ]

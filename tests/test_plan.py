@@ -8,6 +8,7 @@ import pytest
 
 from pytest_gap.config import ConfigError, parse_config
 from pytest_gap.plan import all_trials, plan
+from pytest_gap.policies.registry import needed
 
 ROOT = Path(__file__).resolve().parent.parent
 PICK_PLACE = str(ROOT / "examples/workflows/pick_place")
@@ -138,20 +139,20 @@ def test_suites_cells_dedupe_names_and_stagger_devices():
         plan(config, families=["posvar"])
 
 
-def test_policy_modes_need_a_template_and_a_policy():
-    no_policy = plan(
-        _grid(
-            families=["libero"],
-            variations=["object"],
-            modes=["policy_only"],
-            n_tasks=1,
-            n_seeds=1,
-            mode_overrides={"policy_only": {"template": "policy_only"}},
-        )
-    )[0]
-    assert "mode policy_only needs a policy: list policy ids in benchmark.policies" in (
-        no_policy.error
+def test_policy_modes_need_a_template_and_fall_back_to_the_pi05_preset():
+    config = _grid(
+        families=["libero"],
+        variations=["object"],
+        modes=["policy_only"],
+        n_tasks=1,
+        n_seeds=1,
+        mode_overrides={"policy_only": {"template": "policy_only"}},
     )
+    no_policy = plan(config)[0]
+    # The spec's implicit fallback: the pi05-libero preset, a managed entry booted like any.
+    assert no_policy.error is None and no_policy.row == "policy_only@pi05-libero"
+    assert config.policies["pi05-libero"].preset == "pi05-libero"
+    assert needed(config, [no_policy]) == {"pi05-libero": config.policies["pi05-libero"]}
     no_template = plan(
         _grid(
             families=["libero"],

@@ -57,6 +57,7 @@ from pytest_gap.provenance import (
     plan_digest,
 )
 from pytest_gap.redaction import redact_argv, redact_tree
+from pytest_gap.report import RunSummary
 from pytest_gap.results import TrialResult, now_iso, write_json
 
 MANIFEST = "run_manifest.json"
@@ -110,6 +111,16 @@ def write_manifest(
         )
     )
     write_json(path, manifest)
+
+
+def was_debug_run(run_dir: Path) -> bool:
+    """Did a session record trials in `run_dir` in-process (GAP_PARALLEL_INPROC=1)? Its
+    results stay there, so a later session's summary is marked too."""
+    try:
+        sessions = json.loads((run_dir / MANIFEST).read_text()).get("sessions", [])
+    except (OSError, ValueError, AttributeError):
+        return False
+    return any(isinstance(s, dict) and s.get("debug_run") for s in sessions)
 
 
 def session_options(config: pytest.Config) -> dict:
@@ -319,9 +330,12 @@ def pytest_gap_write_outputs(
     run_dir: Path,
     benchmark: BenchmarkConfig,
     results: dict[str, TrialResult],
+    summary: RunSummary,
 ) -> None:
     run = run_fields(config, run_dir, benchmark, results)
+    run["debug_run"] = summary.gate.debug
     session = {
+        "debug_run": bool(config.getoption("gap_debug_run")),
         "started_at": run["started_at"],
         "plan_digest": run["plan_digest"],
         "harness_surface": run["harness_surface"]["digest"]

@@ -22,7 +22,9 @@ from pytest_gap.policies.supervisor import STATE_FILE, Supervisor
 
 def needed(config: BenchmarkConfig, cells: list[Cell]) -> dict[str, PolicyEntry]:
     """Registry entries used by cells that will run."""
-    ids = sorted({c.policy_id for c in cells if c.policy_id and c.error is None})
+    ids = sorted(
+        {p for c in cells if c.error is None for p in (c.policy_id, *c.workflow_policies) if p}
+    )
     return {pid: config.policies[pid] for pid in ids if pid in config.policies}
 
 

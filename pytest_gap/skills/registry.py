@@ -107,6 +107,9 @@ def _load_builtin_skills() -> None:
     import pytest_gap.skills.push
     import pytest_gap.skills.steps
     import pytest_gap.skills.switches  # noqa: F401
+    from pytest_gap.skills.packages import load_entry_points
+
+    load_entry_points()  # installed user skill packages (entry point group pytest_gap.skills)
 
 
 def get_skill(name: str) -> SkillSpec | None:
