@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import json
 import os
 import shutil
@@ -145,7 +146,7 @@ class Timers:
 
     def wrap(self, owner, name: str, label: str) -> None:
         fn = getattr(owner, name)
-        if hasattr(fn, "__code__") and fn.__code__.co_flags & 0x80:  # a coroutine function
+        if inspect.iscoroutinefunction(fn):  # vla-eval's Connection.act
 
             @functools.wraps(fn)
             async def timed_async(*args, **kwargs):
