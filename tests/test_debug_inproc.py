@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from pytest_gap.sim.pool import env_pool
 from tests.fake_session import BACKEND, TESTS, FakeSession
 
 pytest_plugins = ["pytester"]
@@ -53,6 +54,7 @@ def test_gap_parallel_inproc_runs_the_session_here_as_a_debug_run(grid, monkeypa
 
     monkeypatch.setitem(fake_backend_globals(), "GOAL_STEPS", 10_000)  # seen by a session here
     monkeypatch.setenv("GAP_PARALLEL_INPROC", "1")
+    env_pool().close()  # an env an earlier test pooled in this process would be reused
     summary = run(grid.path_config, quiet=True)
     (env,) = grid.env_records()
     assert env["pid"] == os.getpid()  # no subprocess, no xdist worker

@@ -374,6 +374,9 @@ def test_ctrl_c_ends_the_session_and_the_actors_it_started(fake, cluster):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # A job started in the background by a shell ignores SIGINT, and so would its children:
+        # Python then never raises KeyboardInterrupt. Ctrl-C reaches a terminal's session.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and not (fake.envs.is_file() and fake.env_records()):
