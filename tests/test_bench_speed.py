@@ -1,6 +1,7 @@
-"""The standing speed scripts (bench/vs_vla_eval.py, bench/scaling.py) in their tiniest form, on
-real LIBERO, real vla-eval and real policy servers on loopback: each runs every side on the same
-episodes and prints its table and ratio lines. What they measure is printed, never asserted."""
+"""The standing speed scripts (bench/vs_vla_eval.py, bench/scaling.py, bench/first_step.py) in
+their tiniest form, on real LIBERO, real vla-eval and real policy servers on loopback: each runs
+every side on the same episodes and prints its table and ratio lines. What they measure is
+printed, never asserted."""
 
 from __future__ import annotations
 
@@ -53,3 +54,16 @@ def test_scaling_runs_one_config_under_n1_and_n2_and_prints_the_ratio():
     assert re.search(r"^pytest -n 2 +\d+\.\d s", out, re.M), out
     (line,) = [x for x in out.splitlines() if x.startswith("ratio -n 2 over -n 1")]
     assert float(re.search(RATIO, line).group(1)) > 0, out
+
+
+def test_first_step_prints_each_stage_compiled_and_from_the_scene_cache():
+    out = _bench("first_step.py", "--rounds", "1")
+    table = out.split("stage ")[1].split("first control step")[0].splitlines()
+    stages = [line.split()[0] for line in table[1:]]
+    assert stages == [
+        "imported", "configured", "collected", "env_built", "env_reset", "first_step", "session",
+    ], out  # fmt: skip
+    for line in table[1:]:
+        compiled, cached = (float(x.rstrip("s")) for x in line.split()[1:])
+        assert compiled > 0 and cached > 0, out
+    assert re.search(r"^first control step at \d+\.\d+ s compiled, \d+\.\d+ s with", out, re.M)

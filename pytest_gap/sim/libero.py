@@ -43,6 +43,7 @@ from pytest_gap.sim.backend import (  # re-exported: the data types used to live
 from pytest_gap.sim.gl import ensure_gl_backend, import_robosuite_quietly
 from pytest_gap.sim.render import resolve_camera
 from pytest_gap.sim.scene import SceneView
+from pytest_gap.sim.scene_cache import compiled_scenes, scene_cache_from_env
 from pytest_gap.sim.suites import SuiteSpec, TaskSpec, get_suite
 from pytest_gap.sim.video import StripWriter, VideoWriter
 
@@ -136,7 +137,7 @@ class LiberoEnv:
         import_robosuite_quietly()
         from libero.libero.envs.env_wrapper import ControlEnv
 
-        with _quiet():
+        with _quiet(), compiled_scenes(scene_cache_from_env()):
             self._control = ControlEnv(
                 bddl_file_name=str(task.bddl_file),
                 has_renderer=False,
