@@ -152,6 +152,7 @@ def pytest_args(
     output_dir: str | Path | None = None,
     workers: int = 1,
     ray: str | None = None,
+    shard: str | None = None,
     verbose: bool = False,
     report_json: Path,
 ) -> list[str]:
@@ -166,6 +167,8 @@ def pytest_args(
         args.append(f"--gap-modes={','.join(modes)}")
     if output_dir:
         args.append(f"--gap-output-dir={Path(output_dir).resolve()}")
+    if shard:
+        args.append(f"--gap-shard={shard}")
     if ray:  # trials on Ray actors, not xdist workers
         args.append(f"--gap-ray={ray}")
     elif workers > 1:
@@ -198,6 +201,7 @@ def _prepare(
     output_dir: str | Path | None = None,
     workers: int | None = None,
     ray: str | None = None,
+    shard: str | None = None,
     verbose: bool = False,
 ) -> tuple[Path, list[str], Path, int]:
     """Check the config (its errors before any trial) and build the session's pytest args:
@@ -212,6 +216,14 @@ def _prepare(
     report_json = tmp / "report.json"
     # No more workers than trials: a one-trial config with -n 8 starts one process.
     n_trials = sum(len(cell.trials()) for cell in cells)
+    if shard:  # a bad K/N is one line before any process starts
+        from pytest_gap.scale.shard import parse_shard, too_many_shards
+
+        spec = parse_shard(shard)
+        why = too_many_shards(spec, n_trials)
+        if why:
+            raise ConfigError(str(path), [why])
+        n_trials = -(-n_trials // spec.count)  # about a shard's share
     workers = fit_workers(workers or default_workers(loaded), n_trials)
     args = pytest_args(
         path,
@@ -222,6 +234,7 @@ def _prepare(
         output_dir=output_dir,
         workers=workers,
         ray=ray,
+        shard=shard,
         verbose=verbose,
         report_json=report_json,
     )
@@ -280,6 +293,7 @@ async def run_benchmark(
     output_dir: str | Path | None = None,
     workers: int | None = None,
     ray: str | None = None,
+    shard: str | None = None,
     verbose: bool = False,
     quiet: bool = False,
 ) -> BenchmarkSummary:
@@ -291,6 +305,7 @@ async def run_benchmark(
         "output_dir": output_dir,
         "workers": workers,
         "ray": ray,
+        "shard": shard,
         "verbose": verbose,
     }
     with tempfile.TemporaryDirectory(prefix="gap-benchmark-") as tmp:

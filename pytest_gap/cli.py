@@ -207,6 +207,7 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
             output_dir=args.output_dir,
             workers=args.n,
             ray=args.ray,
+            shard=args.shard,
             verbose=args.verbose,
         )
     except BenchmarkRunError as exc:
@@ -758,6 +759,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--ray",
         metavar="auto|ADDRESS",
         help="run the trials on a Ray cluster (pytest --gap-ray; not with -n)",
+    )
+    bench.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="run shard K of N of the plan (pytest --gap-shard); put the N run dirs together "
+        "with gap merge",
     )
     bench.add_argument("-v", "--verbose", action="store_true", help="verbose pytest output")
     bench.set_defaults(func=_cmd_benchmark)

@@ -208,14 +208,19 @@ def _run_dir(output: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(project) -> dict[str, Path]:
-    """Shards 1..3 of bench.yaml (shard 2 under xdist, 2 workers) and one unsharded run."""
+    """Shards 1..3 of bench.yaml (shard 2 under xdist, 2 workers; shard 3 through `gap
+    benchmark --shard`) and one unsharded run."""
     found = {}
     for k in range(1, SHARDS + 1):
-        xdist = ["-n", "2"] if k == 2 else []
         out = project / "out" / f"shard_{k}"
-        done = _pytest(
-            project, "bench.yaml", f"--gap-shard={k}/{SHARDS}", "--gap-output-dir", out, *xdist
-        )
+        if k == SHARDS:
+            done = _gap(project, "benchmark", "bench.yaml", "--shard", f"{k}/{SHARDS}",
+                        "--output-dir", out)  # fmt: skip
+        else:
+            xdist = ["-n", "2"] if k == 2 else []
+            done = _pytest(
+                project, "bench.yaml", f"--gap-shard={k}/{SHARDS}", "--gap-output-dir", out, *xdist
+            )
         assert done.returncode in (0, 1), done.stdout + done.stderr  # its gate: 2 of 8
         found[f"shard_{k}"] = _run_dir(out)
     done = _pytest(project, "bench.yaml", "--gap-output-dir", project / "out" / "full")
@@ -251,6 +256,14 @@ def test_shards_of_a_session_partition_its_plan_under_xdist_too(runs):
     assert manifest["sessions"][-1]["shard"] == "2/3" and full["shard"] is None
     gate = json.loads((runs["shard_2"] / "summary.json").read_text())["gate"]["coverage"]
     assert gate["planned"] == 8 and gate["deselected"] == 16 and gate["missing"] == []
+
+
+def test_gap_benchmark_refuses_a_shard_the_plan_cannot_fill_in_one_line(project, tmp_path):
+    done = _gap(project, "benchmark", "bench.yaml", "--shard", "25/25", "--output-dir", tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "bench.yaml" in line and "24 trials, fewer than 25 shards; use at most 24" in line
+    assert not list(tmp_path.iterdir())  # nothing ran, no run dir
 
 
 def test_merging_the_shards_gives_the_unsharded_runs_summary(project, runs, tmp_path):
