@@ -212,7 +212,7 @@ def _prepare(
         problem = llm_problem(loaded)
         if problem:  # fail fast: every cell whose producer is the LLM would error on it
             raise ConfigError(str(path), [problem])
-    check_config(path.resolve(), loaded, cells)  # a refused key, a missing program
+    check_config(path.resolve(), loaded, cells, on_ray=bool(ray))  # a missing program
     report_json = tmp / "report.json"
     # No more workers than trials: a one-trial config with -n 8 starts one process.
     n_trials = sum(len(cell.trials()) for cell in cells)

@@ -89,6 +89,25 @@ class LLMConfig(_Strict):
     max_retries: NonNegativeInt = 5
 
 
+class RayResources(_Strict):
+    """What each trial holds on a Ray cluster (`pytest --gap-ray`, pytest_gap/scale/): the
+    resources of the long-lived actor that runs it, one actor per slot of a node. `memory` is
+    bytes (Ray's unit); None reserves none."""
+
+    num_cpus: NonNegativeFloat = 1.0
+    num_gpus: NonNegativeFloat = 0.0
+    memory: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _holds_something(self) -> RayResources:
+        if not (self.num_cpus or self.num_gpus):
+            raise ValueError(
+                "num_cpus and num_gpus are both 0: a node would take any number of actors; "
+                "give each trial num_cpus (e.g. 1) or num_gpus"
+            )
+        return self
+
+
 class PolicyEntry(_Strict):
     """One `policies:` registry entry: exactly one of url, command (alias start_cmd), preset.
 
@@ -107,6 +126,9 @@ class PolicyEntry(_Strict):
     protocol: Literal["openpi", "vla-eval"] = "openpi"
     obs_format: ObsFormatName | None = None
     privileged_state: bool = False
+    # Under --gap-ray, a managed server runs in a Ray actor holding these resources, on a node
+    # that has them (scale/ray_policy.py); without --gap-ray it runs here, as any other.
+    ray: RayResources | None = None
 
     @property
     def resolved_obs_format(self) -> ObsFormatName:
@@ -132,6 +154,11 @@ class PolicyEntry(_Strict):
             raise ValueError(
                 "set exactly one of url, command (or start_cmd), preset"
                 + (f"; got {', '.join(given)}" if given else "")
+            )
+        if self.url is not None and self.ray is not None:
+            raise ValueError(
+                "ray places a server the session starts (command or preset); a url: server "
+                "runs wherever it was started: drop ray or give a command"
             )
         return self
 
@@ -177,25 +204,6 @@ class PolicyManagerConfig(_Strict):
     # the k-th restart after restart_backoff_s * 2**(k-1) s (pytest_gap/policies/supervisor.py).
     max_restarts: NonNegativeInt = 3
     restart_backoff_s: NonNegativeFloat = 1.0
-
-
-class RayResources(_Strict):
-    """What each trial holds on a Ray cluster (`pytest --gap-ray`, pytest_gap/scale/): the
-    resources of the long-lived actor that runs it, one actor per slot of a node. `memory` is
-    bytes (Ray's unit); None reserves none."""
-
-    num_cpus: NonNegativeFloat = 1.0
-    num_gpus: NonNegativeFloat = 0.0
-    memory: PositiveInt | None = None
-
-    @model_validator(mode="after")
-    def _holds_something(self) -> RayResources:
-        if not (self.num_cpus or self.num_gpus):
-            raise ValueError(
-                "num_cpus and num_gpus are both 0: a node would take any number of actors; "
-                "give each trial num_cpus (e.g. 1) or num_gpus"
-            )
-        return self
 
 
 class TrialsConfig(_Strict):

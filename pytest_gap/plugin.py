@@ -244,7 +244,8 @@ class _Lead(GapSession):
         self._implicit_policy_lines(loaded.values())
         try:
             down = check_llms(configs)
-            self.policies, policies_down = start_policies(configs)
+            launcher = self._ray_launcher(configs)
+            self.policies, policies_down = start_policies(configs, launcher)
         except GapError as exc:
             self._usage_exit(exc)
         if self.policies is not None:
@@ -257,6 +258,24 @@ class _Lead(GapSession):
             loaded[path].mark_unavailable(services)
         self.unavailable = down
         self._fit_workers(list(loaded.values()))
+
+    def _ray_launcher(self, configs):
+        """Under --gap-ray, where managed servers with `ray:` start (scale/ray_policy.py)."""
+        address = self.config.getoption("gap_ray", None)
+        if not address:
+            return None
+        from pytest_gap.policies.registry import needed
+
+        if not any(
+            e.ray is not None and e.url is None
+            for _, config, cells, _ in configs
+            for e in needed(config, cells).values()
+        ):
+            return None
+        from pytest_gap.scale.ray_executor import connect, session_namespace
+        from pytest_gap.scale.ray_policy import RayLauncher
+
+        return RayLauncher(connect(address, session_namespace(self)))
 
     def _usage_exit(self, exc: GapError) -> None:
         """Stop the session on a problem the user can fix (usage error), in one line."""
@@ -522,8 +541,11 @@ class SingleProcess(_Lead):
 
     def pytest_unconfigure(self) -> None:
         if self.ray is not None:  # the actors this session started (also after Ctrl-C)
-            self.ray.close()
-        super().pytest_unconfigure()
+            self.ray.close(shutdown=False)
+        super().pytest_unconfigure()  # the policy servers, some maybe on Ray too
+        ray = sys.modules.get("ray")
+        if self.config.getoption("gap_ray", None) and ray is not None and ray.is_initialized():
+            ray.shutdown()
 
 
 class Controller(_Lead):

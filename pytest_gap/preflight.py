@@ -57,8 +57,9 @@ def check_llms(configs: list[Planned], **settings_update) -> dict:
     return down
 
 
-def start_policies(configs: list[Planned]):
-    """Probe the external policy servers and start the managed ones the cells need.
+def start_policies(configs: list[Planned], launcher=None):
+    """Probe the external policy servers and start the managed ones the cells need
+    (`launcher`: where entries it places start, policies/manager.py `Launcher`).
 
     Returns (SessionPolicies or None, {config path: {"policies": why}}); raises
     PolicyConfigError for a command or preset that cannot work as written.
@@ -75,7 +76,9 @@ def start_policies(configs: list[Planned]):
         return None, {}
     policies = SessionPolicies()
     try:
-        policies.start([(config, cells, log_dir) for _, config, cells, log_dir in users])
+        policies.start(
+            [(config, cells, log_dir) for _, config, cells, log_dir in users], launcher=launcher
+        )
     except PolicyConfigError:
         raise
     except GapError as exc:  # one failure stops every server of the session
@@ -84,14 +87,17 @@ def start_policies(configs: list[Planned]):
     return policies, {}
 
 
-def check_config(path: Path, config: BenchmarkConfig, cells: list[Cell]) -> None:
+def check_config(
+    path: Path, config: BenchmarkConfig, cells: list[Cell], on_ray: bool = False
+) -> None:
     """The config problems a preflight would find, found without starting anything heavy:
     raises PolicyConfigError or LLMConfigError. Services that are down are left to the session.
-    `gap benchmark` calls it before it starts the pytest session, for a one-line error."""
+    `gap benchmark` calls it before it starts the pytest session, for a one-line error.
+    `on_ray`: entries with `ray:` start on a cluster node, whose programs are checked there."""
     from pytest_gap.policies.manager import check_command
     from pytest_gap.policies.registry import needed
 
     for policy_id, entry in needed(config, cells).items():
-        if entry.url is None:
+        if entry.url is None and not (on_ray and entry.ray is not None):
             check_command(policy_id, entry)
     check_llms([(path, config, cells, path.parent)], max_retries=0, timeout_s=30.0)

@@ -138,6 +138,15 @@ def test_every_problem_is_reported_at_once_with_its_key(tmp_path):
             "trials.ray: num_cpus and num_gpus are both 0",
         ),
         (
+            {"benchmark": {}, "policies": {"p": {"url": "ws://h:1", "ray": {"num_gpus": 1}}}},
+            "policies.p: ray places a server the session starts (command or preset); a url: "
+            "server runs wherever it was started: drop ray or give a command",
+        ),
+        (
+            {"benchmark": {}, "policies": {"p": {"preset": "pi05-libero", "ray": {"gpus": 1}}}},
+            "policies.p.ray.gpus",
+        ),
+        (
             {"benchmark": {"variations": ["object"], "families": ["posvar"]}},
             "benchmark.variations: unknown variation of the chosen families 'object'",
         ),

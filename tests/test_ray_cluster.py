@@ -1,6 +1,6 @@
 """`pytest --gap-ray` on a real Ray cluster of two nodes, both on this machine: a head started by
 the test (`ray start --head`) and a second node process (`ray start --address`), one CPU each
-(the second also declares one GPU, for the pinning test).
+(the second also declares one GPU, for the pinning test and a policy server placed on it).
 Trials run on the fake backend (tests/fake_backend.py), which the nodes import from tests/ on
 their PYTHONPATH as any node imports a config's backend; its skills come from the session's
 conftest, which the actors load from the controller.
@@ -248,6 +248,79 @@ def test_a_managed_policy_server_answers_the_actors(fake, cluster):
         assert record["worker"].startswith("ray-") and record["steps"] > 0
 
 
+WHERE_AM_I = """
+import os
+from pathlib import Path
+import numpy as np
+
+
+class HoldAndSayWhere:
+    \"\"\"Zero motion, gripper open; says which GPU it was given and which process it is.\"\"\"
+
+    def __init__(self):
+        Path(os.environ["WHERE_FILE"]).write_text(
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES')} {os.getpid()}"
+        )
+
+    def infer(self, obs):
+        return {"actions": np.tile([0, 0, 0, 0, 0, 0, -1.0], (5, 1))}
+"""
+
+
+def _placed_server_config(fake, host_args: list[str]) -> None:
+    (fake.path / "where.py").write_text(WHERE_AM_I)
+    serve = [GAP, "policy", "serve", "where:HoldAndSayWhere", "--port", "{port}", *host_args]
+    env = {"PYTHONPATH": str(fake.path), "WHERE_FILE": str(fake.path / "where")}
+    fake.config(
+        {
+            "policies": {
+                "gpu": {"command": serve, "env": env, "ray": {"num_cpus": 0, "num_gpus": 1}}
+            },
+            "trials": {"max_steps": 10},
+            "benchmark": {
+                **_grid(2)["benchmark"],
+                "task_ids": [0],
+                "modes": ["policy_only"],
+                "policies": ["gpu"],
+                "mode_overrides": {"policy_only": {"template": "policy_only_bare"}},
+            },
+        }
+    )
+
+
+def test_a_managed_server_with_ray_resources_runs_on_the_node_that_has_them(fake, cluster):
+    """`policies.gpu.ray: {num_gpus: 1}`: Ray starts the server on the node with the GPU, which
+    it is given; the trial actors on both nodes reach it at that node's address, and it ends
+    with the session."""
+    _placed_server_config(fake, ["--host", "0.0.0.0"])
+    result = fake.run("bench.yaml", f"--gap-ray={cluster.address}")
+    out = result.stdout.str()
+    result.assert_outcomes(passed=1, failed=1)  # holding still succeeds on seed 1 only
+    gpus, pid = (fake.path / "where").read_text().split()
+    assert gpus == "0", out  # Ray's assignment is the server's environment
+    records = FakeSession.results(fake.run_dir())
+    (url,) = {r["policy_url"] for r in records.values()}
+    assert not url.startswith("ws://127.0.0.1:") and all(
+        r["error"] is None for r in records.values()
+    )
+    assert f"gap: policies.gpu: started by Ray at {url}" in out
+    assert "gap: ray: 2 trials on 2 actors over 2 nodes" in out  # the GPU held is no CPU
+    log = (fake.run_dir() / "policy_logs" / "policy_gpu.log").read_text()
+    assert "gap: started by Ray on node" in log and "CUDA_VISIBLE_DEVICES=0" in log, log
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _alive(int(pid)):
+        time.sleep(0.2)
+    assert not _alive(int(pid)), "the server outlived its session"
+
+
+def test_a_placed_server_that_listens_on_loopback_only_is_a_start_error_that_says_so(fake, cluster):
+    _placed_server_config(fake, [])  # gap policy serve binds 127.0.0.1 unless told
+    result = fake.run("bench.yaml", f"--gap-ray={cluster.address}")
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == 1, out  # the cells error and the gate fails, with the reason
+    assert "listens on 127.0.0.1 only, so no other node reaches it; bind it to 0.0.0.0" in out
+
+
 DIE_ONCE = """
 import os, signal
 from pathlib import Path
@@ -269,13 +342,19 @@ class DieOnceOnThirdCall:
 """
 
 
-def test_a_trial_whose_managed_server_died_is_rerun_after_the_restart(fake, cluster):
+@pytest.mark.parametrize("placed", [False, True], ids=["on-the-controller", "placed-by-ray"])
+def test_a_trial_whose_managed_server_died_is_rerun_after_the_restart(fake, cluster, placed):
+    """Also for a server Ray placed on the GPU node: the restart needs the GPU the dead one's
+    actor held."""
     (fake.path / "die_once.py").write_text(DIE_ONCE)
     serve = [GAP, "policy", "serve", "die_once:DieOnceOnThirdCall", "--port", "{port}"]
     env = {"PYTHONPATH": str(fake.path), "DIED_MARKER": str(fake.path / "died")}
+    entry = {"command": serve, "env": env}
+    if placed:
+        entry = {"command": [*serve, "--host", "0.0.0.0"], "env": env, "ray": {"num_gpus": 1}}
     fake.config(
         {
-            "policies": {"once": {"command": serve, "env": env}},
+            "policies": {"once": entry},
             "trials": {"max_steps": 20},
             "benchmark": {
                 **_grid(1)["benchmark"],

@@ -275,3 +275,28 @@ def test_trials_of_a_loopback_policy_server_keep_their_actors_on_this_machine():
     assert why.startswith("policy servers on loopback (pi0) are reachable from this machine only")
     one_machine = [{**n, "NodeManagerAddress": "10.0.0.1"} for n in nodes]
     assert usable_nodes(one_machine, "10.0.0.1", ["pi0"]) == (one_machine[:2], None)
+
+
+def test_trial_actors_are_not_planned_into_what_the_sessions_policy_servers_hold():
+    from pytest_gap.config import RayResources
+    from pytest_gap.policies.manager import ManagedServer
+    from pytest_gap.scale.ray_cluster import slots_of
+    from pytest_gap.scale.ray_executor import _less
+    from pytest_gap.scale.ray_policy import RayServerProcess, held_by_servers
+
+    def placed(node: str, resources: RayResources, returncode=None) -> ManagedServer:
+        process = RayServerProcess(None, None, 11, None, node, resources)
+        process.returncode = returncode
+        return ManagedServer("p", 8000, process, None, host="10.0.0.2")
+
+    held = held_by_servers(
+        [
+            placed("n2", RayResources(num_cpus=1, num_gpus=1)),
+            placed("n2", RayResources(num_cpus=0.5, num_gpus=1, memory=2**30)),
+            placed("n1", RayResources(num_cpus=1), returncode=-9),  # gone: holds nothing
+        ]
+    )
+    assert held == {"n2": {"CPU": 1.5, "GPU": 2.0, "memory": 2**30}}
+    node = {"CPU": 4.0, "GPU": 2.0, "memory": 8.0 * 2**30}
+    assert slots_of(_less(node, held["n2"]), RayResources(num_cpus=1)) == 2
+    assert slots_of(_less(node, held["n2"]), RayResources(num_cpus=1, num_gpus=1)) == 0

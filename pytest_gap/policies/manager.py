@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from pytest_gap.config import PolicyEntry, PolicyManagerConfig
 from pytest_gap.errors import GapError
@@ -139,28 +140,50 @@ def _die_with_parent() -> None:
 
 @dataclass
 class ManagedServer:
+    """A started server. `process` is its Popen, or for a server another machine runs (a Ray
+    actor, scale/ray_policy.py) an object with Popen's poll/pid/returncode and a `stop`."""
+
     policy_id: str
     port: int
-    process: subprocess.Popen
+    process: subprocess.Popen | Any
     log: Path | None
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
+        return f"ws://{self.host}:{self.port}"
+
+
+class Launcher(Protocol):
+    """Starts the entries it `places` somewhere other than this machine (scale/ray_policy.py)."""
+
+    def places(self, entry: PolicyEntry) -> bool: ...
+
+    def start(self, policy_id: str, entry: PolicyEntry, log: Path | None) -> ManagedServer: ...
 
 
 class PolicyManager:
-    def __init__(self, settings: PolicyManagerConfig | None = None, log_dir: Path | None = None):
+    def __init__(
+        self,
+        settings: PolicyManagerConfig | None = None,
+        log_dir: Path | None = None,
+        launcher: Launcher | None = None,
+    ):
         self.settings = settings or PolicyManagerConfig()
         self.log_dir = log_dir
+        self.launcher = launcher
         self.servers: dict[str, ManagedServer] = {}
         self.entries: dict[str, PolicyEntry] = {}  # what each server was started from
+
+    def _placed(self, entry: PolicyEntry) -> bool:
+        return self.launcher is not None and self.launcher.places(entry)
 
     def start_all(self, entries: dict[str, PolicyEntry]) -> dict[str, str]:
         """Start every managed entry; on any failure stop them all and raise. Returns urls."""
         managed = {p: e for p, e in entries.items() if e.url is None and p not in self.servers}
         for policy_id, entry in managed.items():  # a wrong command starts nothing
-            check_command(policy_id, entry)
+            if not self._placed(entry):  # a placed one is checked where it runs
+                check_command(policy_id, entry)
         try:
             for policy_id, entry in managed.items():
                 self.entries[policy_id] = entry
@@ -173,14 +196,15 @@ class PolicyManager:
         return {pid: s.url for pid, s in self.servers.items()}
 
     def _start(self, policy_id: str, entry: PolicyEntry) -> ManagedServer:
-        port = free_port()
-        argv, cwd = command_for(policy_id, entry, port)
         log = None
-        stdout = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log = self.log_dir / f"policy_{policy_id}.log"
-            stdout = log.open("ab")
+        if self._placed(entry):
+            return self.launcher.start(policy_id, entry, log)
+        port = free_port()
+        argv, cwd = command_for(policy_id, entry, port)
+        stdout = log.open("ab") if log is not None else subprocess.DEVNULL
         try:
             process = subprocess.Popen(
                 argv,
@@ -216,9 +240,13 @@ class PolicyManager:
 
     def _wait(self, server: ManagedServer, cancel: threading.Event | None = None) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s
-        while not port_open(server.port):
+        loopback_only = getattr(server.process, "loopback_only", None)
+        while not port_open(server.port, server.host):
             code = server.process.poll()
             where = f"; its output is in {server.log}" if server.log else ""
+            why = loopback_only(server.host) if loopback_only is not None else None
+            if why:
+                raise PolicyStartError(f"policies.{server.policy_id}: {why}")
             if cancel is not None and cancel.is_set():
                 raise PolicyStartError(
                     f"policies.{server.policy_id}: the session ended before the server listened"
@@ -226,11 +254,12 @@ class PolicyManager:
             if code is not None:
                 raise PolicyStartError(
                     f"policies.{server.policy_id}: the server exited with status {code} before "
-                    f"listening on port {server.port}{where}"
+                    f"listening on port {server.port}{_on(server)}{where}"
                 )
             if time.monotonic() > deadline:
                 raise PolicyStartError(
-                    f"policies.{server.policy_id}: not listening on port {server.port} after "
+                    f"policies.{server.policy_id}: not listening on port {server.port}"
+                    f"{_on(server)} after "
                     f"{self.settings.startup_timeout_s:g} s (policy_manager.startup_timeout_s)"
                     f"{where}"
                 )
@@ -242,6 +271,9 @@ class PolicyManager:
             self._terminate(server)
 
     def _terminate(self, server: ManagedServer) -> None:
+        if not isinstance(server.process, subprocess.Popen):  # another machine's: it stops it
+            server.process.stop(self.settings.evict_grace_s)
+            return
         if server.process.poll() is not None:
             return
         _signal_group(server.process, signal.SIGTERM)
@@ -254,6 +286,10 @@ class PolicyManager:
     def stop_all(self) -> None:
         for policy_id in list(self.servers):
             self.stop(policy_id)
+
+
+def _on(server: ManagedServer) -> str:
+    return "" if server.host == "127.0.0.1" else f" of {server.host}"
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

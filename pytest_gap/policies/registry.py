@@ -16,7 +16,7 @@ from pathlib import Path
 from pytest_gap.config import BenchmarkConfig, PolicyEntry
 from pytest_gap.plan import Cell
 from pytest_gap.policies.endpoint import PolicyEndpoint
-from pytest_gap.policies.manager import PolicyManager, preflight
+from pytest_gap.policies.manager import Launcher, PolicyManager, preflight
 from pytest_gap.policies.supervisor import STATE_FILE, Supervisor
 
 
@@ -59,15 +59,26 @@ class SessionPolicies:
         self.urls: dict[str, dict[str, str]] = {}  # config path -> {policy id: url} started
         self.notices: list[str] = []  # one line per started server reachable beyond loopback
 
-    def start(self, configs: list[tuple[BenchmarkConfig, list[Cell], Path]]) -> None:
-        """Probe and start what each (config, cells to run, server log dir) needs."""
+    def start(
+        self,
+        configs: list[tuple[BenchmarkConfig, list[Cell], Path]],
+        launcher: Launcher | None = None,
+    ) -> None:
+        """Probe and start what each (config, cells to run, server log dir) needs; entries
+        `launcher` places start there (Ray actors, under --gap-ray), the rest on this machine."""
         try:
             for config, cells, log_dir in configs:
                 entries = needed(config, cells)
                 preflight(
                     {pid: (e.url, e.protocol) for pid, e in entries.items() if e.url is not None}
                 )
-                manager = PolicyManager(config.policy_manager, log_dir=log_dir)
+                self.notices += [
+                    f"policies.{pid}.ray places a server on a Ray cluster under --gap-ray only: "
+                    "this session starts it on this machine"
+                    for pid, e in entries.items()
+                    if e.ray is not None and launcher is None
+                ]
+                manager = PolicyManager(config.policy_manager, log_dir=log_dir, launcher=launcher)
                 self.managers.append(manager)
                 (log_dir / STATE_FILE).unlink(missing_ok=True)  # an earlier session's servers
                 started = manager.start_all({p: e for p, e in entries.items() if e.url is None})
@@ -80,6 +91,10 @@ class SessionPolicies:
         except BaseException:
             self.stop()
             raise
+
+    def servers(self) -> list:
+        """Every managed server started, as policies/manager.py `ManagedServer`s."""
+        return [s for manager in self.managers for s in manager.servers.values()]
 
     def lines(self) -> list[str]:
         """The restart lines logged since the last call, for the session's output."""
@@ -107,7 +122,14 @@ def _exposure_notices(started: dict[str, str]) -> list[str]:
 
     notices = []
     for policy_id, url in started.items():
-        port = urlsplit(url).port
+        parts = urlsplit(url)
+        port = parts.port
+        if parts.hostname != "127.0.0.1":  # placed on a cluster node (scale/ray_policy.py)
+            notices.append(
+                f"policies.{policy_id}: started by Ray at {url}, listening beyond loopback as "
+                "trials on other nodes need"
+            )
+            continue
         address = reachable_beyond_loopback(port) if port else None
         if address is not None:
             notices.append(

@@ -103,9 +103,15 @@ class RayExecution:
         self._crash: str | None = None
 
     # -- start --------------------------------------------------------------------------------
-    def start(self, planned: list[Planned], setup: ActorSetup) -> str:
+    def start(
+        self,
+        planned: list[Planned],
+        setup: ActorSetup,
+        held: dict[str, dict[str, float]] | None = None,
+    ) -> str:
         """Connect, start the actors, hand the trials to the dispatcher; returns a line for the
-        terminal. GapError (one line) when the cluster cannot be used."""
+        terminal. GapError (one line) when the cluster cannot be used. `held`: node id ->
+        resources this session's policy servers hold there (scale/ray_policy.py)."""
         shapes = {p.resources.model_dump_json(): p.resources for p in planned}
         if len(shapes) > 1:
             configs = sorted({str(p.config) for p in planned})
@@ -117,27 +123,7 @@ class RayExecution:
         self._done = {p.nodeid: threading.Event() for p in planned}
         if not planned:
             return "ray: no trial left to run (every selected trial has a record)"
-        try:
-            import ray
-        except ImportError:
-            raise GapError(
-                "--gap-ray needs Ray on this machine and every node: pip install 'pytest-gap[ray]'"
-            ) from None
-        address = resolve_address(self.address)
-        try:
-            ray.init(
-                address=address,
-                namespace=self.namespace,
-                runtime_env={"env_vars": forwarded_env()},
-                log_to_driver=False,
-                logging_level="WARNING",
-            )
-        except Exception as exc:  # ConnectionError, a bad address, a version skew
-            raise GapError(
-                f"--gap-ray {self.address}: cannot connect to the Ray cluster at {address} "
-                f"({one_line(str(exc), 200)}); check that this machine runs the same Ray "
-                "and Python as the cluster"
-            ) from None
+        ray = connect(self.address, self.namespace)
         self.ray = ray
         resources = next(iter(shapes.values()))
         loopback = sorted(
@@ -150,7 +136,13 @@ class RayExecution:
             }
         )
         usable, notice = usable_nodes(ray.nodes(), ray.util.get_node_ip_address(), loopback)
-        nodes = [(n["NodeID"], slots_of(n["Resources"], resources)) for n in usable]
+        nodes = [
+            (
+                n["NodeID"],
+                slots_of(_less(n["Resources"], (held or {}).get(n["NodeID"], {})), resources),
+            )
+            for n in usable
+        ]
         self.cluster = RayCluster(ray, resources, setup.model_dump(), self._prepare)
         self.slots = self.cluster.start([n for n in nodes if n[1]], len(planned))
         if not self.slots:
@@ -367,19 +359,58 @@ class RayExecution:
             raise GapError(f"--gap-ray: the trial was not run: {why}")
         return result, self._notes.get(nodeid, [])
 
-    def close(self) -> None:
-        """Stop handing out trials, kill this session's actors, disconnect."""
+    def close(self, shutdown: bool = True) -> None:
+        """Stop handing out trials, kill this session's actors, disconnect (`shutdown`; the
+        session disconnects itself when its policy servers run on Ray too)."""
         if self.dispatcher is not None:
             self.dispatcher.stopping.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self.cluster is not None:
             self.cluster.close()
-        if self.ray is not None:
+        if self.ray is not None and shutdown:
             self.ray.shutdown()
-            self.ray = None
+        self.ray = None
         for event in self._done.values():
             event.set()
+
+
+def _less(total: dict[str, float], held: dict[str, float]) -> dict[str, float]:
+    return {k: v - held.get(k, 0.0) for k, v in total.items()}
+
+
+def session_namespace(lead) -> str:
+    """The Ray namespace of a session's actors (trials and policy servers)."""
+    return f"gap-{lead.stamp}-{os.getpid()}"
+
+
+def connect(address: str, namespace: str):
+    """Ray, connected to the cluster at `address` (once per session: policy servers placed on
+    Ray connect first); a one-line GapError when it cannot be."""
+    try:
+        import ray
+    except ImportError:
+        raise GapError(
+            "--gap-ray needs Ray on this machine and every node: pip install 'pytest-gap[ray]'"
+        ) from None
+    if ray.is_initialized():
+        return ray
+    resolved = resolve_address(address)
+    try:
+        ray.init(
+            address=resolved,
+            namespace=namespace,
+            runtime_env={"env_vars": forwarded_env()},
+            log_to_driver=False,
+            logging_level="WARNING",
+        )
+    except Exception as exc:  # ConnectionError, a bad address, a version skew
+        raise GapError(
+            f"--gap-ray {address}: cannot connect to the Ray cluster at {resolved} "
+            f"({one_line(str(exc), 200)}); check that this machine runs the same Ray "
+            "and Python as the cluster"
+        ) from None
+    return ray
 
 
 def session_setup(plugins: list, mode_table) -> ActorSetup:
@@ -422,9 +453,12 @@ def start_items(address: str, lead, items: list) -> tuple[RayExecution, str]:
                 max_validation_retries=config.composition.max_validation_retries,
             )
         )
-    execution = RayExecution(address, namespace=f"gap-{lead.stamp}-{os.getpid()}")
+    execution = RayExecution(address, namespace=session_namespace(lead))
     setup = session_setup(lead.config.pluginmanager.get_plugins(), lead.mode_table)
-    line = execution.start(planned, setup)
+    from pytest_gap.scale.ray_policy import held_by_servers
+
+    servers = lead.policies.servers() if lead.policies is not None else []
+    line = execution.start(planned, setup, held_by_servers(servers))
     return execution, line
 
 
