@@ -138,6 +138,20 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def spawn(argv: list[str], cwd: Path | None, entry: PolicyEntry, stdout) -> subprocess.Popen:
+    """A server process: its own process session (its whole tree can be signalled), a
+    parent-death signal, the entry's environment over this one, output to `stdout`."""
+    return subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env={**os.environ, **entry.env},
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+
+
 @dataclass
 class ManagedServer:
     """A started server. `process` is its Popen, or for a server another machine runs (a Ray
@@ -206,15 +220,7 @@ class PolicyManager:
         argv, cwd = command_for(policy_id, entry, port)
         stdout = log.open("ab") if log is not None else subprocess.DEVNULL
         try:
-            process = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env={**os.environ, **entry.env},
-                stdout=stdout,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+            process = spawn(argv, cwd, entry, stdout)
         except OSError as exc:  # not executable, not a program: the command is wrong
             raise PolicyConfigError(
                 f"policies.{policy_id}: cannot start {argv[0]!r} ({exc.strerror})"

@@ -38,6 +38,7 @@ from pytest_gap.policies.manager import (
     check_command,
     command_for,
     port_open,
+    spawn,
 )
 
 CALL_TIMEOUT_S = 30.0  # one call to a server's actor (it answers at once unless its node is gone)
@@ -65,8 +66,6 @@ class PolicyServerActor:
         problem found on this node (a program or an openpi checkout that is not here)."""
         import ray
 
-        from pytest_gap.policies.manager import _die_with_parent
-
         entry = PolicyEntry.model_validate_json(entry_json)
         self.port = _free_port_any()
         try:
@@ -77,15 +76,7 @@ class PolicyServerActor:
         self.log = Path(tempfile.mkdtemp(prefix="gap-policy-")) / f"policy_{policy_id}.log"
         try:
             with self.log.open("ab") as out:
-                self.process = subprocess.Popen(
-                    argv,
-                    cwd=cwd,
-                    env={**os.environ, **entry.env},
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
-                )
+                self.process = spawn(argv, cwd, entry, out)
         except OSError as exc:  # not executable, not a program: the command is wrong
             return {
                 "error": f"policies.{policy_id}: cannot start {argv[0]!r} ({exc.strerror}) on "
