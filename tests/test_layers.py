@@ -161,7 +161,7 @@ REACH_RULES += [
     # The Ray executor runs on nodes without pytest; the plugin drives it, not the reverse.
     *[
         (f"pytest_gap.scale.{m}", ("pytest", *UPPER))
-        for m in ("dispatch", "ray_actor", "ray_cluster", "ray_executor")
+        for m in ("dispatch", "ray_actor", "ray_cluster", "ray_executor", "ray_policy")
     ],
 ]
 # (who, what it must never import directly): the layers above reach the ones below only.
