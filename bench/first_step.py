@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +25,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.scaling import run_session
 from bench.vs_vla_eval import _free_port, _serve_openpi
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,20 +54,10 @@ def _config(args, url: str) -> dict:
 def _round(tmp: Path, workers: int, scene_cache: str) -> dict[str, float]:
     stamps = tmp / f"stamps-{time.monotonic_ns()}"
     stamps.mkdir()
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        GAP_FIRST_STEP_DIR=str(stamps),
-        GAP_SCENE_CACHE=scene_cache,
+    args = ["-p", "bench.first_step_probe", *(["-n", str(workers)] if workers > 1 else [])]
+    done, t0, total = run_session(
+        tmp, args, GAP_FIRST_STEP_DIR=str(stamps), GAP_SCENE_CACHE=scene_cache
     )
-    env.pop("PYTEST_ADDOPTS", None)
-    cmd = [sys.executable, "-m", "pytest", "bench.yaml", "-q", "-p", "no:cacheprovider"]
-    cmd += ["-p", "bench.first_step_probe"]
-    if workers > 1:
-        cmd += ["-n", str(workers)]
-    t0 = time.time()
-    done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True)
-    total = time.time() - t0
     if done.returncode not in (0, 1):
         sys.exit(f"session failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr}")
     seen = [json.loads(p.read_text()) for p in stamps.glob("*.json")]

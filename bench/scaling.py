@@ -50,16 +50,25 @@ def _config(args, url: str) -> dict:
     }
 
 
-def _session(tmp: Path, workers: int, trials: int) -> float:
+def run_session(
+    tmp: Path, args: list[str], **environ: str
+) -> tuple[subprocess.CompletedProcess, float, float]:
+    """`python -m pytest bench.yaml ARGS` in `tmp`, this checkout importable, `environ` over
+    this process's; (its outcome, when it started by the wall clock, its seconds)."""
     env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        **environ,
     )
     env.pop("PYTEST_ADDOPTS", None)
-    cmd = [sys.executable, "-m", "pytest", "bench.yaml", "-q", "-p", "no:cacheprovider"]
-    cmd += ["-n", str(workers)]
-    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "pytest", "bench.yaml", "-q", "-p", "no:cacheprovider", *args]
+    started, t0 = time.time(), time.perf_counter()
     done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True)
-    elapsed = time.perf_counter() - t0
+    return done, started, time.perf_counter() - t0
+
+
+def _session(tmp: Path, workers: int, trials: int) -> float:
+    done, _, elapsed = run_session(tmp, ["-n", str(workers)])
     if done.returncode not in (0, 1):
         sys.exit(f"-n {workers} failed ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr}")
     # A session whose trials crashed is fast and proves nothing: every trial must have run.

@@ -73,9 +73,9 @@ class PolicyUnreachable(GapError, RuntimeError):
     """An external (url:) policy server did not answer the preflight handshake."""
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -37,20 +36,15 @@ from pytest_gap.policies.manager import (
     PolicyStartError,
     check_command,
     command_for,
+    free_port,
     port_open,
     spawn,
 )
+from pytest_gap.scale.ray_cluster import STARTUP_TIMEOUT_S
 
 CALL_TIMEOUT_S = 30.0  # one call to a server's actor (it answers at once unless its node is gone)
-STARTUP_TIMEOUT_S = 180.0  # an actor's placement and start: a worker process and its imports
 # The exit status a server reads as when its actor or node is gone: killed.
 GONE = -signal.SIGKILL
-
-
-def _free_port_any() -> int:
-    with socket.socket() as sock:
-        sock.bind(("0.0.0.0", 0))
-        return sock.getsockname()[1]
 
 
 class PolicyServerActor:
@@ -67,7 +61,7 @@ class PolicyServerActor:
         import ray
 
         entry = PolicyEntry.model_validate_json(entry_json)
-        self.port = _free_port_any()
+        self.port = free_port("0.0.0.0")  # free on every address: it may bind any
         try:
             check_command(policy_id, entry)
             argv, cwd = command_for(policy_id, entry, self.port)
@@ -90,8 +84,11 @@ class PolicyServerActor:
             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
 
-    def poll(self) -> int | None:
-        return None if self.process is None else self.process.poll()
+    def poll(self, offset: int) -> tuple[int | None, bytes]:
+        """The server's exit status (None while it runs) and its output from byte `offset` on:
+        one round trip for the supervisor's every look."""
+        code = None if self.process is None else self.process.poll()
+        return code, self.output(offset)
 
     def loopback_only(self, host: str) -> bool:
         """Whether the server answers on this node's 127.0.0.1 but not on `host`."""
@@ -140,12 +137,14 @@ class RayServerProcess:
         if self.returncode is not None:
             return self.returncode
         try:
-            code = self._ray.get(self._actor.poll.remote(), timeout=CALL_TIMEOUT_S)
+            code, data = self._ray.get(
+                self._actor.poll.remote(self._offset), timeout=CALL_TIMEOUT_S
+            )
         except self._ray.exceptions.GetTimeoutError:
             return None  # no answer yet is not an exit
         except self._ray.exceptions.RayError:  # the actor, or its node, is gone
-            code = GONE
-        self.sync_output()
+            code, data = GONE, b""
+        self._append(data)
         if code is not None:
             self.returncode = code
             # The actor holds its resources (a GPU) until it goes: free them for the restart.
@@ -169,11 +168,15 @@ class RayServerProcess:
         if self._log is None:
             return
         with contextlib.suppress(self._ray.exceptions.RayError):
-            data = self._ray.get(self._actor.output.remote(self._offset), timeout=CALL_TIMEOUT_S)
-            if data:
-                self._offset += len(data)
-                with self._log.open("ab") as handle:
-                    handle.write(data)
+            self._append(
+                self._ray.get(self._actor.output.remote(self._offset), timeout=CALL_TIMEOUT_S)
+            )
+
+    def _append(self, data: bytes) -> None:
+        if data and self._log is not None:
+            self._offset += len(data)
+            with self._log.open("ab") as handle:
+                handle.write(data)
 
     def stop(self, grace_s: float) -> None:
         if self.returncode is None:
