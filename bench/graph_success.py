@@ -59,6 +59,7 @@ PLAN = [
     ("do_task", "libero_pro", "spatial_lan", "success", 0.85),
     ("do_task", "libero_pro", "spatial_object", "success", 0.85),
     ("do_task", "libero_pro", "spatial_task", "success", 0.85),
+    ("do_task", "libero_pro", "spatial_swap", "success", 0.85),
 ]
 
 
@@ -194,6 +195,11 @@ def main() -> int:
         and args.family in (None, p[1])
         and args.variation in (None, p[2])
     ]
+    if not plan:
+        parser.error(
+            "no cell matches --only/--family/--variation; the cells are: "
+            + ", ".join(sorted({f"{g} {f}/{v}" for g, f, v, _, _ in PLAN}))
+        )
     cells = [(g, f, v) for g, f, v, _, _ in plan]
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     jobs = [(t, seeds, cells, args.perception) for t in _ids(args.tasks)]

@@ -1,6 +1,6 @@
 """pick on libero_10 task 1 ("put both the cream cheese box and the butter in the basket"):
 it waits for the scene to come to rest before looking, and slides its grasp along a box clear
-of a tall neighbour."""
+of a tall neighbour; a rim grasp beside a tall cabinet keeps the forearm off it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.skills import library as skills
 from pytest_gap.skills import motion, perception
+from pytest_gap.sim.variations import resolve
 from pytest_gap.skills.context import SkillContext
 
 
@@ -111,3 +112,33 @@ def test_the_cream_cheese_by_a_bigger_bowl_is_gripped_and_put_in_its_middle(goal
     graph = load_workflow("examples/workflows/do_task", task_placeholders(obs.prompt))
     result = run_workflow(graph, goal_env)
     assert result.success, result.error
+
+
+@pytest.fixture(scope="module")
+def bowl_by_the_cabinet():
+    """libero_pro spatial_swap task 3 seed 20: the bowl on the cookie box stands beside the
+    wooden cabinet, whose top is 0.18 m over the bowl's rim."""
+    variation = resolve("libero_pro", "spatial_swap")
+    with make_env(variation.suite, 3, EnvOptions()) as made:
+        made.reset(20, variation=variation)
+        yield made
+
+
+def test_a_rim_grasp_whose_forearm_meets_the_cabinet_is_passed_over(bowl_by_the_cabinet):
+    """The near-rim grasp, which the hand alone has room for, brought the forearm down on the
+    cabinet's top edge and stopped the hand over the rim; the grasps chosen keep the forearm
+    clear of it, at the yaw that does, and the pick holds at the first try."""
+    ctx = SkillContext(bowl_by_the_cabinet)
+    bowl = perception.ground_name(ctx, "the black bowl on the cookie box")
+    box, _ = perception.locate_box(ctx, bowl)
+    around = perception.surroundings(ctx, bowl)
+    near_rim = [box.center[0] - min(box.half_extents[:2]) + skills.RIM_IN, box.center[1], box.top]
+    near_rim[2] -= skills.RIM_DOWN
+    yaw = motion.grip_yaw(ctx, near_rim, np.pi / 2)
+    assert yaw is not None and not motion.arm_clear(ctx, near_rim, yaw, around)
+
+    grasps = skills._rim_grasps(ctx, bowl, box)
+    assert grasps and all(g.yaw_fixed for g in grasps)
+    assert all(motion.arm_clear(ctx, g.position, g.yaw, around) for g in grasps)
+    picked = skills.pick(ctx, name="the black bowl on the cookie box")
+    assert picked.holding and picked.attempts == 1

@@ -51,6 +51,9 @@ FINGER_OUTSIDE = 0.005
 # HAND_HALF_LENGTH along the closing axis and HAND_HALF_WIDTH across (robosuite's Panda
 # collision mesh reaches 0.034 either side, 0.1 along; a few mm slack).
 HAND_BODY_ABOVE, HAND_HALF_LENGTH, HAND_HALF_WIDTH = 0.04, 0.105, 0.04
+# Points the forearm may meet at a rim grasp: this far over the rim (the Panda's link 7 stands
+# about 0.15 m over the grip site, pointing down) and within this distance of the object.
+ARM_ABOVE_GRIP, ARM_NEAR = 0.1, 0.35
 # Lowering that stops this far above the release height is blocked, not done: plan again,
 # keeping these clearances in turn.
 BLOCKED, UNBLOCK_MARGINS = 0.02, (0.01, 0.02)
@@ -98,6 +101,9 @@ class Grasp(BaseModel):
     position: list[float]
     yaw: float
     width: float
+    # The hand must come down at `yaw` itself, not the same grip turned half round: the other
+    # turn brings the forearm onto something seen (`motion.clear_grip_yaw`).
+    yaw_fixed: bool = False
 
 
 class GraspCandidates(BaseModel):
@@ -284,7 +290,7 @@ def pick(ctx: SkillContext, name: str, retries: int = 1) -> Picked:
         grasps = grasps or _clear_of_neighbours(ctx, scene_name, box)
         grasp = grasps[min(attempt, len(grasps) - 1)]
         above = [*grasp.position[:2], max(box.top + 0.08, box.bottom + 0.15)]
-        yaw = motion.grip_yaw(ctx, grasp.position, grasp.yaw)
+        yaw = grasp.yaw if grasp.yaw_fixed else motion.grip_yaw(ctx, grasp.position, grasp.yaw)
         if yaw is None:
             raise SkillFailure(
                 f"the grasp of {scene_name} at {np.round(grasp.position, 3).tolist()} is out of "
@@ -473,17 +479,36 @@ def _rim_grasps(ctx: SkillContext, scene_name: str, box: Box) -> list[Grasp]:
     # First those whose hand comes down clear of what hangs over the object (an open drawer).
     tilted = max(rims) - min(rims) > TILT
     options.sort(key=lambda o: (o[0], o[1], o[3][2] if tilted else o[2]), reverse=True)
+    # What stands tall near it (a cabinet beside the bowl) may meet the forearm: where it
+    # does, the grasps whose arm clears it come first, at the yaw that clears it. Only the
+    # scene's objects and fixtures: what else the depth sees is the room's walls and the
+    # robot's own markers.
+    things = perception.scene_points(ctx, exclude=scene_name)
+    tall = things[
+        (things[:, 2] > min(rims) + ARM_ABOVE_GRIP)
+        & (np.linalg.norm(things[:, :2] - center, axis=1) < ARM_NEAR)
+    ]
+    passes = [True, False] if len(tall) else [False]
     grasps = []
-    for _, room, _, grip, angle in options:
-        # The fingers close along hand y, world -y at yaw 0: turn it onto the radius.
-        yaw = wrap_half_turn(angle + np.pi / 2)
-        position = [float(v) for v in grip]
-        if motion.grip_yaw(ctx, position, yaw) is None:
-            continue
-        ctx.note("rim grasp", angle=round(float(np.rad2deg(angle))), room=room)
-        grasps.append(Grasp(position=position, yaw=yaw, width=2 * RIM_IN))
-        if len(grasps) == 2:
-            break
+    for check_arm in passes:
+        for _, room, _, grip, angle in options:
+            # The fingers close along hand y, world -y at yaw 0: turn it onto the radius.
+            yaw = wrap_half_turn(angle + np.pi / 2)
+            position = [float(v) for v in grip]
+            if check_arm:
+                yaw = motion.clear_grip_yaw(ctx, position, yaw, tall)
+            elif motion.grip_yaw(ctx, position, yaw) is None:
+                continue
+            if yaw is None or any(np.allclose(g.position, position) for g in grasps):
+                continue
+            ctx.note(
+                "rim grasp", angle=round(float(np.rad2deg(angle))), room=room, arm_clear=check_arm
+            )
+            grasps.append(
+                Grasp(position=position, yaw=yaw, width=2 * RIM_IN, yaw_fixed=check_arm)
+            )
+            if len(grasps) == 2:
+                return grasps
     return grasps
 
 

@@ -28,6 +28,12 @@ IK_TURN_TOLERANCE = 0.05  # rad: and so does an orientation left this far off
 REACH_STEP = 0.02  # m: how far down at a time to look for a height the arm reaches
 WRIST_EASY = np.pi / 2 + 0.4  # rad of hand yaw either side of LIBERO's start pose
 STALL_STEPS = 15  # steps without 2 mm of progress: blocked, stop pushing
+# The links `arm_clear` keeps off what the cameras see (robosuite's Panda body names, after the
+# robot's prefix), and by how much: the forearm and wrist, the links that come down near tall
+# things beside a low grasp; depth points lie on surfaces, 2-5 mm apart at the cameras' range.
+ARM_LINKS = ("link4", "link5", "link6", "link7")
+ARM_CLEARANCE = 0.015
+JOINT_MARGIN = 0.15  # rad: `clear_grip_yaw` passes over poses with a joint nearer its stop
 # rad/s (norm over the arm's joints): slow enough to go down onto a grasp. A hand arriving
 # from a crossing with no descent moves at about 1.0; after a descent of 3 cm at about 0.5.
 SETTLE_SPEED = 0.6
@@ -206,6 +212,11 @@ def solve_ik(ctx: SkillContext, position, yaw: float, iterations: int = 200) -> 
     Starts from the arm as it is, then, if that ends in a local minimum against the joint
     limits (it does after some long reaches), from the arm's start configuration.
     """
+    return _posed(ctx, position, yaw, iterations)[0]
+
+
+def _posed(ctx: SkillContext, position, yaw: float, iterations: int = 200):
+    """(`solve_ik`'s residual, the scratch MjData with the arm posed by the better solve)."""
     import mujoco
 
     raw = ctx.env.raw
@@ -215,9 +226,59 @@ def solve_ik(ctx: SkillContext, position, yaw: float, iterations: int = 200) -> 
     robot = raw.robots[0]
     residual = _ik_residual(model, data, robot, position, yaw, iterations)
     if residual > IK_TOLERANCE:
+        first = data.qpos.copy()
         data.qpos[np.asarray(robot._ref_joint_pos_indexes)] = robot.init_qpos
-        residual = min(residual, _ik_residual(model, data, robot, position, yaw, iterations))
-    return residual
+        again = _ik_residual(model, data, robot, position, yaw, iterations)
+        if again < residual:
+            residual = again
+        else:
+            data.qpos[:] = first
+    mujoco.mj_kinematics(model, data)
+    return residual, data
+
+
+def arm_clear(
+    ctx: SkillContext, position, yaw: float, points: np.ndarray, clearance: float = ARM_CLEARANCE
+) -> bool:
+    """Whether the forearm and wrist (`ARM_LINKS`' collision meshes), the arm posed by IK to
+    put the grip site at `position` pointing down at `yaw`, stay `clearance` clear of every
+    point seen (N, 3). The hand's own room is the grasp planner's to check.
+
+    The arm knows its own shape; the scene is only what the cameras saw (libero_pro
+    spatial_swap task 3: the grasp on the near rim of a bowl beside the wooden cabinet was
+    clear for the hand, but the forearm came down on the cabinet's top edge and stopped the
+    hand 1.3-2.5 cm over the rim, seeds 20 and 23)."""
+    return _clear_as_posed(ctx, _posed(ctx, position, yaw)[1], points, clearance)
+
+
+def _clear_as_posed(ctx: SkillContext, data, points: np.ndarray, clearance: float) -> bool:
+    if not len(points):
+        return True
+    from scipy.spatial import cKDTree
+
+    vertices = _link_vertices(ctx.env.raw.sim.model._model, data, ctx.env.raw.robots[0])
+    distance, _ = cKDTree(np.asarray(points, float)).query(
+        vertices, distance_upper_bound=clearance
+    )
+    return bool(np.all(np.isinf(distance)))
+
+
+def _link_vertices(model, data, robot) -> np.ndarray:
+    """World points of the collision meshes of the robot's ARM_LINKS as `data` poses them."""
+    prefix = robot.robot_model.naming_prefix
+    bodies = {model.body(prefix + link).id for link in ARM_LINKS}
+    clouds = [np.zeros((0, 3))]
+    for geom in range(model.ngeom):
+        if model.geom_bodyid[geom] not in bodies or not model.geom_contype[geom]:
+            continue
+        if model.geom_type[geom] != 7:  # mjGEOM_MESH; others: their bounding sphere's centre
+            clouds.append(data.geom_xpos[geom][None])
+            continue
+        mesh = model.geom_dataid[geom]
+        start, count = model.mesh_vertadr[mesh], model.mesh_vertnum[mesh]
+        local = model.mesh_vert[start : start + count]
+        clouds.append(local @ data.geom_xmat[geom].reshape(3, 3).T + data.geom_xpos[geom])
+    return np.concatenate(clouds)
 
 
 def _ik_residual(model, data, robot, position, yaw: float, iterations: int) -> float:
@@ -282,13 +343,38 @@ def grip_yaw(ctx: SkillContext, position, yaw: float) -> float | None:
     The two grip alike, but turning the wrist half round on the way swings what is held, and
     the controller's rotation error is ill-defined near a half turn: the arm flails. Near the
     wrist's limits (yaw beyond WRIST_EASY) the controller tracks poorly."""
-    now = hand_yaw(ctx)
+    for option in _yaw_options(yaw, hand_yaw(ctx)):
+        if solve_ik(ctx, position, option) <= IK_TOLERANCE:
+            return float(option)
+    return None
+
+
+def _yaw_options(yaw: float, now: float) -> list[float]:
+    """A grip's two yaws (it and it turned half round), in `grip_yaw`'s order of preference."""
     turned = yaw - np.pi if yaw > 0 else yaw + np.pi
 
     def key(option: float) -> tuple[bool, float, float]:
         return abs(option) > WRIST_EASY, round(abs(wrap_angle(option - now)), 1), abs(option)
 
-    for option in sorted((yaw, turned), key=key):
-        if solve_ik(ctx, position, option) <= IK_TOLERANCE:
+    return sorted((yaw, turned), key=key)
+
+
+def clear_grip_yaw(ctx: SkillContext, position, yaw: float, points: np.ndarray) -> float | None:
+    """`grip_yaw`, among only the yaws whose forearm and wrist clear `points` (`arm_clear`):
+    the wrist stands off the hand's axis, on one side or the other as the hand turns half
+    round, and the forearm follows it. None when neither yaw is both reachable and clear."""
+    robot = ctx.env.raw.robots[0]
+    lo, hi = ctx.env.raw.sim.model._model.jnt_range[robot._ref_joint_indexes].T
+    qidx = np.asarray(robot._ref_joint_pos_indexes)
+    for option in _yaw_options(yaw, hand_yaw(ctx)):
+        residual, data = _posed(ctx, position, option)
+        if residual > IK_TOLERANCE:
+            continue
+        # A pose with a joint at its stop is one the controller gets stuck short of (the wrist
+        # turning the long way round into its limit: libero_pro spatial_swap task 2 seed 20).
+        q = data.qpos[qidx]
+        if np.min(np.minimum(q - lo, hi - q)) < JOINT_MARGIN:
+            continue
+        if _clear_as_posed(ctx, data, points, ARM_CLEARANCE):
             return float(option)
     return None
