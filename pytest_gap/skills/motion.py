@@ -28,6 +28,17 @@ IK_TURN_TOLERANCE = 0.05  # rad: and so does an orientation left this far off
 REACH_STEP = 0.02  # m: how far down at a time to look for a height the arm reaches
 WRIST_EASY = np.pi / 2 + 0.4  # rad of hand yaw either side of LIBERO's start pose
 STALL_STEPS = 15  # steps without 2 mm of progress: blocked, stop pushing
+# The Panda's elbow (joint 4, index 3 among the arm's joints) is straight at its upper limit
+# (-0.07 rad). Straight, the OSC controller cannot bend it: no torque it computes for a move
+# of the hand back towards the base turns that joint, and every later servo stalls where it
+# is (libero_pro 10_swap task 8 seed 0: the hand stuck 0.21 m short until the episode's steps
+# ran out). A reach check asks for the elbow bent at least ELBOW_MARGIN; a stall with the
+# elbow within ELBOW_STRAIGHT of its limit tilts the fingers towards the base (UNFOLD_TURN
+# per step, at most UNFOLD_STEPS steps) until it is bent UNFOLD_BENT, which the controller
+# does do (measured there: 10 steps of 0.5 bent it to -0.42 rad and the servo then reached
+# its target in 35 steps; a tilt about the other horizontal axis, or none, left it straight).
+ELBOW_JOINT, ELBOW_MARGIN, ELBOW_STRAIGHT = 3, 0.3, 0.02
+UNFOLD_TURN, UNFOLD_STEPS, UNFOLD_BENT, UNFOLDS = 0.5, 12, 0.4, 2
 # rad/s (norm over the arm's joints): slow enough to go down onto a grasp. A hand arriving
 # from a crossing with no descent moves at about 1.0; after a descent of 3 cm at about 0.5.
 SETTLE_SPEED = 0.6
@@ -69,7 +80,7 @@ def servo(
     limit, stall_steps = (GENTLE_ACTION, GENTLE_STALL_STEPS) if gentle else (1.0, STALL_STEPS)
     target = np.asarray(position, float)
     desired = down_rotation(yaw)
-    error, best, best_turn, best_at = np.inf, np.inf, np.inf, 0
+    error, best, best_turn, best_at, unfolds = np.inf, np.inf, np.inf, 0, 0
     for i in range(max_steps):
         pos, rot = hand_pose(ctx)
         delta = target - pos
@@ -81,6 +92,13 @@ def servo(
         if error < best - 0.002 or turn < best_turn - 0.02:
             best, best_turn, best_at = min(best, error), min(best_turn, turn), i
         elif i - best_at > stall_steps:
+            # Going down among things a stall is what stops it; a tilt there would swing what
+            # is held into its neighbours.
+            if not gentle and unfolds < UNFOLDS and elbow_straight(ctx):
+                unfolds += 1
+                ctx.note("elbow straight: unfolding", bent=round(unfold(ctx, gripper), 2))
+                best, best_turn, best_at = np.inf, np.inf, i
+                continue
             ctx.note("servo stalled", target=target.round(3).tolist(), error=round(error, 4))
             return error
         action = np.concatenate(
@@ -92,6 +110,54 @@ def servo(
         )
         ctx.act(action)
     return error
+
+
+def _elbow(ctx: SkillContext) -> tuple[float, float]:
+    """The elbow joint's angle now and its upper (straight) limit."""
+    raw = ctx.env.raw
+    robot = raw.robots[0]
+    q = raw.sim.data.qpos[robot._ref_joint_pos_indexes[ELBOW_JOINT]]
+    return float(q), float(raw.sim.model.jnt_range[robot._ref_joint_indexes[ELBOW_JOINT]][1])
+
+
+def elbow_bend(ctx: SkillContext) -> float:
+    """How far (rad) the elbow is bent off straight (its upper limit)."""
+    q, straight = _elbow(ctx)
+    return straight - q
+
+
+def elbow_straight(ctx: SkillContext) -> bool:
+    """Whether the elbow is within ELBOW_STRAIGHT of straight."""
+    return elbow_bend(ctx) < ELBOW_STRAIGHT
+
+
+def base_xy(ctx: SkillContext) -> np.ndarray:
+    """Where the robot's base stands on the floor plan (x, y, world)."""
+    raw = ctx.env.raw
+    return np.asarray(raw.sim.data.get_body_xpos(raw.robots[0].robot_model.root_body))[:2].copy()
+
+
+def unfold(ctx: SkillContext, gripper: float) -> float:
+    """Bend a straight elbow: hold the grip site where it is and tilt the fingers towards the
+    robot's base (about the horizontal axis across the base-to-hand direction) until the
+    elbow is bent UNFOLD_BENT off its limit, at most UNFOLD_STEPS steps; return how far it
+    is bent then (rad). The servo that follows turns the hand back down."""
+    target = hand_pose(ctx)[0].copy()
+    radial = target[:2] - base_xy(ctx)
+    radial /= max(float(np.linalg.norm(radial)), 1e-9)
+    axis = np.array([-radial[1], radial[0], 0.0])  # world z x radial
+    for _ in range(UNFOLD_STEPS):
+        q, straight = _elbow(ctx)
+        if q < straight - UNFOLD_BENT:
+            break
+        pos, _ = hand_pose(ctx)
+        ctx.act(
+            np.concatenate(
+                [np.clip(POS_GAIN * (target - pos), -1, 1), UNFOLD_TURN * axis, [gripper]]
+            )
+        )
+    q, straight = _elbow(ctx)
+    return straight - q
 
 
 def travel(
@@ -198,9 +264,12 @@ def travel_height(ctx: SkillContext) -> float:
     return float(ctx.memory.get("safe_z", SAFE_Z))
 
 
-def solve_ik(ctx: SkillContext, position, yaw: float, iterations: int = 200) -> float:
+def solve_ik(
+    ctx: SkillContext, position, yaw: float, iterations: int = 200, elbow_margin: float = 0.0
+) -> float:
     """Damped least-squares IK on a scratch copy of the model state; return the position
     residual (m), infinite where the hand cannot also point down at `yaw` there.
+    `elbow_margin`: with the elbow kept bent at least that far off straight (`comfortable`).
 
     Answers "can the arm put its grip site there, pointing down?" without moving anything.
     Starts from the arm as it is, then, if that ends in a local minimum against the joint
@@ -213,21 +282,31 @@ def solve_ik(ctx: SkillContext, position, yaw: float, iterations: int = 200) -> 
     data = mujoco.MjData(model)
     data.qpos[:] = raw.sim.data._data.qpos
     robot = raw.robots[0]
-    residual = _ik_residual(model, data, robot, position, yaw, iterations)
+    residual = _ik_residual(model, data, robot, position, yaw, iterations, elbow_margin)
     if residual > IK_TOLERANCE:
         data.qpos[np.asarray(robot._ref_joint_pos_indexes)] = robot.init_qpos
-        residual = min(residual, _ik_residual(model, data, robot, position, yaw, iterations))
+        again = _ik_residual(model, data, robot, position, yaw, iterations, elbow_margin)
+        residual = min(residual, again)
     return residual
 
 
-def _ik_residual(model, data, robot, position, yaw: float, iterations: int) -> float:
+def comfortable(ctx: SkillContext, position, yaw: float) -> bool:
+    """Whether the arm reaches `position` pointing down at `yaw` with its elbow bent at least
+    ELBOW_MARGIN: from there it can still come back towards its base (`ELBOW_JOINT`)."""
+    return solve_ik(ctx, position, yaw, elbow_margin=ELBOW_MARGIN) <= IK_TOLERANCE
+
+
+def _ik_residual(
+    model, data, robot, position, yaw: float, iterations: int, elbow_margin: float = 0.0
+) -> float:
     import mujoco
 
     qidx = np.asarray(robot._ref_joint_pos_indexes)
     didx = np.asarray(robot._ref_joint_vel_indexes)
     site = robot.eef_site_id
     hand = model.body(robot.robot_model.eef_name).id
-    lo, hi = model.jnt_range[robot._ref_joint_indexes].T
+    lo, hi = model.jnt_range[robot._ref_joint_indexes].T.copy()
+    hi[ELBOW_JOINT] -= elbow_margin
     target = np.asarray(position, float)
     desired = down_rotation(yaw)
     jacp, jacr = np.zeros((3, model.nv)), np.zeros((3, model.nv))
