@@ -36,7 +36,8 @@ STALL_STEPS = 15  # steps without 2 mm of progress: blocked, stop pushing
 # elbow within ELBOW_STRAIGHT of its limit tilts the fingers towards the base (UNFOLD_TURN
 # per step, at most UNFOLD_STEPS steps) until it is bent UNFOLD_BENT, which the controller
 # does do (measured there: 10 steps of 0.5 bent it to -0.42 rad and the servo then reached
-# its target in 35 steps; a tilt about the other horizontal axis, or none, left it straight).
+# its target in 35 steps; a tilt about the other horizontal axis, or none, left it straight;
+# 20 steps of 1.0 tilted the hand so far that turning it back down straightened it again).
 ELBOW_JOINT, ELBOW_MARGIN, ELBOW_STRAIGHT = 3, 0.3, 0.02
 UNFOLD_TURN, UNFOLD_STEPS, UNFOLD_BENT, UNFOLDS = 0.5, 12, 0.4, 2
 # rad/s (norm over the arm's joints): slow enough to go down onto a grasp. A hand arriving
@@ -76,7 +77,9 @@ def servo(
     Gives up early when blocked: no 2 mm (or, while the wrist turns, 0.02 rad) of progress in
     STALL_STEPS steps. `gentle`: move slowly and give up after GENTLE_STALL_STEPS, for going
     down among things; the controller pushes in proportion to how far ahead it is told to
-    go, and a full push on something blocked drags it, the container it stands in too."""
+    go, and a full push on something blocked drags it, the container it stands in too.
+    Not gentle, a stall with the elbow straight is not given up on: `unfold` bends it, then
+    on (UNFOLDS times at most)."""
     limit, stall_steps = (GENTLE_ACTION, GENTLE_STALL_STEPS) if gentle else (1.0, STALL_STEPS)
     target = np.asarray(position, float)
     desired = down_rotation(yaw)
