@@ -12,6 +12,7 @@ from pytest_gap.skills.geometry import (
     container_frame,
     fit_yaw,
     free_spot,
+    plan_spot,
     rect_samples,
     support_height,
     wrap_angle,
@@ -185,3 +186,51 @@ def test_a_free_spot_leaves_room_for_what_comes_after():
     second, clear = free_spot((0.0, 0.0), (0.055, 0.055), pot + spot, pot)
     assert clear and _distance(pot + spot, pot + second) >= 0.01
     assert np.all(np.abs(second) <= 0.055 + 1e-9)
+
+
+# libero_pro 10_swap task 8: the stove's cook region on the far edge of the table, the robot's
+# base 0.88 m from its centre; the arm pointing down reaches only its near edge.
+FAR_REGION, FAR_REACH, BASE = (0.218, 0.064), (0.055, 0.055), (-0.66, 0.0)
+
+
+def test_a_free_spot_toward_a_point_is_the_clear_one_nearest_it():
+    pot = rect_samples((0.045, 0.04), 0.0)
+    at_centre, _ = free_spot(FAR_REGION, FAR_REACH, np.zeros((0, 2)), pot)
+    spot, clear = free_spot(FAR_REGION, FAR_REACH, np.zeros((0, 2)), pot, toward=BASE)
+    assert clear and np.allclose(at_centre, FAR_REGION, atol=0.003)
+    # The region's corner nearest the base, on the search grid (5 mm).
+    assert spot == pytest.approx((0.218 - 0.055, 0.064 - 0.055), abs=0.005)
+    # Something standing there: the next clear spot towards the base, not back to the centre.
+    there = rect_samples((0.02, 0.02), 0.0, center=(0.165, 0.01))
+    spot, clear = free_spot(FAR_REGION, FAR_REACH, there, pot, toward=BASE)
+    assert clear and _distance(pot + spot, there) >= 0.01
+    assert spot[0] < FAR_REGION[0] - 0.03
+
+
+def test_toward_the_base_two_pots_stand_side_by_side_at_the_near_edge():
+    """Long along the reach (handle towards the base), two 9 cm wide moka pots fit across the
+    11 cm of room at the region's near edge; the first leaves the second that room."""
+    pot = rect_samples((0.07, 0.045), 0.0)
+    first, clear = free_spot(FAR_REGION, FAR_REACH, np.zeros((0, 2)), pot, [[pot]], toward=BASE)
+    assert clear
+    second, clear = free_spot(FAR_REGION, FAR_REACH, pot + first, pot, toward=BASE)
+    assert clear and _distance(pot + first, pot + second) >= 0.01
+    near_edge = FAR_REGION[0] - FAR_REACH[0]
+    assert first[0] == pytest.approx(near_edge, abs=0.005)
+    assert second[0] == pytest.approx(near_edge, abs=0.005)
+
+
+def test_a_plans_cost_says_which_turn_leaves_room():
+    """Turned across the reach, the second pot no longer fits beside the first: it goes
+    further out, and the plan says so in its cost; nowhere clear costs infinity."""
+    along = rect_samples((0.07, 0.045), 0.0)
+    across = rect_samples((0.07, 0.045), np.pi / 2)
+    empty = np.zeros((0, 2))
+    _, clear, cost_along = plan_spot(FAR_REGION, FAR_REACH, empty, along, [[along]], 0.01, BASE)
+    _, _, cost_across = plan_spot(FAR_REGION, FAR_REACH, empty, across, [[across]], 0.01, BASE)
+    assert clear and np.isfinite(cost_along) and cost_along < cost_across - 0.02
+    spot, clear, cost = plan_spot(FAR_REGION, FAR_REACH, empty, along, gap=0.01, toward=BASE)
+    assert clear and cost == pytest.approx(float(np.linalg.norm(spot - np.asarray(BASE))))
+    crowd = rect_samples((0.2, 0.2), 0.0, center=FAR_REGION)
+    _, clear, cost = plan_spot(FAR_REGION, FAR_REACH, crowd, along)
+    assert not clear and cost == np.inf

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
+from pytest_gap.sim.variations import resolve
 from pytest_gap.skills import library as skills
 from pytest_gap.skills import motion, perception
-from pytest_gap.sim.variations import resolve
 from pytest_gap.skills.context import SkillContext
 
 

@@ -285,6 +285,7 @@ def free_spot(
     footprint: np.ndarray,
     later=(),
     gap: float = 0.01,
+    toward=None,
 ) -> tuple[np.ndarray, bool]:
     """Where to put an item's centre on a surface some things already stand on: the spot
     within `reach` (x, y half extents, world axes) of `center` where its `footprint` (N, 2,
@@ -292,15 +293,40 @@ def free_spot(
     each item still to come there (`later`: per item, the footprints it may stand with) finds
     such a spot after it, as near the centre as all of them can be (the sum of their
     distances from it). (spot, True); the centre itself when it is clear and nothing is to
-    come; (the spot with the fewest points in the way, False) when none is clear."""
+    come; (the spot with the fewest points in the way, False) when none is clear.
+
+    `toward`: a point (x, y) to rank by instead of the centre, the spots nearest it first (the
+    robot's base, where the centre is beyond the arm's easy reach: `library._free_spot`)."""
+    spot, clear, _ = plan_spot(center, reach, occupied, footprint, later, gap, toward)
+    return spot, clear
+
+
+def plan_spot(
+    center,
+    reach,
+    occupied: np.ndarray,
+    footprint: np.ndarray,
+    later=(),
+    gap: float = 0.01,
+    toward=None,
+) -> tuple[np.ndarray, bool, float]:
+    """`free_spot`, and what its plan costs: the sum of the distances (from the centre, or
+    from `toward`) of the spot and of those the items to come find after it; infinite when
+    the spot is not clear or they find no room. Costs compare footprints turned otherwise
+    (`library._free_spot` turns what it holds to make room)."""
     center = np.asarray(center, float)[:2]
+    rank_from = center if toward is None else np.asarray(toward, float)[:2]
     reach = np.maximum(np.asarray(reach, float)[:2], 0.0)
     steps = [np.arange(-int(r / SPOT_CELL), int(r / SPOT_CELL) + 1) for r in reach]
     ij = np.stack(np.meshgrid(*steps), axis=-1).reshape(-1, 2)
-    ij = ij[np.argsort(np.linalg.norm(ij, axis=1), kind="stable")]
-    cells = ij + np.round(center / SPOT_CELL).astype(int)  # nearest the centre first
+    cells = ij + np.round(center / SPOT_CELL).astype(int)
+    # Nearest the centre first (then, given `toward`, nearest it; the centre's order on ties).
+    cells = cells[np.argsort(np.linalg.norm(ij, axis=1), kind="stable")]
+    distance = np.linalg.norm(cells * SPOT_CELL - rank_from, axis=1)
+    if toward is not None:
+        order = np.argsort(distance, kind="stable")
+        cells, distance = cells[order], distance[order]
     codes = _codes(cells)
-    distance = np.linalg.norm(cells * SPOT_CELL - center, axis=1)
     near = _within(gap)
     fixed, mine = _cells(occupied), _cells(footprint)
     ok = ~np.isin(codes, _blocked(fixed, mine, near))
@@ -312,10 +338,10 @@ def free_spot(
         )
         lookup = dict(zip(hit.tolist(), count.tolist(), strict=True))
         counts = [lookup.get(c, 0) for c in codes.tolist()]
-        return cells[int(np.argmin(counts))] * SPOT_CELL, False
+        return cells[int(np.argmin(counts))] * SPOT_CELL, False, np.inf
     first = int(np.argmax(ok))
     if not later:
-        return cells[first] * SPOT_CELL, True
+        return cells[first] * SPOT_CELL, True, float(distance[first])
     options = [[_cells(shape) for shape in shapes] for shapes in later]
     shapes = [mine] + [o for item in options for o in item]
     # Where each later shape may go for what stands there now; and relative to each shape
@@ -341,7 +367,7 @@ def free_spot(
     best, best_cost = cells[first] * SPOT_CELL, np.inf
     for k in np.flatnonzero(ok):
         if distance[k] >= best_cost:
-            break  # nearest the centre first: nothing further on can do better
+            break  # nearest first: nothing further on can do better
         placed, cost = [(0, cells[k])], float(distance[k])
         for item in options:
             found = None
@@ -358,4 +384,4 @@ def free_spot(
             placed.append((found[2], cells[found[1]]))
         if cost < best_cost:
             best, best_cost = cells[k] * SPOT_CELL, cost
-    return best, True
+    return best, True, best_cost

@@ -22,7 +22,7 @@ from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import (
     Box,
     beside,
-    free_spot,
+    plan_spot,
     rect_samples,
     wrap_angle,
     wrap_half_turn,
@@ -504,9 +504,7 @@ def _rim_grasps(ctx: SkillContext, scene_name: str, box: Box) -> list[Grasp]:
             ctx.note(
                 "rim grasp", angle=round(float(np.rad2deg(angle))), room=room, arm_clear=check_arm
             )
-            grasps.append(
-                Grasp(position=position, yaw=yaw, width=2 * RIM_IN, yaw_fixed=check_arm)
-            )
+            grasps.append(Grasp(position=position, yaw=yaw, width=2 * RIM_IN, yaw_fixed=check_arm))
             if len(grasps) == 2:
                 return grasps
     return grasps
@@ -706,10 +704,13 @@ def _place_on(
     hang = float(np.clip(eef[2] - in_hand.bottom, 0.0, 0.2))
     yaw = motion.hand_yaw(ctx) if yaw is None else yaw
     spot = np.asarray(box.center[:2])
-    if free:
-        spot = _free_spot(ctx, support, box, held, offset, yaw, fixture=surface is not None)
-    target = spot + offset
     release = box.top + hang
+    if free:
+        fixture = surface is not None
+        spot, yaw, offset = _free_spot(
+            ctx, support, box, held, offset, yaw, fixture, release + 0.02
+        )
+    target = spot + offset
     # Carried just over what stands on the way, not over the tallest thing in the scene.
     tallest = perception.tallest_along(ctx, eef[:2], target, exclude=held)
     cruise = max(tallest + hang + CARRY_CLEARANCE, release + 0.05)
@@ -720,6 +721,15 @@ def _place_on(
     ctx.memory.pop("held", None)
     pos = ctx.env.scene.gripper().eef_pos
     motion.servo(ctx, [pos[0], pos[1], cruise], yaw, OPEN, tolerance=0.02, max_steps=40)
+    pos = ctx.env.scene.gripper().eef_pos
+    if motion.elbow_bend(ctx) < motion.ELBOW_MARGIN or not motion.comfortable(ctx, pos, yaw):
+        # Left out there the arm hides the table behind it from the front camera (libero_pro
+        # 10_swap task 8 seed 0: the second moka pot, seen half hidden, was gripped on its
+        # lid three times) and its elbow, straight, traps the controller (`motion.unfold`).
+        ctx.note("hand withdrawn from beyond easy reach", at=np.round(pos, 3).tolist())
+        if motion.elbow_bend(ctx) < motion.UNFOLD_BENT:
+            motion.unfold(ctx, OPEN)
+        motion.servo(ctx, [*HOME_XY, pos[2]], yaw, OPEN, tolerance=0.03, max_steps=60)
     return Placed(released=True, position=[*target.tolist(), release])
 
 
@@ -731,21 +741,35 @@ def _free_spot(
     offset: np.ndarray,
     yaw: float,
     fixture: bool,
-) -> np.ndarray:
-    """Where on `surface` to put the held object's centre (`geometry.free_spot`): clear, by
-    PLACE_GAP, of what the cameras see standing there, its footprint the box it showed when
-    picked, turned as the hand turned since, and the open fingers around the grip site
-    (`offset` from its centre); leaving room for the objects later steps put "on" the same
-    support (`next_step`'s `later_places`: as they stand now, the fingers across their
-    narrower side). Within a fixture's region its centre keeps SPOT_EDGE in from the edge;
-    on an object, within ON_OBJECT_REACH of its centre (libero_10 task 8: both moka pots
-    went to the burner's centre, the second onto the first, every seed)."""
+    hand_z: float,
+) -> tuple[np.ndarray, float, np.ndarray]:
+    """Where on `surface` to put the held object's centre (`geometry.free_spot`), and the hand
+    yaw and offset (grip site from that centre) to put it down with: clear, by PLACE_GAP, of
+    what the cameras see standing there, its footprint the box it showed when picked, turned
+    as the hand turned since, and the open fingers around the grip site (`offset` from its
+    centre); leaving room for the objects later steps put "on" the same support
+    (`next_step`'s `later_places`: as they stand now, the fingers across their narrower
+    side). Within a fixture's region its centre keeps SPOT_EDGE in from the edge; on an
+    object, within ON_OBJECT_REACH of its centre (libero_10 task 8: both moka pots went to
+    the burner's centre, the second onto the first, every seed).
+
+    Where the arm does not reach over the region's centre (the hand `hand_z` high) with its
+    elbow bent (`motion.comfortable`), the spots nearest the robot's base come first, and
+    the held object may be turned a quarter either way (`_turns`) if that plans its spot and
+    those to come nearer the base (libero_pro 10_swap task 8: the stove on the far edge of
+    the table, where a hand pointing down reaches only the region's near edge: both moka
+    pots must stand there side by side, their handles towards the base, or the second went 8
+    cm beyond the first, the servo stalled 5 cm short and it knocked the first off)."""
     center = np.asarray(surface.center[:2])
+    toward = None
     if fixture:
         reach = np.maximum(np.asarray(surface.half_extents[:2]) - SPOT_EDGE, 0.0)
+        if not motion.comfortable(ctx, [*(center + offset), hand_z], yaw):
+            toward = motion.base_xy(ctx)
     else:
         reach = np.full(2, ON_OBJECT_REACH)
-    footprint = np.concatenate([_held_footprint(ctx, held, yaw), _fingers(offset, yaw)])
+    # The direction the arm reaches in to get there: things long along it stand side by side.
+    radial = None if toward is None else float(np.arctan2(*(center - toward)[::-1]))
     later = []
     for name, target, relation in ctx.memory.get("later_places", []):
         try:
@@ -754,19 +778,79 @@ def _free_spot(
             box = perception.locate_box(ctx, perception.ground_name(ctx, name))[0]
         except SkillFailure:
             continue
-        later.append([_standing_footprint(box, turn) for turn in (0.0, np.pi / 2)])
-    around = float(np.max(np.abs(footprint))) + PLACE_GAP + float(np.max(reach))
+        turns = [0.0, np.pi / 2]
+        if radial is not None:
+            turns.append(wrap_half_turn(radial - _long_axis(box)))
+        later.append([_standing_footprint(box, turn) for turn in turns])
+    footprint = np.concatenate([_held_footprint(ctx, held, yaw), _fingers(offset, yaw)])
+    # Turned about the grip site the footprint stays within its farthest point's circle.
+    around = float(np.max(np.linalg.norm(footprint, axis=1))) + PLACE_GAP + float(np.max(reach))
     occupied = perception.standing_on(ctx, support, surface, around, exclude=held)[:, :2]
-    spot, clear = free_spot(center, reach, occupied, footprint, later, gap=PLACE_GAP)
-    if len(occupied) or later:
+    best = None
+    options = [(yaw, offset)]
+    if radial is not None:
+        # Whether the wrist turns so is asked where the hand is (the region's near edge may be
+        # a centimetre beyond what the IK calls reached; the wrist's range is alike there).
+        near = ctx.env.scene.gripper().eef_pos[:2] - offset
+        turns = [np.pi / 2, -np.pi / 2]
+        picked = ctx.memory.get("picked_box")
+        if picked is not None:  # its long axis along the reach
+            now = _long_axis(picked) + yaw - ctx.memory.get("picked_yaw", yaw)
+            turns.insert(0, wrap_half_turn(radial - now))
+        options += _turns(ctx, near, hand_z, yaw, offset, turns)
+    for turn_yaw, turn_offset in options:
+        shape = np.concatenate(
+            [_held_footprint(ctx, held, turn_yaw), _fingers(turn_offset, turn_yaw)]
+        )
+        spot, clear, cost = plan_spot(center, reach, occupied, shape, later, PLACE_GAP, toward)
+        if best is None or (clear, -cost) > (best[1], -best[2]):
+            best = (spot, clear, cost, turn_yaw, turn_offset)
+    spot, clear, cost, yaw, offset = best
+    if len(occupied) or later or toward is not None:
         ctx.note(
             "place spot",
             at=np.round(spot, 3).tolist(),
             off_centre=round(float(np.linalg.norm(spot - center)), 3),
             clear=clear,
             later=len(later),
+            toward_base=toward is not None,
+            yaw=round(float(yaw), 2),
+            cost=round(float(cost), 3),
         )
-    return spot
+    return spot, yaw, offset
+
+
+def _long_axis(box: Box) -> float:
+    """The direction (rad, world) of a box's longer side in the table plane."""
+    hx, hy = box.half_extents[:2]
+    return float(box.yaw if hx >= hy else box.yaw + np.pi / 2)
+
+
+def _turns(
+    ctx: SkillContext,
+    near: np.ndarray,
+    hand_z: float,
+    yaw: float,
+    offset: np.ndarray,
+    turns: list[float],
+) -> list[tuple[float, np.ndarray]]:
+    """The hand yaws `turns` from `yaw` (or the same turned half round, `motion.grip_yaw`)
+    the arm reaches with at `near` (the grip site `offset` from it, turned with the hand),
+    each with the offset so turned."""
+    out = []
+    for quarter in turns:
+        if abs(quarter) < 0.05:
+            continue  # the yaw as it is: already an option
+        c, s = np.cos(quarter), np.sin(quarter)
+        turned = np.array([c * offset[0] - s * offset[1], s * offset[0] + c * offset[1]])
+        option = motion.grip_yaw(ctx, [*(near + turned), hand_z], wrap_angle(yaw + quarter))
+        if option is None:
+            continue
+        half = wrap_angle(option - yaw - quarter)  # 0 or a half turn: the offset flips
+        if abs(half) > np.pi / 2:
+            turned = -turned
+        out.append((option, turned))
+    return out
 
 
 def _held_footprint(ctx: SkillContext, held: str, yaw: float) -> np.ndarray:

@@ -34,6 +34,18 @@ STALL_STEPS = 15  # steps without 2 mm of progress: blocked, stop pushing
 ARM_LINKS = ("link4", "link5", "link6", "link7")
 ARM_CLEARANCE = 0.015
 JOINT_MARGIN = 0.15  # rad: `clear_grip_yaw` passes over poses with a joint nearer its stop
+# The Panda's elbow (joint 4, index 3 among the arm's joints) is straight at its upper limit
+# (-0.07 rad). Straight, the OSC controller cannot bend it: no torque it computes for a move
+# of the hand back towards the base turns that joint, and every later servo stalls where it
+# is (libero_pro 10_swap task 8 seed 0: the hand stuck 0.21 m short until the episode's steps
+# ran out). A reach check asks for the elbow bent at least ELBOW_MARGIN; a stall with the
+# elbow within ELBOW_STRAIGHT of its limit tilts the fingers towards the base (UNFOLD_TURN
+# per step, at most UNFOLD_STEPS steps) until it is bent UNFOLD_BENT, which the controller
+# does do (measured there: 10 steps of 0.5 bent it to -0.42 rad and the servo then reached
+# its target in 35 steps; a tilt about the other horizontal axis, or none, left it straight;
+# 20 steps of 1.0 tilted the hand so far that turning it back down straightened it again).
+ELBOW_JOINT, ELBOW_MARGIN, ELBOW_STRAIGHT = 3, 0.3, 0.02
+UNFOLD_TURN, UNFOLD_STEPS, UNFOLD_BENT, UNFOLDS = 0.5, 12, 0.4, 2
 # rad/s (norm over the arm's joints): slow enough to go down onto a grasp. A hand arriving
 # from a crossing with no descent moves at about 1.0; after a descent of 3 cm at about 0.5.
 SETTLE_SPEED = 0.6
@@ -71,11 +83,13 @@ def servo(
     Gives up early when blocked: no 2 mm (or, while the wrist turns, 0.02 rad) of progress in
     STALL_STEPS steps. `gentle`: move slowly and give up after GENTLE_STALL_STEPS, for going
     down among things; the controller pushes in proportion to how far ahead it is told to
-    go, and a full push on something blocked drags it, the container it stands in too."""
+    go, and a full push on something blocked drags it, the container it stands in too.
+    Not gentle, a stall with the elbow straight is not given up on: `unfold` bends it, then
+    on (UNFOLDS times at most)."""
     limit, stall_steps = (GENTLE_ACTION, GENTLE_STALL_STEPS) if gentle else (1.0, STALL_STEPS)
     target = np.asarray(position, float)
     desired = down_rotation(yaw)
-    error, best, best_turn, best_at = np.inf, np.inf, np.inf, 0
+    error, best, best_turn, best_at, unfolds = np.inf, np.inf, np.inf, 0, 0
     for i in range(max_steps):
         pos, rot = hand_pose(ctx)
         delta = target - pos
@@ -87,6 +101,13 @@ def servo(
         if error < best - 0.002 or turn < best_turn - 0.02:
             best, best_turn, best_at = min(best, error), min(best_turn, turn), i
         elif i - best_at > stall_steps:
+            # Going down among things a stall is what stops it; a tilt there would swing what
+            # is held into its neighbours.
+            if not gentle and unfolds < UNFOLDS and elbow_straight(ctx):
+                unfolds += 1
+                ctx.note("elbow straight: unfolding", bent=round(unfold(ctx, gripper), 2))
+                best, best_turn, best_at = np.inf, np.inf, i
+                continue
             ctx.note("servo stalled", target=target.round(3).tolist(), error=round(error, 4))
             return error
         action = np.concatenate(
@@ -98,6 +119,54 @@ def servo(
         )
         ctx.act(action)
     return error
+
+
+def _elbow(ctx: SkillContext) -> tuple[float, float]:
+    """The elbow joint's angle now and its upper (straight) limit."""
+    raw = ctx.env.raw
+    robot = raw.robots[0]
+    q = raw.sim.data.qpos[robot._ref_joint_pos_indexes[ELBOW_JOINT]]
+    return float(q), float(raw.sim.model.jnt_range[robot._ref_joint_indexes[ELBOW_JOINT]][1])
+
+
+def elbow_bend(ctx: SkillContext) -> float:
+    """How far (rad) the elbow is bent off straight (its upper limit)."""
+    q, straight = _elbow(ctx)
+    return straight - q
+
+
+def elbow_straight(ctx: SkillContext) -> bool:
+    """Whether the elbow is within ELBOW_STRAIGHT of straight."""
+    return elbow_bend(ctx) < ELBOW_STRAIGHT
+
+
+def base_xy(ctx: SkillContext) -> np.ndarray:
+    """Where the robot's base stands on the floor plan (x, y, world)."""
+    raw = ctx.env.raw
+    return np.asarray(raw.sim.data.get_body_xpos(raw.robots[0].robot_model.root_body))[:2].copy()
+
+
+def unfold(ctx: SkillContext, gripper: float) -> float:
+    """Bend a straight elbow: hold the grip site where it is and tilt the fingers towards the
+    robot's base (about the horizontal axis across the base-to-hand direction) until the
+    elbow is bent UNFOLD_BENT off its limit, at most UNFOLD_STEPS steps; return how far it
+    is bent then (rad). The servo that follows turns the hand back down."""
+    target = hand_pose(ctx)[0].copy()
+    radial = target[:2] - base_xy(ctx)
+    radial /= max(float(np.linalg.norm(radial)), 1e-9)
+    axis = np.array([-radial[1], radial[0], 0.0])  # world z x radial
+    for _ in range(UNFOLD_STEPS):
+        q, straight = _elbow(ctx)
+        if q < straight - UNFOLD_BENT:
+            break
+        pos, _ = hand_pose(ctx)
+        ctx.act(
+            np.concatenate(
+                [np.clip(POS_GAIN * (target - pos), -1, 1), UNFOLD_TURN * axis, [gripper]]
+            )
+        )
+    q, straight = _elbow(ctx)
+    return straight - q
 
 
 def travel(
@@ -204,18 +273,23 @@ def travel_height(ctx: SkillContext) -> float:
     return float(ctx.memory.get("safe_z", SAFE_Z))
 
 
-def solve_ik(ctx: SkillContext, position, yaw: float, iterations: int = 200) -> float:
+def solve_ik(
+    ctx: SkillContext, position, yaw: float, iterations: int = 200, elbow_margin: float = 0.0
+) -> float:
     """Damped least-squares IK on a scratch copy of the model state; return the position
     residual (m), infinite where the hand cannot also point down at `yaw` there.
+    `elbow_margin`: with the elbow kept bent at least that far off straight (`comfortable`).
 
     Answers "can the arm put its grip site there, pointing down?" without moving anything.
     Starts from the arm as it is, then, if that ends in a local minimum against the joint
     limits (it does after some long reaches), from the arm's start configuration.
     """
-    return _posed(ctx, position, yaw, iterations)[0]
+    return _posed(ctx, position, yaw, iterations, elbow_margin)[0]
 
 
-def _posed(ctx: SkillContext, position, yaw: float, iterations: int = 200):
+def _posed(
+    ctx: SkillContext, position, yaw: float, iterations: int = 200, elbow_margin: float = 0.0
+):
     """(`solve_ik`'s residual, the scratch MjData with the arm posed by the better solve)."""
     import mujoco
 
@@ -224,11 +298,11 @@ def _posed(ctx: SkillContext, position, yaw: float, iterations: int = 200):
     data = mujoco.MjData(model)
     data.qpos[:] = raw.sim.data._data.qpos
     robot = raw.robots[0]
-    residual = _ik_residual(model, data, robot, position, yaw, iterations)
+    residual = _ik_residual(model, data, robot, position, yaw, iterations, elbow_margin)
     if residual > IK_TOLERANCE:
         first = data.qpos.copy()
         data.qpos[np.asarray(robot._ref_joint_pos_indexes)] = robot.init_qpos
-        again = _ik_residual(model, data, robot, position, yaw, iterations)
+        again = _ik_residual(model, data, robot, position, yaw, iterations, elbow_margin)
         if again < residual:
             residual = again
         else:
@@ -257,9 +331,7 @@ def _clear_as_posed(ctx: SkillContext, data, points: np.ndarray, clearance: floa
     from scipy.spatial import cKDTree
 
     vertices = _link_vertices(ctx.env.raw.sim.model._model, data, ctx.env.raw.robots[0])
-    distance, _ = cKDTree(np.asarray(points, float)).query(
-        vertices, distance_upper_bound=clearance
-    )
+    distance, _ = cKDTree(np.asarray(points, float)).query(vertices, distance_upper_bound=clearance)
     return bool(np.all(np.isinf(distance)))
 
 
@@ -281,14 +353,23 @@ def _link_vertices(model, data, robot) -> np.ndarray:
     return np.concatenate(clouds)
 
 
-def _ik_residual(model, data, robot, position, yaw: float, iterations: int) -> float:
+def comfortable(ctx: SkillContext, position, yaw: float) -> bool:
+    """Whether the arm reaches `position` pointing down at `yaw` with its elbow bent at least
+    ELBOW_MARGIN: from there it can still come back towards its base (`ELBOW_JOINT`)."""
+    return solve_ik(ctx, position, yaw, elbow_margin=ELBOW_MARGIN) <= IK_TOLERANCE
+
+
+def _ik_residual(
+    model, data, robot, position, yaw: float, iterations: int, elbow_margin: float = 0.0
+) -> float:
     import mujoco
 
     qidx = np.asarray(robot._ref_joint_pos_indexes)
     didx = np.asarray(robot._ref_joint_vel_indexes)
     site = robot.eef_site_id
     hand = model.body(robot.robot_model.eef_name).id
-    lo, hi = model.jnt_range[robot._ref_joint_indexes].T
+    lo, hi = model.jnt_range[robot._ref_joint_indexes].T.copy()
+    hi[ELBOW_JOINT] -= elbow_margin
     target = np.asarray(position, float)
     desired = down_rotation(yaw)
     jacp, jacr = np.zeros((3, model.nv)), np.zeros((3, model.nv))
