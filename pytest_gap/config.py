@@ -34,7 +34,12 @@ from pytest_gap.errors import GapError, one_line
 from pytest_gap.modes import BUILTIN, ModeTable
 
 # Defined beside the policy client (the policy layer imports nothing of config); named here too.
-from pytest_gap.policies.endpoint import PROTOCOL_OBS_FORMATS, ObsFormatName
+from pytest_gap.policies.endpoint import (
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_WARMUP_TIMEOUT_S,
+    PROTOCOL_OBS_FORMATS,
+    ObsFormatName,
+)
 from pytest_gap.redaction import is_secret_name, redact_text, redact_tree
 
 # The built-in rows of the mode table (pytest_gap/modes.py), for the Python API; validation
@@ -126,6 +131,10 @@ class PolicyEntry(_Strict):
     protocol: Literal["openpi", "vla-eval"] = "openpi"
     obs_format: ObsFormatName | None = None
     privileged_state: bool = False
+    # Seconds a measured reply may take (a later one is an infrastructure failure, never a stale
+    # action applied), and the one warm-up inference per process (openpi compiles on its first).
+    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=3600)
+    warmup_timeout_s: float = Field(DEFAULT_WARMUP_TIMEOUT_S, gt=0, le=7200)
     # Under --gap-ray, a managed server runs in a Ray actor holding these resources, on a node
     # that has them (scale/ray_policy.py); without --gap-ray it runs here, as any other.
     ray: RayResources | None = None

@@ -127,6 +127,9 @@ class TrialResult(BaseModel):
     completion: float = 0.0
     reward: float = 0.0
     steps: int = 0
+    # Of `steps`, those a bring-up took (policy_only: home, open the gripper) before the policy
+    # acted; not charged to the episode's step budget (the policy had all of it).
+    bringup_steps: int = 0
     exit_code: int = EXIT_RAN
     exit_status: str | None = None  # how the workflow ended (executor exit status)
     reason: str | None = None  # why a trial that ran did not succeed
@@ -148,6 +151,9 @@ class TrialResult(BaseModel):
     backend: str | None = None  # the simulator backend's name (or import string)
     plan_digest: str | None = None  # the benchmark config, output paths and recording removed
     init_state_digest: str | None = None  # the sim state the episode started from
+    # The scene after the settle steps (sim/backend.py scene_digest): fixtures' jitter included,
+    # which the init state cannot show. Equal seeds of one task give equal digests.
+    scene_digest: str | None = None
     policy_url: str | None = None  # the server that answered (policy modes)
     policy_digest: str | None = None  # the server's metadata frame, hashed
     harness_version: str | None = None

@@ -93,6 +93,7 @@ def _start_state(episode) -> dict:
     return {
         "init_state": episode.init_state,
         "init_state_digest": getattr(episode, "init_state_digest", None),
+        "scene_digest": getattr(episode, "scene_digest", None),
     }
 
 
@@ -275,6 +276,7 @@ class TrialRun:
                 task_prompt=prompts["prompt"],
                 keep_images=self.keep_images,
                 perception=cell.perception,
+                before_connect=self._warm_policy,
             )
         self.video_frames = env.finish_video()
         if run.infra_failure:
@@ -296,6 +298,7 @@ class TrialRun:
             "completion": run.completion,
             "reward": 1.0 if run.success else 0.0,
             "steps": run.steps,
+            "bringup_steps": run.bringup_steps,
             "exit_status": run.exit_status,
             "reason": _reason(run),
             "video": self._relative(video) if video else None,
@@ -345,37 +348,23 @@ class TrialRun:
                 f"policies.{cell.policy_id}: backend {cell.backend} talks vla-eval's protocol; "
                 "set protocol: vla-eval"
             )
-        self.watchdog.pause()
-        try:
-            warm = env.warm_up(endpoint.url, trial.seed)
-        finally:
-            self.watchdog.resume()
-        if warm is not None:
-            self._t0 += warm.seconds
-            self._started += warm.seconds
-            self._write_running()
-            write_json(
-                self.run_dir / WARMUP_DIR / f"{cell.policy_id}.{os.getpid()}.json",
-                {
-                    "policy_id": cell.policy_id,
-                    "url": warm.url,
-                    "seconds": round(warm.seconds, 3),
-                    "inference_s": round(warm.inference_s, 3),
-                    "pid": os.getpid(),
-                    "worker": self._base["worker"],
-                    "before_trial": trial.key,
-                    **warm.info,
-                },
-            )
+        self._warm_once(
+            cell.policy_id,
+            endpoint,
+            lambda: env.warm_up(endpoint.url, trial.seed, timeout_s=endpoint.warmup_timeout_s),
+        )
         self._eval_t0 = time.perf_counter()
         with self._throttled():
-            outcome = env.run_episode(trial.seed, url=endpoint.url, **recording)
+            outcome = env.run_episode(
+                trial.seed, url=endpoint.url, timeout_s=endpoint.timeout_s, **recording
+            )
         from pytest_gap.policies.wire import metadata_digest
 
         served = outcome.server_metadata
         return {
             "init_state": outcome.init_state,
             "init_state_digest": outcome.init_state_digest,
+            "scene_digest": outcome.scene_digest,
             "policy_digest": metadata_digest(served) if served is not None else None,
             "prompt": outcome.prompt,
             "env_prompt": outcome.prompt,
@@ -389,6 +378,57 @@ class TrialRun:
             "frames": self._frames_receipt(),
             "backend_info": outcome.info,
         }
+
+    def _warm_policy(self, policy_id: str) -> None:
+        """Before this trial first talks to `policy_id`'s server: warm it, once per process
+        (policies/warmup.py), with the trial's real observation."""
+        from pytest_gap.policies.warmup import warm_up
+        from pytest_gap.skills.policy import privileged_state
+
+        endpoint, env = self.policies[policy_id], self.env
+        extra = {"privileged": privileged_state(env)} if endpoint.privileged else None
+        prompt = self._prompts.get("prompt") or env.episode.prompt
+        self._warm_once(policy_id, endpoint, lambda: warm_up(endpoint, env, prompt, extra=extra))
+
+    def _warm_once(self, policy_id: str | None, endpoint: PolicyEndpoint, warm) -> None:
+        """Run `warm()` (-> WarmUp) unless this process warmed `endpoint`'s server already,
+        charged to no trial: the watchdog is paused, and the time it took is taken off this
+        trial's wall, eval and start times. Recorded in the run dir's warmup/, one file per
+        server and process. A server that does not answer it is an infrastructure failure."""
+        from pytest_gap.policies.warmup import warmed_servers
+
+        if endpoint.url in warmed_servers():
+            return
+        self.watchdog.pause()
+        try:
+            done = warm()
+        except InfraFailure as exc:
+            raise InfraFailure(
+                f"the warm-up inference of policy {policy_id} at {endpoint.url} failed "
+                f"(warmup_timeout_s {endpoint.warmup_timeout_s:g}): {exc}"
+            ) from None
+        finally:
+            self.watchdog.resume()
+        warmed_servers().add(endpoint.url)
+        self._t0 += done.seconds
+        self._started += done.seconds
+        if self._eval_t0 is not None:
+            self._eval_t0 += done.seconds
+        self._write_running()
+        write_json(
+            self.run_dir / WARMUP_DIR / f"{policy_id}.{os.getpid()}.json",
+            {
+                "policy_id": policy_id,
+                "url": done.url,
+                "seconds": round(done.seconds, 3),
+                "inference_s": round(done.inference_s, 3),
+                "timeout_s": endpoint.warmup_timeout_s,
+                "pid": os.getpid(),
+                "worker": self._base["worker"],
+                "before_trial": self.trial.key,
+                **done.info,
+            },
+        )
 
     def _write_running(self) -> None:
         """running.json: who runs the trial, and since when its watchdog time counts (the

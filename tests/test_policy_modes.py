@@ -85,12 +85,21 @@ def test_policy_only_runs_a_managed_server_through_run_policy(pytester):
     record = _only_result(pytester)
     assert record["mode"] == "policy_only" and record["policy_id"] == "hold"
     assert not record["success"] and not record["infra_failure"] and record["error"] is None
-    assert record["steps"] == HOLD_STEPS  # zero motion until the step limit
+    # zero motion for the whole step budget: the bring-up before it is not charged to it
+    assert 0 < record["bringup_steps"] < 30
+    assert record["steps"] == HOLD_STEPS + record["bringup_steps"]
     assert record["exit_status"] == "step_limit"
     assert "policy_only@hold" in out and "hold" in out
     trace = next(Path(pytester.path / "runs").rglob("dag_trace.json"))
-    nodes = json.loads(trace.read_text())["nodes"]
-    assert {n["id"] for n in nodes if n["status"] == "ok"} >= {"home", "open"}
+    nodes = {n["id"]: n for n in json.loads(trace.read_text())["nodes"]}
+    assert nodes["bring_up"]["status"] == "ok"
+    (policy,) = nodes["policy"]["executions"]
+    assert policy["end_step"] - policy["start_step"] == HOLD_STEPS
+    # the worker warmed the server before the trial first talked to it, charged to no trial
+    (warm,) = (pytester.path / "runs").rglob("warmup/hold.*.json")
+    warmed = json.loads(warm.read_text())
+    assert warmed["before_trial"] == "policy_only/hold/libero/object/task_00/seed_000"
+    assert warmed["inference_s"] > 0 and warmed["timeout_s"] == 300
     # every inference is timed in the trace (what `gap viz` shows per window)
     windows = read_trace(trace.parent, trace.parent).windows
     assert windows and [w.window for w in windows] == sorted(w.window for w in windows)

@@ -140,7 +140,12 @@ def test_run_policy_drives_libero_through_a_vla_eval_server(object_env):
         result = run_workflow(workflow, object_env, policies={"vla": endpoint})
     assert result.exit_status == "end_failure" and not result.infra_failure
     # 3 windows of 4 actions: 12 observations sent, 3 chunks predicted.
-    assert result.outputs["policy"] == {"status": "max_windows", "windows": 3, "steps": 12}
+    assert result.outputs["policy"] == {
+        "status": "max_windows",
+        "windows": 3,
+        "steps": 12,
+        "released": None,
+    }
     assert len(model.seen) == 3
     first = model.seen[0]
     assert set(first) == {"images", "task_description", "states", "controller_states"}

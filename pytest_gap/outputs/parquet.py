@@ -19,6 +19,8 @@ float64, the rest string; a nullable column is null where the record cannot say)
     task_id, seed       the trial (int64)
     init_state          the init state the seed chose (int64; null: the trial never reset)
     init_state_digest   sha256 of the sim state the episode started from (null: unknown)
+    scene_digest        sha256 of the scene after the settle steps, fixtures included (null:
+                        unknown; sim/backend.py scene_digest)
     prompt              the instruction as given to the workflow (or the policy)
     success             the simulator's goal check (bool)
     completion          the fraction of the goal met (float64)
@@ -73,6 +75,7 @@ SCHEMA = pa.schema(
         pa.field("seed", pa.int64(), nullable=False),
         pa.field("init_state", pa.int64()),
         pa.field("init_state_digest", pa.string()),
+        pa.field("scene_digest", pa.string()),
         pa.field("prompt", pa.string()),
         pa.field("success", pa.bool_(), nullable=False),
         pa.field("completion", pa.float64(), nullable=False),
@@ -118,6 +121,7 @@ def episode_row(run_id: str, trial_dir: str, r: TrialResult) -> dict:
         "seed": r.seed,
         "init_state": r.init_state,
         "init_state_digest": r.init_state_digest,
+        "scene_digest": r.scene_digest,
         "prompt": r.prompt,
         "success": r.success,
         "completion": r.completion,

@@ -8,6 +8,10 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 # The observation formats of policies/formats.py, by name (a registry entry's `obs_format:`).
 ObsFormatName = Literal["openpi-libero", "vla-eval-libero", "gap"]
+# A measured reply's limit by default: vla-eval's own (ServerConfig.timeout); openpi's client has
+# none. The warm-up's is longer: openpi compiles its model on the first inference.
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_WARMUP_TIMEOUT_S = 300.0
 # A protocol's default observation format: what that protocol's own LIBERO client sends.
 PROTOCOL_OBS_FORMATS: dict[str, ObsFormatName] = {
     "openpi": "openpi-libero",
@@ -21,7 +25,9 @@ class PolicyEndpoint(BaseModel):
     Built by `policies.registry.endpoints_for` from the entry and, for a managed server, the url
     the controller started it on. `obs_format` names a format of policies/formats.py; left out,
     it is the protocol's own (openpi -> openpi-libero, vla-eval -> vla-eval-libero).
-    `privileged`: the server is an oracle that also receives ground truth.
+    `privileged`: the server is an oracle that also receives ground truth. `timeout_s` bounds
+    each measured reply (a later one closes the session: a stale chunk is never applied);
+    `warmup_timeout_s` bounds the one warm-up inference per process (policies/warmup.py).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -30,6 +36,8 @@ class PolicyEndpoint(BaseModel):
     protocol: Literal["openpi", "vla-eval"] = "openpi"
     obs_format: ObsFormatName
     privileged: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    warmup_timeout_s: float = DEFAULT_WARMUP_TIMEOUT_S
 
     @model_validator(mode="before")
     @classmethod

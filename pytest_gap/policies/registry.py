@@ -45,6 +45,8 @@ def endpoints_for(
                 protocol=entry.protocol,
                 obs_format=entry.resolved_obs_format,
                 privileged=entry.privileged_state,
+                timeout_s=entry.timeout_s,
+                warmup_timeout_s=entry.warmup_timeout_s,
             )
     return endpoints
 

@@ -14,10 +14,13 @@ without an edit of this package (vla-eval resolves its benchmarks the same way).
 
 Contract every backend keeps (the harness's scores depend on it):
 - seeds are integers >= 0; seed s starts from init state `s mod n_init_states(suite, task)`,
-  the same scene in every process, mode and cell;
+  the same scene in every process, mode and cell, whatever episodes ran before it: anything
+  random about the scene (LIBERO's fixture jitter) is drawn from the seed alone (`jitter_seed`);
 - settle steps (the env options' `settle_steps`, run inside `reset`) are not counted in `steps`;
 - `episode.init_state_digest` is `state_digest` of the state the episode starts from (before the
-  settle steps), or None where the backend cannot read its sim state;
+  settle steps), or None where the backend cannot read its sim state; `episode.scene_digest`
+  is `scene_digest` of the scene after the settle steps (every body's pose, fixtures included,
+  and every joint), the scene the first action meets: equal seeds must give equal digests;
 - `success()` is the backend's own goal check, `completion()` the fraction of the goal met
   (1.0 on success); an episode ends at success or after `max_steps` counted steps;
 - errors a user can cause (unknown suite, task id out of range, bad action) are `SimInputError`s
@@ -128,6 +131,9 @@ class EpisodeInfo:
     video: Path | None = None
     video_frames: int = 0
     init_state_digest: str | None = None
+    # `scene_digest` of the scene after the settle steps (None where it cannot be read): what
+    # the init state digest cannot see, the fixtures' jitter and the settling, included.
+    scene_digest: str | None = None
 
 
 @dataclass
@@ -143,6 +149,7 @@ class EpisodeOutcome:
     # What the backend's harness reported beyond the score: its version, the server url, ...
     info: dict[str, Any] = field(default_factory=dict)
     init_state_digest: str | None = None  # as EpisodeInfo's
+    scene_digest: str | None = None  # as EpisodeInfo's
     # The server's handshake reply (vla-eval's HELLO), for the record's policy identity; not
     # written anywhere as is (the runner keeps its digest only).
     server_metadata: dict[str, Any] | None = None
@@ -294,14 +301,21 @@ class EpisodeLoopEnv(Protocol):
     `warm_up(url, seed)` that is charged to no trial. Failures of the loop, the server or the
     simulator raise `InfraFailure` (the trial is errored, not failed)."""
 
-    def warm_up(self, url: str, seed: int) -> WarmUp | None:
-        """One inference on `url` unless this process already sent one there (then None)."""
+    def warm_up(self, url: str, seed: int, *, timeout_s: float) -> WarmUp:
+        """One inference on `url` with seed's first observation, `timeout_s` to answer (the
+        runner sends one per server and process, before the first measured trial there)."""
 
     def run_episode(
-        self, seed: int, *, url: str, frames: FrameStrip | None = None
+        self,
+        seed: int,
+        *,
+        url: str,
+        timeout_s: float,
+        frames: FrameStrip | None = None,
     ) -> EpisodeOutcome:
-        """One episode from init state `seed mod n_init_states` against the server at `url`;
-        `frames` as in `Env.reset` (passed only when the trial asks for a strip)."""
+        """One episode from init state `seed mod n_init_states` against the server at `url`,
+        each reply within `timeout_s`; `frames` as in `Env.reset` (passed only when the trial
+        asks for a strip). Its outcome carries the scene digest after the settle steps."""
 
 
 def state_digest(state: np.ndarray) -> str:
@@ -310,6 +324,23 @@ def state_digest(state: np.ndarray) -> str:
     same scene in every process, different for different scenes."""
     vector = np.round(np.asarray(state, dtype=np.float64).reshape(-1), STATE_DIGEST_DECIMALS)
     return hashlib.sha256((vector + 0.0).astype("<f8").tobytes()).hexdigest()
+
+
+def scene_digest(data) -> str:
+    """The digest of a MuJoCo scene (an MjData, or anything with its `qpos`, `qvel`, `xpos` and
+    `xquat`): every joint's position and velocity and every body's world pose, so a fixture moved
+    by a reset's jitter (a body without a joint, whose pose is in the model) changes it as a
+    moved object does. Rounded as `state_digest` rounds."""
+    arrays = (data.qpos, data.qvel, data.xpos, data.xquat)
+    return state_digest(np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays]))
+
+
+def jitter_seed(seed: int) -> int:
+    """The seed of the RNG a reset draws the scene's randomness from, for trial seed `seed`:
+    the seed itself (NumPy's legacy seeding takes 32 bits)."""
+    if seed < 0:
+        raise SimInputError(f"seed {seed}: seeds are integers >= 0")
+    return seed % 2**32
 
 
 def episode_modes(backend: Backend) -> frozenset[str]:

@@ -1,10 +1,14 @@
 """The LIBERO connector: one in-process LIBERO env per (suite, task), reset per seed.
 
 Protocol (LIBERO's own evaluation, as vla-eval and openpi run it):
-- seed s -> init state s mod n_init_states, then NumPy's global RNG seeded with that index
-  before the reset, because LIBERO samples fixture placement from it (openpi and vla-eval seed
-  once per env and hard-reset, so their fixture jitter for an init state depends on the
-  episodes run before it);
+- seed s -> init state s mod n_init_states; NumPy's global RNG, from which LIBERO draws the
+  fixture jitter (cabinets, stoves, racks move up to ~2 cm at every reset), is seeded with s
+  itself just before the reset. So seed s is one scene whatever ran before it, in any process;
+  s and s + n_init_states share the init state (the free objects and the arm) but not the
+  jitter. openpi and vla-eval seed once per env (seed 7) and hard-reset, so their jitter for an
+  episode depends on how many resets came before it; a hard reset seeded with s draws exactly
+  the jitter this soft reset draws (tests/test_scene_determinism.py), which is how the
+  vla-eval backend gives the same scene for the same seed;
 - 10 settle steps with the no-op action (gripper open) before control; they are not counted;
 - at most `max_steps` control steps (spatial 220, object 280, goal 300, libero_10 520,
   libero_90 400) unless overridden;
@@ -38,6 +42,8 @@ from pytest_gap.sim.backend import (  # re-exported: the data types used to live
     Observation,
     Predicate,
     StepResult,
+    jitter_seed,
+    scene_digest,
     state_digest,
 )
 from pytest_gap.sim.gl import ensure_gl_backend, import_robosuite_quietly
@@ -212,10 +218,10 @@ class LiberoEnv:
         # Until this reset completes there is no episode: a failure below must not leave the
         # previous episode's seed and goal attached to a half-reset scene.
         self._episode, self._steps = None, 0
-        # LIBERO draws fixture placement from NumPy's global RNG; seed it for this init state
-        # and give the caller's generator back untouched.
+        # LIBERO draws fixture placement from NumPy's global RNG; seed it with the trial's seed
+        # (the jitter is the seed's alone) and give the caller's generator back untouched.
         caller_rng = np.random.get_state()
-        np.random.seed(index)
+        np.random.seed(jitter_seed(seed))
         try:
             with _quiet():
                 self._control.reset()
@@ -251,6 +257,7 @@ class LiberoEnv:
         for _ in range(self.options.settle_steps):
             self._robosuite_obs = self.raw.step(NOOP_ACTION)[0]
         self._steps = 0
+        self._episode.scene_digest = scene_digest(self.raw.sim.data._data)
         model = self.raw.sim.model._model
         if video is not None:
             names = ("agentview", "wrist") if video_wrist else ("agentview",)

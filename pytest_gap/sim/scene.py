@@ -207,6 +207,25 @@ class SceneView:
     def touching(self, a: str, b: str) -> bool:
         return any({c.a, c.b} == {a, b} for c in self.contacts(a))
 
+    def grasped(self) -> str | None:
+        """The movable object the fingers hold now, or None: one that touches a geom of each
+        finger (robosuite's own grasp test, `_check_grasp`, reads the same finger geoms).
+        Fingers closed on nothing, or pushing an object with one finger, hold nothing."""
+        robot = self._env.robots[0]
+        fingers = robot.gripper.important_geoms
+        sides = []
+        for side in ("left_finger", "right_finger"):
+            ids = {self._model.geom(name).id for name in fingers[side]}
+            touched = set()
+            for c in self._data.contact[: self._data.ncon]:
+                for mine, other in ((c.geom1, c.geom2), (c.geom2, c.geom1)):
+                    if int(mine) in ids:
+                        touched.add(self.owner_of_geom(int(other)))
+            sides.append(touched)
+        held = sides[0] & sides[1]
+        movable = sorted(n for n in held if n in self._objects and not self._objects[n].fixture)
+        return movable[0] if movable else None
+
     # -- cameras -----------------------------------------------------------------------------
     @property
     def renderer(self) -> SceneRenderer:

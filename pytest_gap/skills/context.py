@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -33,6 +35,10 @@ class StepLimitReached(Exception):
     """The episode's or the workflow's sim-step budget is spent."""
 
 
+# How many steps an uncharged stretch (a bring-up) may take at most, whatever budget is left.
+UNCHARGED_ALLOWANCE = 200
+
+
 @dataclass
 class SkillContext:
     env: Env
@@ -49,6 +55,11 @@ class SkillContext:
     # the policy that answered), filled as each client connects.
     served: dict[str, str] = field(default_factory=dict)
     perception: Perception = "privileged"
+    # Steps taken inside `uncharged()` (a bring-up): the budgets moved on by as many.
+    uncharged_steps: int = 0
+    # Called with a policy id before this run first connects to its server: the runner warms
+    # the server there (policies/warmup.py), once per process, charged to no trial.
+    before_connect: Callable[[str], None] | None = None
     _clients: dict[str, Any] = field(default_factory=dict)
     _frames: dict[tuple[str, int, int, int], CameraFrame] = field(default_factory=dict)
 
@@ -66,7 +77,9 @@ class SkillContext:
                     f"policy {policy_id!r} has no server in this run (servers: {known}); add it "
                     "to the policies: registry and to benchmark.policies"
                 )
-            client = connect_policy(endpoint.url, endpoint.protocol)
+            if self.before_connect is not None:
+                self.before_connect(policy_id)
+            client = connect_policy(endpoint.url, endpoint.protocol, timeout_s=endpoint.timeout_s)
             self._clients[policy_id] = client
             self.served[policy_id] = metadata_digest(client.metadata)
         return self._clients[policy_id]
@@ -93,6 +106,25 @@ class SkillContext:
     @property
     def steps(self) -> int:
         return self.env.steps
+
+    @contextlib.contextmanager
+    def uncharged(self):
+        """Steps taken inside are not charged to the episode's budget (nor the workflow's):
+        both limits move on by as many, so what runs after still has all of them. The
+        stretch itself may take up to UNCHARGED_ALLOWANCE steps, whatever budget is left."""
+        env, before = self.env, self.env.steps
+        base_episode, base_workflow = env.max_steps, self.max_sim_steps
+        env.max_steps = base_episode + UNCHARGED_ALLOWANCE
+        if base_workflow is not None:
+            self.max_sim_steps = base_workflow + UNCHARGED_ALLOWANCE
+        try:
+            yield
+        finally:
+            taken = env.steps - before
+            self.uncharged_steps += taken
+            env.max_steps = base_episode + taken
+            if base_workflow is not None:
+                self.max_sim_steps = base_workflow + taken
 
     def act(self, action) -> StepResult:
         """One control step through the env's 7-D action; stops the run on success or budget."""

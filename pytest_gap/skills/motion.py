@@ -199,7 +199,24 @@ def joint_speed(ctx: SkillContext) -> float:
     return float(np.linalg.norm(raw.sim.data.qvel[np.asarray(robot._ref_joint_vel_indexes)]))
 
 
-def _hold_step(ctx: SkillContext, target: np.ndarray, desired: np.ndarray, gripper: float) -> None:
+def home_pose(ctx: SkillContext) -> tuple[np.ndarray, np.ndarray]:
+    """The grip site's position and the hand's rotation with the arm at the robot model's home
+    joint angles (robosuite's `init_qpos`, which LIBERO's init states start near): forward
+    kinematics on a scratch copy of the state. Reads the robot's model, no camera, no object."""
+    import mujoco
+
+    raw = ctx.env.raw
+    robot = raw.robots[0]
+    model = raw.sim.model._model
+    data = mujoco.MjData(model)
+    data.qpos[:] = raw.sim.data.qpos
+    data.qpos[np.asarray(robot._ref_joint_pos_indexes)] = robot.init_qpos
+    mujoco.mj_kinematics(model, data)
+    hand = model.body(robot.robot_model.eef_name).id
+    return data.site_xpos[robot.eef_site_id].copy(), data.xmat[hand].reshape(3, 3).copy()
+
+
+def hold_step(ctx: SkillContext, target: np.ndarray, desired: np.ndarray, gripper: float) -> None:
     """One control step pulling the hand back to `target`, turned as `desired`."""
     pos, rot = hand_pose(ctx)
     ctx.act(
@@ -229,7 +246,7 @@ def settle(
     for i in range(max_steps):
         if joint_speed(ctx) < max_speed:
             return i
-        _hold_step(ctx, target, desired, gripper)
+        hold_step(ctx, target, desired, gripper)
     return max_steps
 
 
@@ -245,7 +262,7 @@ def hold_until_still(ctx: SkillContext, gripper: float, max_steps: int = STILL_S
     desired = down_rotation(yaw)
     before, still = ctx.render("agentview"), 0
     for i in range(max_steps):
-        _hold_step(ctx, target, desired, gripper)
+        hold_step(ctx, target, desired, gripper)
         after = ctx.render("agentview")
         still = still + 1 if moving_pixels(before, after, names) < STILL_PIXELS else 0
         if still == 2:

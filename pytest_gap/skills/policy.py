@@ -1,13 +1,18 @@
-"""run_policy: hand the arm to a learned policy served over the openpi websocket protocol.
+"""run_policy: hand the arm to a learned policy served over a websocket; bring_up before it.
 
 Each window sends one observation and applies the first `replan_every` actions of the returned
-chunk (action chunking), then asks again. The run ends when
-- the simulator's goal check passes (the executor stops the whole workflow, as for any skill);
-- the policy completes a gripper cycle: it closed the gripper and then opened it again, which
-  ends a pick-and-place; `settle_steps` no-op steps then let the object come to rest
-  (status `gripper_cycle`);
-- the policy says it is done (`"done": true` in a reply; status `completed`);
-- `max_windows` windows were used (status `max_windows`).
+chunk (action chunking), then asks again: openpi's LIBERO client loop. How the policy's control
+ends is `until`:
+- `success` (the bare templates, `policy_only`): as openpi's and vla-eval's own loops run a
+  policy. It acts until the simulator's goal check passes (the executor stops the workflow, as
+  for any skill), it replies `"done": true` (status `completed`), or the episode's step budget
+  is spent (the suite's 220/280/300/520, or `trials.max_steps`; the executor ends the run at the
+  step limit). Nothing else ends it: a release, a missed grasp it retries, a second object.
+- `release` (a policy node inside a graph, `llm_plus_policy`): as above, and also at the first
+  release after a verified hold: the fingers closed on a movable object (it touches both
+  fingers, `SceneView.grasped`) and then the command opens them; `settle_steps` no-op steps let
+  the object come to rest (status `released`). A close on nothing that reopens is no release.
+`max_windows` caps the windows (status `max_windows`); unset, only the budget does.
 What is sent and how a reply becomes actions is the endpoint's `obs_format`
 (policies/formats.py): openpi-libero, vla-eval-libero or the native gap. A window is
 `replan_every` actions: one request to a server that answers chunks, several to one that answers
@@ -15,6 +20,8 @@ single actions (vla-eval). Actions are OSC_POSE deltas with gripper -1 open / +1
 the format cannot use fails the skill (a policy failure).
 A server that cannot be reached, fails, closes or answers late raises PolicyTransportError, an
 infrastructure failure: the trial is not scored as a policy failure.
+
+`bring_up` is the spec's policy_only bring-up (home, gripper open) done without perception.
 """
 
 from __future__ import annotations
@@ -26,24 +33,32 @@ import numpy as np
 from pydantic import BaseModel
 
 from pytest_gap.policies.formats import ReplyError, obs_format
-from pytest_gap.skills import library
+from pytest_gap.skills import library, motion
 from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.geometry import rotation_error
 from pytest_gap.skills.registry import SkillFailure, skill
 
 CLOSE_THRESHOLD = 0.0  # a gripper command above this closes, below opens
 NOOP_OPEN = np.array([0, 0, 0, 0, 0, 0, -1.0])
+# bring_up: the hand within these of its home pose, the fingers this open, is home; it gives up
+# after BRING_UP_MAX_STEPS (LIBERO's init states leave the hand 1-3 cm off: a few steps).
+HOME_TOLERANCE, HOME_TURN_TOLERANCE, OPEN_FRACTION = 0.01, 0.05, 0.85
+BRING_UP_MAX_STEPS = 60
+Until = Literal["success", "release"]
 
 
 class PolicyRun(BaseModel):
-    status: Literal["gripper_cycle", "completed", "max_windows"]
+    status: Literal["completed", "released", "max_windows"]
     windows: int
     steps: int
+    # until=release: the object the fingers held before the release that ended the run
+    released: str | None = None
 
 
-def privileged_state(ctx: SkillContext) -> dict:
+def privileged_state(env) -> dict:
     """Ground truth for oracle policies (registry entries with `privileged_state: true` only):
     the objects still to deliver, the container, every object's box, the grip site and width."""
-    env, scene = ctx.env, ctx.env.scene
+    scene = env.scene
     goal = [p for p in env.goal if p[0] == "in"]
     status = env.goal_status()
     delivered = [done for p, done in zip(env.goal, status, strict=True) if p[0] == "in"]
@@ -67,27 +82,38 @@ def run_policy(
     ctx: SkillContext,
     policy: str,
     prompt: str = "",
-    max_windows: int = 20,
+    until: Until = "success",
+    max_windows: int | None = None,
     replan_every: int = 5,
     settle_steps: int = 10,
 ) -> PolicyRun:
-    """Let a learned policy act: observations in, action chunks out, until a gripper cycle.
+    """Let a learned policy act: observations in, action chunks out, until the task succeeds or
+    the episode's steps run out (`until: success`), or also until it releases what it held
+    (`until: release`).
 
-    `prompt` defaults to the task's instruction (the one the workflow was produced for)."""
+    `prompt` defaults to the task's instruction (the one the workflow was produced for). Fails
+    when `until: release` runs on a backend whose envs offer no gripper contacts."""
     prompt = prompt or ctx.instruction
+    scene = ctx.env.scene
+    if until == "release" and scene is None:
+        raise SkillFailure(
+            "until: release reads the fingers' contacts, which this backend's envs do not "
+            "offer; use until: success"
+        )
     client = ctx.policy(policy)  # raises for a policy without an endpoint
     endpoint = ctx.policies[policy]
     fmt = obs_format(endpoint)
     privileged = endpoint.privileged
     server = getattr(client, "metadata", None) or {}
-    closed = False
-    steps0 = ctx.steps
-    for window in range(1, max_windows + 1):
+    held: str | None = None  # until=release: what a hold verified since the last close
+    steps0, window = ctx.steps, 0
+    while max_windows is None or window < max_windows:
+        window += 1
         pending = replan_every  # a window is replan_every actions, in one reply or several
         while pending > 0:
             obs = fmt.observation(ctx.env, prompt, server)
             if privileged:
-                obs["privileged"] = privileged_state(ctx)
+                obs["privileged"] = privileged_state(ctx.env)
             asked = time.perf_counter()
             reply = client.infer(obs)
             infer_ms = round(1000 * (time.perf_counter() - asked), 1)
@@ -98,19 +124,46 @@ def run_policy(
             # each inference's latency, for `gap viz` and anyone reading the trace
             ctx.note("policy window", window=window, infer_ms=infer_ms, actions=len(chunk))
             for action in chunk:
-                ctx.act(action)
+                ctx.act(action)  # ends the run on success or at the step budget
+                if until != "release":
+                    continue
                 if action[6] > CLOSE_THRESHOLD:
-                    closed = True
-                elif closed:  # closed on something, now released: the pick-and-place is over
+                    held = held or scene.grasped()
+                elif held is not None:  # held something, now released: the node is done
                     for _ in range(settle_steps):
                         ctx.act(NOOP_OPEN)
                     return PolicyRun(
-                        status="gripper_cycle", windows=window, steps=ctx.steps - steps0
+                        status="released",
+                        windows=window,
+                        steps=ctx.steps - steps0,
+                        released=held,
                     )
             pending -= len(chunk)
             if isinstance(reply, dict) and reply.get("done") is True:
                 return PolicyRun(status="completed", windows=window, steps=ctx.steps - steps0)
-    return PolicyRun(status="max_windows", windows=max_windows, steps=ctx.steps - steps0)
+    return PolicyRun(status="max_windows", windows=window, steps=ctx.steps - steps0)
+
+
+@skill(bring_up=True)
+def bring_up(ctx: SkillContext) -> library.Motion:
+    """Ready the arm for a policy without looking: the hand to its home pose (the robot model's
+    home joint angles, by forward kinematics: no camera, no object) with the gripper opening.
+    As a workflow's first node its steps are not charged to the episode's step budget (the
+    spec's policy_only bring-up: the policy after it still has the whole budget)."""
+    target, desired = motion.home_pose(ctx)
+    opened = OPEN_FRACTION * ctx.env.scene.gripper().max_width
+    error = np.inf
+    for _ in range(BRING_UP_MAX_STEPS):
+        pos, rot = motion.hand_pose(ctx)
+        error = float(np.linalg.norm(target - pos))
+        turn = float(np.linalg.norm(rotation_error(rot, desired)))
+        home = error < HOME_TOLERANCE and turn < HOME_TURN_TOLERANCE
+        if home and ctx.env.scene.gripper().width >= opened:
+            break
+        motion.hold_step(ctx, target, desired, library.OPEN)
+    return library.Motion(
+        reached=error < HOME_TOLERANCE, error=error, position=motion.hand_pose(ctx)[0].tolist()
+    )
 
 
 @skill

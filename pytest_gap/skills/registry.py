@@ -38,6 +38,9 @@ class SkillSpec:
     # It queries the env's scene (poses, boxes, gripper, cameras): it cannot run on a backend
     # whose envs have none (`Env.scene is None`).
     scene: bool = True
+    # It readies the arm and perceives nothing (policy_only's bring-up): as a workflow's first
+    # node, its steps are not charged to the episode's budget (workflow/executor.py).
+    bring_up: bool = False
 
     @property
     def summary(self) -> str:
@@ -67,11 +70,12 @@ class SkillSpec:
 _SKILLS: dict[str, SkillSpec] = {}
 
 
-def skill(fn=None, *, scene: bool = True):
+def skill(fn=None, *, scene: bool = True, bring_up: bool = False):
     """Register `fn` as a skill under its function name (`@skill`, or `@skill(scene=False)` for
-    one that needs no scene queries: it runs on every backend)."""
+    one that needs no scene queries: it runs on every backend; `bring_up=True` for one that
+    readies the arm without perceiving anything, see SkillSpec.bring_up)."""
     if fn is None:
-        return lambda f: skill(f, scene=scene)
+        return lambda f: skill(f, scene=scene, bring_up=bring_up)
     hints = typing.get_type_hints(fn)
     params = list(inspect.signature(fn).parameters.values())[1:]  # after ctx
     fields = {
@@ -91,7 +95,9 @@ def skill(fn=None, *, scene: bool = True):
             f"skill {fn.__name__} registered twice ({_where(known.fn)} and {_where(fn)}); "
             "give one of them another name"
         )
-    _SKILLS[fn.__name__] = SkillSpec(fn.__name__, fn.__doc__ or "", fn, inputs, outputs, scene)
+    _SKILLS[fn.__name__] = SkillSpec(
+        fn.__name__, fn.__doc__ or "", fn, inputs, outputs, scene, bring_up
+    )
     return fn
 
 

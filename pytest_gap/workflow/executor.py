@@ -8,9 +8,10 @@ A skill failure follows the node's `on_error` edge, or ends the run with exit st
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
@@ -65,6 +66,7 @@ class RunResult(BaseModel):
     outputs: dict[str, Any] = {}
     duration_s: float
     steps: int
+    bringup_steps: int = 0  # of `steps`, a first-node bring-up's: charged to no budget
     node_executions: int
     trace_path: str | None = None
 
@@ -142,6 +144,16 @@ def _call(ctx: SkillContext, call: ToolNode | SkillCall, outputs: dict[str, Any]
     return resolved, spec.fn(ctx, **kwargs).model_dump(mode="json")
 
 
+def _charging(ctx: SkillContext, node: ToolNode, *, first: bool):
+    """A bring-up skill (SkillSpec.bring_up) as the run's first node is the spec's policy_only
+    bring-up: not charged to the episode's step budget. Anywhere else it is a skill like any
+    other: a graph shares the episode's budget with everything it runs."""
+    spec = get_skill(node.skill)
+    if first and spec is not None and spec.bring_up:
+        return ctx.uncharged()
+    return contextlib.nullcontext()
+
+
 def run_workflow(
     workflow: Workflow,
     env: Env,
@@ -151,12 +163,14 @@ def run_workflow(
     policies: Mapping[str, PolicyEndpoint] | None = None,
     task_prompt: str | None = None,
     perception: Perception = "privileged",
+    before_connect: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Run from `workflow.start` on an env that was just reset; return what happened.
 
     `task_prompt` is the instruction the workflow was produced for, when it is not the env's
     own (skills that read the task or prompt a policy use it). `perception` is what the skills
-    see with (`skills.context.PERCEPTION_CAMERAS`)."""
+    see with (`skills.context.PERCEPTION_CAMERAS`). `before_connect(policy_id)` runs before the
+    run first talks to a policy's server (the runner's warm-up)."""
     ctx = SkillContext(
         env,
         max_sim_steps=workflow.limits.max_sim_steps,
@@ -164,6 +178,7 @@ def run_workflow(
         policies=dict(policies or {}),
         task_prompt=task_prompt,
         perception=perception,
+        before_connect=before_connect,
     )
     try:
         return _run(workflow, env, ctx, trace_dir)
@@ -198,7 +213,8 @@ def _run(workflow: Workflow, env: Env, ctx: SkillContext, trace_dir) -> RunResul
         resolved: Any = None
         try:
             if isinstance(node, ToolNode):
-                resolved, outputs[current] = _call(ctx, node, outputs)
+                with _charging(ctx, node, first=executions == 1):
+                    resolved, outputs[current] = _call(ctx, node, outputs)
                 trace.finish(
                     current,
                     "ok",
@@ -270,6 +286,7 @@ def _run(workflow: Workflow, env: Env, ctx: SkillContext, trace_dir) -> RunResul
         outputs=outputs,
         duration_s=round(time.perf_counter() - t0, 3),
         steps=env.steps,
+        bringup_steps=ctx.uncharged_steps,
         node_executions=executions,
     )
     path = trace.write(result.model_dump(exclude={"outputs", "trace_path"}))

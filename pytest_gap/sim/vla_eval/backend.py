@@ -12,7 +12,15 @@ and its loop (`SyncEpisodeRunner.run_episode`). The harness picks the episode an
 - the benchmark is built from the server's HELLO `observation_params` the way vla-eval's
   orchestrator does (`_merge_observation_params`), one per (suite, task, server parameters);
 - each process sends one warm-up inference to each server before its first measured trial there
-  (`warm_up`); the runner records its time apart from every trial;
+  (`warm_up`, called by the runner, which records its time apart from every trial); measured
+  replies get `policies.<id>.timeout_s` (vla-eval's Connection timeout), the warm-up its own;
+- the same seed is the same scene: just before each episode's reset the adapter's env is seeded
+  with the trial's seed (`jitter_seed`), where vla-eval seeds it once, with 7, when it builds
+  it. LIBERO draws the fixtures' jitter from that RNG at every reset, so with vla-eval's default
+  an episode's scene depends on how many episodes that env ran before it (`--lf`, another
+  worker, another order would change it). A deviation from vla-eval's default, not from its
+  code: its loop and adapter run as they are, and the libero backend draws the same jitter for
+  the same seed (`scene_digest` records it on both);
 - a trial records the installed vla-eval version and the server url (`EpisodeOutcome.info`).
 
 Scores: success is vla-eval's `metrics['success']`; completion is 1.0 on success and 0.0
@@ -32,6 +40,7 @@ is not installed, or they are not wired yet): `unavailable()`, `gap suites --bac
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import time
@@ -51,13 +60,18 @@ from pytest_gap.sim.backend import (
     StepResult,
     Variation,
     WarmUp,
+    jitter_seed,
+    scene_digest,
     state_digest,
 )
 
 NAME = "vla-eval"
 CONNECT_RETRIES = 1  # the session's preflight already found the server up; fail fast after
 ACT_TIMEOUT_S = 30.0  # vla-eval's own default per-reply timeout (ServerConfig.timeout)
-VLA_EVAL_SEED = 7  # LIBEROBenchmark's default env seed, passed explicitly as vla-eval advises
+WARM_UP_TIMEOUT_S = 300.0  # the warm-up's (policies.<id>.warmup_timeout_s, by the runner)
+# LIBEROBenchmark's default seed, passed explicitly as vla-eval advises; the env is reseeded
+# from each trial's seed before its reset (see the module docstring).
+VLA_EVAL_SEED = 7
 FRAMES_REFUSED = (
     "trials.frames_every / --gap-frames: the vla-eval backend records no frames yet; set "
     "frames_every: 0 or drop --gap-frames"
@@ -292,7 +306,6 @@ class VlaEvalEnv:
         self._episode: EpisodeInfo | None = None
         self._last: dict | None = None
         self._steps = 0
-        self._warmed: set[str] = set()
 
     # -- vla-eval's objects -------------------------------------------------------------------
     def _benchmark(self, observation_params: Mapping[str, Any]):
@@ -324,30 +337,55 @@ class VlaEvalEnv:
         task = bench.get_tasks()[self.task_id]  # claim task-list-is-task-ids
         return {**task, "episode_idx": seed % self.n_init_states}  # claim episode-idx-is-...
 
-    async def _connect(self, url: str):
+    @staticmethod
+    def _seed_env(bench, seed: int) -> None:
+        """Seed the adapter's env for the episode about to start: LIBEROBenchmark seeds an env
+        it builds with `env_seed`, and an env it reuses keeps its stream unless seeded here."""
+        bench.env_seed = jitter_seed(seed)
+        if bench._env is not None:
+            bench._env.seed(bench.env_seed)
+
+    @contextlib.contextmanager
+    def _seeded_starts(self, bench, seed: int):
+        """While vla-eval's loop runs: every `start_episode` of `bench` seeds its env from `seed`
+        first and digests the settled scene after (into the yielded list). The adapter's own
+        method runs in between, unchanged; the wrapper lives on this instance only."""
+        digests: list[str] = []
+        original = bench.start_episode
+
+        async def start_episode(task, recorder=None):
+            self._seed_env(bench, seed)
+            await original(task, recorder=recorder)
+            digests.append(scene_digest(bench._env.env.sim.data._data))
+
+        bench.start_episode = start_episode
+        try:
+            yield digests
+        finally:
+            del bench.start_episode
+
+    async def _connect(self, url: str, timeout_s: float):
         from vla_eval.connection import Connection
 
-        conn = Connection(url, timeout=ACT_TIMEOUT_S, max_retries=CONNECT_RETRIES)
+        conn = Connection(url, timeout=timeout_s, max_retries=CONNECT_RETRIES)
         await conn.connect(benchmark=LIBERO.import_string)
         return conn
 
     # -- the episode loop ---------------------------------------------------------------------
-    def warm_up(self, url: str, seed: int) -> WarmUp | None:
-        """One inference on `url` with this task's real first observation, unless this process
-        already sent one there. Its time is the caller's to record apart from any trial."""
-        if url in self._warmed:
-            return None
+    def warm_up(self, url: str, seed: int, *, timeout_s: float = WARM_UP_TIMEOUT_S) -> WarmUp:
+        """One inference on `url` with this task's real first observation, `timeout_s` to
+        answer. Its time is the caller's to record apart from any trial (the runner sends one
+        per server and process)."""
         import anyio
 
         t0 = time.perf_counter()
         try:
-            inference_s = anyio.run(self._warm_up, url, seed)
+            inference_s = anyio.run(self._warm_up, url, seed, timeout_s)
         except Exception as exc:
             raise InfraFailure(
                 f"the warm-up inference on vla-eval server {url} failed "
                 f"({type(exc).__name__}: {exc})"
             ) from None
-        self._warmed.add(url)
         return WarmUp(
             url=url,
             seconds=time.perf_counter() - t0,
@@ -355,8 +393,8 @@ class VlaEvalEnv:
             info={"vla_eval_version": vla_eval_version()},
         )
 
-    async def _warm_up(self, url: str, seed: int) -> float:
-        conn = await self._connect(url)
+    async def _warm_up(self, url: str, seed: int, timeout_s: float) -> float:
+        conn = await self._connect(url, timeout_s)
         try:
             bench = self._benchmark(conn.server_info.get("observation_params") or {})
             task = self._task(bench, seed)
@@ -372,17 +410,23 @@ class VlaEvalEnv:
             await conn.close()
 
     def run_episode(
-        self, seed: int, *, url: str, frames: FrameStrip | None = None
+        self,
+        seed: int,
+        *,
+        url: str,
+        timeout_s: float = ACT_TIMEOUT_S,
+        frames: FrameStrip | None = None,
     ) -> EpisodeOutcome:
-        """One episode through vla-eval's SyncEpisodeRunner against the server at `url`.
-        `frames` is refused (SimInputError): vla-eval's loop renders its own observations."""
+        """One episode through vla-eval's SyncEpisodeRunner against the server at `url`, each
+        reply within `timeout_s` (vla-eval's Connection timeout). `frames` is refused
+        (SimInputError): vla-eval's loop renders its own observations."""
         import anyio
 
         if frames is not None:
             raise SimInputError(FRAMES_REFUSED)
 
         try:
-            return anyio.run(self._run_episode, seed, url)
+            return anyio.run(self._run_episode, seed, url, timeout_s)
         except SimInputError:
             raise
         except Exception as exc:
@@ -393,28 +437,31 @@ class VlaEvalEnv:
                 f"vla-eval's episode loop failed{where} against {url} ({type(exc).__name__}: {exc})"
             ) from None
 
-    async def _run_episode(self, seed: int, url: str) -> EpisodeOutcome:
+    async def _run_episode(self, seed: int, url: str, timeout_s: float) -> EpisodeOutcome:
         from vla_eval.runners.sync_runner import SyncEpisodeRunner
 
         self._episode, self._bench, self._steps = None, None, 0  # no stale episode on abort
-        conn = await self._connect(url)
+        conn = await self._connect(url, timeout_s)
         try:
             bench = self._benchmark(conn.server_info.get("observation_params") or {})
             task = self._task(bench, seed)
-            result = await SyncEpisodeRunner().run_episode(
-                bench, task, conn, max_steps=self.max_steps
-            )
+            with self._seeded_starts(bench, seed) as digests:
+                result = await SyncEpisodeRunner().run_episode(
+                    bench, task, conn, max_steps=self.max_steps
+                )
         finally:
             await conn.close()
         success = bool((result.get("metrics") or {}).get("success"))
         steps = int(result.get("steps", 0))
         digest = _init_state_digest(bench, self.task_id, task["episode_idx"])
+        scene = digests[0] if digests else None
         self._episode = EpisodeInfo(
             seed=seed,
             init_state=task["episode_idx"],
             prompt=task["name"],
             goal=(),
             init_state_digest=digest,
+            scene_digest=scene,
         )
         self._bench, self._steps = bench, steps
         return EpisodeOutcome(
@@ -424,6 +471,7 @@ class VlaEvalEnv:
             steps=steps,
             completion=1.0 if success else 0.0,
             init_state_digest=digest,
+            scene_digest=scene,
             server_metadata=dict(conn.server_info or {}),
             reason=None
             if success
@@ -474,7 +522,8 @@ class VlaEvalEnv:
         # Direct stepping: the adapter with vla-eval's defaults plus the wrist image and state.
         bench = self._benchmark({"send_wrist_image": True, "send_state": True})
         task = self._task(bench, seed)
-        anyio.run(bench.start_episode, task)
+        with self._seeded_starts(bench, seed) as digests:
+            anyio.run(bench.start_episode, task)
         self._bench, self._steps = bench, 0
         self._episode = EpisodeInfo(
             seed=seed,
@@ -482,6 +531,7 @@ class VlaEvalEnv:
             prompt=task["name"],
             goal=(),
             init_state_digest=_init_state_digest(bench, self.task_id, task["episode_idx"]),
+            scene_digest=digests[0],
         )
         return self.observe()
 
