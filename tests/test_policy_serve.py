@@ -315,3 +315,13 @@ def test_a_forking_policy_is_served_per_connection_and_never_batched(recording):
         assert np.allclose(a.infer({})["actions"], actions[3:6])
         assert np.allclose(b.infer({})["actions"], actions[:3])
     assert np.allclose(replay.infer({})["actions"], actions[:3])  # the served original: unused
+
+
+def test_a_json_recording_replays_as_its_npy_twin_would(tmp_path):
+    path = _write(tmp_path / "demo.json", json.dumps({"actions": [[0.5] * 6 + [1], [-0.5] * 7]}))
+    replay = ReplayPolicy.from_file(path, chunk=3)
+    first = replay.infer({"ignored": True})["actions"]
+    assert np.allclose(first, [[0.5] * 6 + [1], [-0.5] * 7, [0] * 6 + [-0.5]])
+    fork = replay.fork()  # a new episode: from the first action, sharing the recording
+    assert fork.actions is replay.actions and np.allclose(fork.infer({})["actions"], first)
+    assert np.allclose(replay.infer({})["actions"], [[0] * 6 + [-0.5]] * 3)

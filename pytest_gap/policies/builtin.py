@@ -11,6 +11,7 @@ share that state. A policy without fork() is one object for every connection.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import io
 import json
@@ -139,6 +140,7 @@ class ReplayPolicy:
         self.horizon = chunk
         self._hold = np.zeros(7, self.actions.dtype)
         self._hold[6] = self.actions[-1, 6]
+        self._hold.flags.writeable = False
         self._next = 0
 
     @classmethod
@@ -146,8 +148,11 @@ class ReplayPolicy:
         return cls(load_actions(path), chunk)
 
     def fork(self) -> ReplayPolicy:
-        """A copy at the recording's first action (the actions are shared, read-only)."""
-        return type(self)(self.actions, self.horizon)
+        """A copy at the recording's first action; the (read-only) actions are shared, so a
+        connection costs no copy of the recording."""
+        forked = copy.copy(self)
+        forked._next = 0
+        return forked
 
     def infer(self, obs: dict) -> dict:
         start, self._next = self._next, self._next + self.horizon
