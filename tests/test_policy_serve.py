@@ -325,3 +325,51 @@ def test_a_json_recording_replays_as_its_npy_twin_would(tmp_path):
     fork = replay.fork()  # a new episode: from the first action, sharing the recording
     assert fork.actions is replay.actions and np.allclose(fork.infer({})["actions"], first)
     assert np.allclose(replay.infer({})["actions"], [[0] * 6 + [-0.5]] * 3)
+
+
+class StepRecorder:
+    """The real env, with every action it is stepped with kept (what reached the simulator)."""
+
+    def __init__(self, env):
+        self._env, self.actions = env, []
+
+    def step(self, action):
+        self.actions.append(np.array(action, dtype=np.float64))
+        return self._env.step(action)
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+
+@pytest.mark.parametrize("protocol", ["openpi", "vla-eval"])
+def test_run_policy_applies_a_served_replay_exactly_on_libero(protocol, object_env, tmp_path):
+    """run_policy (replan_every 5) through `gap policy serve replay --chunk 5`: the simulator
+    is stepped with the recording, in order, then with the hold."""
+    from pytest_gap.policies.endpoint import PolicyEndpoint
+    from pytest_gap.workflow.executor import run_workflow
+    from pytest_gap.workflow.schema import validate_workflow
+
+    actions = np.random.default_rng(3).uniform(-0.3, 0.3, (N_ACTIONS, 7))
+    actions[:, 6] = -1.0  # open throughout: no gripper cycle ends the run early
+    path = tmp_path / "demo.npy"
+    np.save(path, actions)
+    inputs = {"policy": "replay", "max_windows": 3, "replan_every": 5}
+    workflow = validate_workflow(
+        {
+            "version": 1,
+            "name": "replay",
+            "start": "policy",
+            "nodes": {
+                "policy": {"type": "tool", "skill": "run_policy", "inputs": inputs, "next": "end"},
+                "end": {"type": "end", "status": "failure"},
+            },
+        }
+    )
+    env = StepRecorder(object_env)
+    with served("replay", "--actions", str(path), "--chunk", "5", protocol=protocol) as port:
+        object_env.reset(0)
+        endpoint = PolicyEndpoint(url=f"ws://127.0.0.1:{port}", protocol=protocol)
+        result = run_workflow(workflow, env, policies={"replay": endpoint})
+    assert not result.infra_failure and result.outputs["policy"]["steps"] == 15
+    assert np.allclose(env.actions[:N_ACTIONS], actions, atol=1e-6)
+    assert np.allclose(env.actions[N_ACTIONS:], _held(actions))
