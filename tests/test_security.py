@@ -181,10 +181,11 @@ def test_managed_policy_servers_listen_on_loopback_only(tmp_path):
     "argv",
     [
         ["policy", "serve", "hold", "--host", "0.0.0.0"],
+        ["policy", "serve", "hold", "--protocol", "vla-eval", "--host", "0.0.0.0"],
         ["serve", "--host", "0.0.0.0", "--runs-dir", "runs"],
         ["online", "serve", "--host", "0.0.0.0", "--sets", "sets.yaml", "--tokens", "tokens"],
     ],
-    ids=["gap policy serve", "gap serve", "gap online serve"],
+    ids=["gap policy serve", "gap policy serve vla-eval", "gap serve", "gap online serve"],
 )
 def test_a_server_bound_beyond_loopback_says_so_in_one_line(argv, tmp_path):
     from pytest_gap.policies.manager import free_port

@@ -2,17 +2,30 @@
 
 Actions follow the harness convention: (H, 7) chunks of OSC_POSE deltas (xyz, axis-angle,
 gripper; gripper -1 open, +1 closed).
+
+A policy that keeps state across the calls of an episode (replay) has `fork() -> policy`: a
+fresh copy at the episode's start. The servers call it once per episode (policies/server.py:
+per connection; policies/vla_eval_server.py: per EPISODE_START), so concurrent episodes never
+share that state. A policy without fork() is one object for every connection.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
+import io
+import json
+from pathlib import Path
 
 import numpy as np
 
-from pytest_gap.errors import GapError
+from pytest_gap.errors import GapError, one_line
 
 DEFAULT_HORIZON = 10
+# openpi's LIBERO client and run_policy execute the first 5 actions of each reply
+# (replan_every): a replay chunk of 5 is then executed whole, and the next reply goes on from it.
+DEFAULT_REPLAY_CHUNK = 5
+ACTIONS_FIX = 'give a .npy float array (N, 7) or a .json {"actions": [[7 numbers], ...]}'
 
 
 class HoldPolicy:
@@ -51,6 +64,9 @@ class ScriptedPolicy:
     """
 
     horizon = 5
+    # Its observations carry simulator ground truth that only pytest-gap's own run_policy sends
+    # (openpi protocol, privileged_state: true); a server for other clients refuses it.
+    needs_privileged_state = True
     step_m = 0.05  # OSC_POSE: an action of 1.0 moves the position target by 5 cm
     gain = 0.4
     hold_width = 0.07  # fingers closed further than this, near the object: holding it
@@ -103,11 +119,132 @@ class ScriptedPolicy:
         return {"actions": actions}
 
 
-BUILTINS = {"hold": HoldPolicy, "random": RandomPolicy, "scripted": ScriptedPolicy}
+class ReplayPolicy:
+    """Replays recorded actions open-loop, whatever it observes: does a trajectory recorded
+    elsewhere (a demonstration, another run) still do the task from this scene?
+
+    Each reply is exactly `chunk` actions, the next ones of the recording; every episode starts
+    from its first action (`fork()`). After the last recorded action it holds still: zero
+    motion with the last action's gripper command, so what the gripper holds stays held.
+
+    A client that executes the first k actions of each reply replays exactly when k == chunk
+    (openpi's LIBERO client and run_policy: replan_every, default 5); served over vla-eval,
+    whose benchmarks apply one action per observation, the server hands the chunk out one
+    action at a time, so the replay advances by one action per observation.
+    """
+
+    def __init__(self, actions: np.ndarray, chunk: int = DEFAULT_REPLAY_CHUNK):
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise GapError(f"replay chunk {chunk!r}: give a whole number of actions, 1 or more")
+        self.actions = _checked_actions(actions, "replay actions")
+        self.horizon = chunk
+        self._hold = np.zeros(7, self.actions.dtype)
+        self._hold[6] = self.actions[-1, 6]
+        self._hold.flags.writeable = False
+        self._next = 0
+
+    @classmethod
+    def from_file(cls, path: str | Path, chunk: int = DEFAULT_REPLAY_CHUNK) -> ReplayPolicy:
+        return cls(load_actions(path), chunk)
+
+    def fork(self) -> ReplayPolicy:
+        """A copy at the recording's first action; the (read-only) actions are shared, so a
+        connection costs no copy of the recording."""
+        forked = copy.copy(self)
+        forked._next = 0
+        return forked
+
+    def infer(self, obs: dict) -> dict:
+        start, self._next = self._next, self._next + self.horizon
+        chunk = self.actions[start : start + self.horizon]
+        held = np.tile(self._hold, (self.horizon - len(chunk), 1))
+        return {"actions": np.concatenate([chunk, held])}
 
 
-def load_policy(name: str):
-    """A built-in name, or `module:Class` whose instances have infer(obs) -> dict."""
+def load_actions(path: str | Path) -> np.ndarray:
+    """The (N, 7) actions of a `.npy` array (no pickles) or a `.json` {"actions": [...]}, as
+    a read-only float64 array; every way the file can be wrong is one GapError naming it."""
+    path = Path(path)
+    where = f"--actions {path}"
+    if path.suffix not in (".npy", ".json"):
+        raise GapError(f"{where}: not a .npy or .json file; {ACTIONS_FIX}")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise GapError(f"{where}: no such file; {ACTIONS_FIX}") from None
+    except OSError as exc:
+        raise GapError(f"{where}: cannot read it ({exc.strerror}); {ACTIONS_FIX}") from None
+    array = _npy_actions(data, where) if path.suffix == ".npy" else _json_actions(data, where)
+    return _checked_actions(array, where)
+
+
+def _npy_actions(data: bytes, where: str) -> np.ndarray:
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except Exception as exc:  # numpy raises ValueError, OSError or EOFError for bad bytes
+        raise GapError(
+            f"{where}: not a numpy .npy array ({one_line(exc, 80)}); {ACTIONS_FIX}"
+        ) from None
+    if not isinstance(array, np.ndarray):  # an .npz archive renamed .npy
+        raise GapError(f"{where}: an .npz archive, not one .npy array; {ACTIONS_FIX}")
+    if array.dtype.kind not in "biuf":
+        raise GapError(f"{where}: its dtype is {array.dtype}, not numbers; {ACTIONS_FIX}")
+    return array
+
+
+def _json_actions(data: bytes, where: str) -> np.ndarray:
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GapError(f"{where}: not JSON ({one_line(exc, 80)}); {ACTIONS_FIX}") from None
+    rows = document.get("actions") if isinstance(document, dict) else None
+    numbers = isinstance(rows, list) and all(
+        isinstance(row, list)
+        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in row)
+        for row in rows
+    )
+    if not numbers:
+        raise GapError(f'{where}: no "actions" list of number rows in it; {ACTIONS_FIX}')
+    try:
+        return np.array(rows, dtype=np.float64)
+    except ValueError:  # rows of different lengths
+        raise GapError(f"{where}: its action rows differ in length; {ACTIONS_FIX}") from None
+
+
+def _checked_actions(actions: np.ndarray, where: str) -> np.ndarray:
+    array = np.array(actions, dtype=np.float64)  # a copy: the caller's array may change
+    if array.ndim != 2 or array.shape[1] != 7 or array.shape[0] == 0:
+        raise GapError(f"{where}: actions of shape {list(array.shape)}, not (N, 7); {ACTIONS_FIX}")
+    bad = np.flatnonzero(~np.isfinite(array).all(axis=1))
+    if bad.size:
+        raise GapError(
+            f"{where}: action {bad[0]} is not finite ({array[bad[0]].tolist()}); every value "
+            "must be a finite number"
+        )
+    array.flags.writeable = False
+    return array
+
+
+BUILTINS = {
+    "hold": HoldPolicy,
+    "random": RandomPolicy,
+    "scripted": ScriptedPolicy,
+    "replay": ReplayPolicy,
+}
+
+
+def load_policy(name: str, *, actions: str | Path | None = None, chunk: int | None = None):
+    """A built-in name, or `module:Class` whose instances have infer(obs) -> dict.
+
+    `actions` (the file) and `chunk` are the replay policy's and refused for any other: a
+    flag that silently did nothing would leave the user believing it had."""
+    if name == "replay":
+        if actions is None:
+            raise GapError(f"policy 'replay' needs --actions FILE; {ACTIONS_FIX}")
+        return ReplayPolicy.from_file(actions, DEFAULT_REPLAY_CHUNK if chunk is None else chunk)
+    for flag, value in (("--actions", actions), ("--chunk", chunk)):
+        if value is not None:
+            raise GapError(f"{flag} is for the replay policy only, not {name!r}: drop it")
     if name in BUILTINS:
         return BUILTINS[name]()
     module_name, sep, attr = name.partition(":")

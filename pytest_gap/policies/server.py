@@ -5,9 +5,16 @@ runs in a worker thread, one call at a time (a model is one device), so slow inf
 blocks the event loop's handshakes and health checks. `GET /healthz` answers 200 on the same
 port.
 
+Episodes: openpi's protocol has no episode messages, so each websocket connection is one
+episode (run_policy opens one per trial, its warm-up one of its own). A policy with
+`fork() -> policy` keeps per-episode state: the server calls fork() once per connection and
+serves that connection from the copy, so a new connection starts afresh and two concurrent
+ones never share state (a replay's position). A policy without fork() is shared by all.
+
 Dynamic batching (`max_batch_size` > 1, for policies with `infer_batch(list) -> list`):
 observations arriving from different connections within `max_wait_ms` of the first are
-inferred together, and each connection gets its own reply.
+inferred together, and each connection gets its own reply. A policy with fork() cannot be
+batched (one infer_batch call cannot keep the connections' states apart) and is refused.
 
 Hardening: a frame over `max_message_bytes` (default 64 MiB) is refused by the websocket layer
 with close code 1009 before it is buffered whole; a frame that does not decode, or a policy
@@ -66,6 +73,12 @@ class PolicyServer:
                 f"max_batch_size {max_batch_size}: batching needs a policy with "
                 "infer_batch(list of obs) -> list of replies"
             )
+        if max_batch_size > 1 and callable(getattr(policy, "fork", None)):
+            raise GapError(
+                f"max_batch_size {max_batch_size}: the policy keeps per-connection state "
+                "(fork()), which one infer_batch call across connections cannot keep apart; "
+                "serve it with max_batch_size 1"
+            )
         self.policy, self.host, self.port = policy, host, port
         self.metadata = metadata or {}
         self.max_batch_size, self.max_wait_s = max_batch_size, max_wait_ms / 1000
@@ -74,9 +87,13 @@ class PolicyServer:
         self._infer_lock = threading.Lock()
         self._queue: asyncio.Queue | None = None
 
-    def _infer_one(self, obs: dict) -> dict:
+    def _connection_policy(self) -> Policy:
+        fork = getattr(self.policy, "fork", None)
+        return fork() if callable(fork) else self.policy
+
+    def _infer_one(self, policy: Policy, obs: dict) -> dict:
         with self._infer_lock:
-            return self.policy.infer(obs)
+            return policy.infer(obs)
 
     def _infer_many(self, batch: list[dict]) -> list[dict]:
         with self._infer_lock:
@@ -85,9 +102,9 @@ class PolicyServer:
             raise RuntimeError(f"infer_batch returned {len(replies)} replies for {len(batch)}")
         return replies
 
-    async def _infer(self, obs: dict) -> dict:
+    async def _infer(self, policy: Policy, obs: dict) -> dict:
         if self._queue is None:
-            return await asyncio.to_thread(self._infer_one, obs)
+            return await asyncio.to_thread(self._infer_one, policy, obs)
         future = asyncio.get_running_loop().create_future()
         await self._queue.put((obs, future))
         return await future
@@ -117,6 +134,7 @@ class PolicyServer:
 
     async def _session(self, ws: ServerConnection) -> None:
         pack = packer().pack
+        policy = self._connection_policy()  # one episode: a fresh state for a stateful policy
         await ws.send(pack(self.metadata))
         while True:
             try:
@@ -133,7 +151,7 @@ class PolicyServer:
             try:
                 t0 = time.perf_counter()
                 obs = unpackb(frame, "observation")
-                action = dict(await self._infer(obs))
+                action = dict(await self._infer(policy, obs))
                 action["server_timing"] = {"infer_ms": (time.perf_counter() - t0) * 1000}
                 await ws.send(pack(action))
             except ConnectionClosed:

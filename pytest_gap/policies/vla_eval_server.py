@@ -1,0 +1,124 @@
+"""Serve a policy over vla-evaluation-harness's protocol, with vla-eval's own server.
+
+The contract is vla-eval's code, not a copy of it: the policy is wrapped in a subclass of
+`vla_eval.model_servers.predict.PredictModelServer` and served by vla-eval's `serve_async`, so
+the HELLO handshake, the message framing, the errors and `GET /health` are exactly what
+vla-eval's benchmarks and `vla_eval.connection.Connection` expect. vla-eval is an optional
+dependency, imported only when such a server is built.
+
+What the adapter adds, and why:
+- vla-eval's LIBERO benchmark applies one 7-D action per observation, while our policies reply
+  with (H, 7) chunks. PredictModelServer's chunk buffer hands a chunk out one action per
+  observation and asks the policy again when it is empty; the whole chunk a policy returns is
+  executed (no trimming), as the policy asked. vla-eval empties the buffer at EPISODE_START.
+- A policy with `fork()` (policies/builtin.py: replay) keeps per-episode state. vla-eval makes
+  one SessionContext per episode (a new one at each EPISODE_START; one per connection before
+  the first), so a fork lives with its context: every episode starts from a fresh state, two
+  connections never share one, and a closed connection's state goes with its context.
+- A policy that reads privileged simulator state (scripted) is refused: only pytest-gap's own
+  run_policy sends that state, never a vla-eval benchmark.
+- The HELLO reply's `observation_params` are vla-eval's defaults (none asked for): the
+  built-ins read nothing of the observation but what vla-eval's LIBERO benchmark always sends.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+
+from pytest_gap.bind import exposure_notice
+from pytest_gap.errors import GapError
+
+NEEDS_VLA_EVAL = (
+    "gap policy serve --protocol vla-eval needs vla-eval (pip install 'pytest-gap[vla-eval]')"
+)
+# PredictModelServer trims each chunk to chunk_size before buffering it; a bound no chunk
+# reaches keeps every action the policy returned.
+WHOLE_CHUNK = sys.maxsize
+log = logging.getLogger(__name__)
+
+
+class _PolicyAdapter:
+    """The policy side of the model server; combined with PredictModelServer by
+    `model_server`, which is what vla-eval's server runner calls."""
+
+    def __init__(self, policy: Any, name: str) -> None:
+        if getattr(policy, "needs_privileged_state", False):
+            raise GapError(
+                f"policy {name!r} reads privileged simulator state, which only pytest-gap's own "
+                "run_policy sends (openpi protocol, privileged_state: true) and no vla-eval "
+                "benchmark does: serve it with --protocol openpi"
+            )
+        super().__init__(chunk_size=WHOLE_CHUNK)  # max_batch_size 1: one predict() at a time
+        self.policy, self.name = policy, name
+        self._forks: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._forks_lock = threading.Lock()  # predict() runs in a worker thread
+
+    def _episode_policy(self, ctx: Any) -> Any:
+        fork = getattr(self.policy, "fork", None)
+        if not callable(fork):
+            return self.policy
+        with self._forks_lock:
+            policy = self._forks.get(ctx)
+            if policy is None:
+                policy = self._forks[ctx] = fork()
+            return policy
+
+    def predict(self, obs: dict, ctx: Any) -> dict:
+        reply = self._episode_policy(ctx).infer(obs)
+        return {"actions": _chunk(reply, self.name)}
+
+    async def on_episode_end(self, result: dict, ctx: Any) -> None:
+        with self._forks_lock:
+            self._forks.pop(ctx, None)  # now, not when the context is collected
+        await super().on_episode_end(result, ctx)
+
+
+def _chunk(reply: Any, name: str) -> np.ndarray:
+    """The (H, 7) actions of a policy's reply; anything else is the policy's error, which
+    vla-eval's server answers as an ERROR message on that connection only."""
+    actions = reply.get("actions") if isinstance(reply, dict) else None
+    if actions is None:
+        raise ValueError(f"policy {name!r} replied without actions")
+    actions = np.asarray(actions, dtype=np.float32)
+    if actions.ndim == 1:
+        actions = actions[None]
+    if actions.ndim != 2 or actions.shape[1] != 7 or len(actions) == 0:
+        shape = list(actions.shape)
+        raise ValueError(f"policy {name!r} replied actions of shape {shape}, not (H, 7)")
+    return actions
+
+
+@functools.cache
+def _server_class() -> type:
+    try:
+        from vla_eval.model_servers.predict import PredictModelServer
+    except ImportError:
+        raise GapError(NEEDS_VLA_EVAL) from None
+
+    class GapPolicyServer(_PolicyAdapter, PredictModelServer):
+        """A pytest-gap policy as a vla-eval model server (this name is the HELLO reply's
+        `model_server`)."""
+
+    return GapPolicyServer
+
+
+def model_server(policy: Any, name: str) -> Any:
+    """`policy` (anything with infer(obs) -> {"actions": (H, 7)}) as a vla-eval ModelServer."""
+    return _server_class()(policy, name)
+
+
+def serve(server: Any, host: str, port: int) -> None:
+    """Serve a `model_server(...)` with vla-eval's runner in the foreground until interrupted."""
+    from vla_eval.model_servers.serve import serve as vla_eval_serve
+
+    notice = exposure_notice("the policy server", host)
+    if notice:
+        log.warning(notice)
+    vla_eval_serve(server, host=host, port=port)
