@@ -117,9 +117,9 @@ class PolicyEntry(_Strict):
     """One `policies:` registry entry: exactly one of url, command (alias start_cmd), preset.
 
     `obs_format` is what run_policy sends and how it reads replies (policies/formats.py); unset,
-    it is `gap` for servers written for this harness (a `gap policy serve` command, or
-    `privileged_state: true`) and otherwise the protocol's own LIBERO client format
-    (openpi -> openpi-libero, vla-eval -> vla-eval-libero). See `resolved_obs_format`.
+    it is `gap` for servers written for this harness over openpi's protocol (a `gap policy
+    serve` command, or `privileged_state: true`) and otherwise the protocol's own LIBERO client
+    format (openpi -> openpi-libero, vla-eval -> vla-eval-libero). See `resolved_obs_format`.
     """
 
     url: str | None = None
@@ -143,7 +143,10 @@ class PolicyEntry(_Strict):
     def resolved_obs_format(self) -> ObsFormatName:
         if self.obs_format is not None:
             return self.obs_format
-        if self.privileged_state or _is_gap_policy_serve(self.command):
+        # `gap policy serve --protocol vla-eval` is vla-eval's own server: it reads what
+        # vla-eval's LIBERO benchmark sends, as any vla-eval model server does.
+        native = self.privileged_state or _is_gap_policy_serve(self.command)
+        if native and self.protocol == "openpi":
             return "gap"
         return PROTOCOL_OBS_FORMATS[self.protocol]
 

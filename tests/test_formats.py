@@ -394,6 +394,13 @@ def test_every_format_name_has_a_format():
         ({"url": "ws://h:1", "protocol": "vla-eval"}, "vla-eval-libero"),
         ({"command": [GAP, "policy", "serve", "random", "--port", "{port}"]}, "gap"),
         ({"command": "gap policy serve mypkg:MyVLA --port {port}"}, "gap"),
+        (  # vla-eval's own server: it reads what vla-eval's LIBERO benchmark sends
+            {
+                "command": "gap policy serve replay --protocol vla-eval --port {port}",
+                "protocol": "vla-eval",
+            },
+            "vla-eval-libero",
+        ),
         ({"command": "python my_openpi_server.py --port {port}"}, "openpi-libero"),
         ({"url": "ws://h:1", "privileged_state": True}, "gap"),
         (

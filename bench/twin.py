@@ -1,0 +1,327 @@
+"""Twins: the same open-loop episodes through the libero backend's policy_only_bare and through
+vla-eval's own LIBERO loop (the vla-eval backend), side by side, per episode.
+
+    python bench/twin.py [--episodes SUITE:TASK:SEED[:WORKFLOW_DIR],...] [--gripper-zero]
+                         [--out DIR] [--sessions] [--json]
+
+For each episode the privileged scripted oracle (policies/builtin.py ScriptedPolicy, fed the
+simulator's ground truth), or the workflow graph named after the seed, is run once on the libero
+backend and every action it applied is recorded (float32, as vla-eval's wire carries them).
+The recording is then served back open-loop by `gap policy serve replay --protocol vla-eval`
+(one action per observation) and run through
+
+- ours:     the libero backend, template policy_only_bare (run_policy until success), the
+            server spoken to over vla-eval's protocol with the vla-eval-libero format;
+- vla-eval: the vla-eval backend: vla-eval's LIBEROBenchmark and SyncEpisodeRunner.
+
+A twin gives the same outcome at the same step and starts from the same scene (`scene_digest`).
+The oracle's episodes are long enough for what used to differ: a release before the end, a
+second object (libero_10), fixtures jittered by the seed. `--gripper-zero` replays the same
+actions with every close command (+1) written as exactly 0: vla-eval snaps 0 to close, and so
+must our vla-eval-libero format, so the twins must not move. `--sessions` runs each side as a
+whole pytest session (`gap benchmark`'s path: config, plan, runner, managed server) instead of
+calling the backends directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+REPLAN = 5  # the oracle's chunks are applied 5 at a time, as openpi's client does
+# One object; two objects into one basket (a release, then a second grasp); a fixture's place
+# (the cabinet that LIBERO jitters at every reset), recorded from the do_task skill graph.
+DEFAULT_EPISODES = "libero_object:0:0,libero_10:0:0,libero_goal:2:0:examples/workflows/do_task"
+
+
+@dataclass
+class Episode:
+    suite: str
+    task: int
+    seed: int
+    source: str = "oracle"  # who acts in the recording: the oracle, or a workflow dir
+
+    @classmethod
+    def parse(cls, text: str) -> Episode:
+        suite, task, seed, *source = text.split(":")
+        return cls(suite, int(task), int(seed), *source)
+
+    @property
+    def name(self) -> str:
+        return f"{self.suite} task {self.task} seed {self.seed}"
+
+
+@dataclass
+class Outcome:
+    success: bool
+    steps: int
+    scene_digest: str | None
+    seconds: float
+
+
+def record(episode: Episode) -> tuple[np.ndarray, Outcome]:
+    """The actions applied on `episode` (libero backend) by its source, until it succeeds or
+    the suite's budget runs out, and how that went. Every action is rounded to float32 before
+    it is applied, so that what a replay sends over vla-eval's wire is exactly what ran."""
+    from pytest_gap.sim.libero import make_env
+
+    t0 = time.perf_counter()
+    with make_env(episode.suite, episode.task) as env:
+        env.reset(episode.seed)
+        scene, applied = env.episode.scene_digest, []
+        step = env.step
+
+        def recorded_step(action):
+            applied.append(np.asarray(action, np.float32))
+            return step(applied[-1])
+
+        env.step = recorded_step  # this env only, and only for this recording
+        success = _act(episode, env)
+        outcome = Outcome(success, env.steps, scene, time.perf_counter() - t0)
+    return np.asarray(applied, np.float32), outcome
+
+
+def _act(episode: Episode, env) -> bool:
+    """Run the episode's source on `env`; whether the task succeeded."""
+    if episode.source != "oracle":  # a workflow graph, closed loop on privileged perception
+        from pytest_gap.workflow.executor import run_workflow
+        from pytest_gap.workflow.schema import load_workflow
+
+        return run_workflow(load_workflow(ROOT / episode.source), env).success
+    from pytest_gap.policies.builtin import ScriptedPolicy
+    from pytest_gap.skills.policy import privileged_state
+
+    policy, success = ScriptedPolicy(), False
+    while not success and env.steps < env.max_steps:
+        chunk = policy.infer({"privileged": privileged_state(env)})["actions"][:REPLAN]
+        for action in chunk:
+            success = env.step(action).success
+            if success or env.steps >= env.max_steps:
+                break
+    return success
+
+
+def zero_closes(actions: np.ndarray) -> np.ndarray:
+    """The same actions with every close command (gripper > 0) written as exactly 0."""
+    out = actions.copy()
+    out[out[:, 6] > 0, 6] = 0.0
+    return out
+
+
+def ours(episode: Episode, url: str) -> Outcome:
+    """The libero backend's policy_only_bare against the vla-eval-protocol server at `url`."""
+    from pytest_gap.policies.endpoint import PolicyEndpoint
+    from pytest_gap.producers.templates import template_dir
+    from pytest_gap.sim.libero import make_env
+    from pytest_gap.workflow.executor import run_workflow
+    from pytest_gap.workflow.schema import load_workflow
+
+    template = load_workflow(template_dir("policy_only_bare"), {"policy_id": "replay"})
+    endpoint = PolicyEndpoint(url=url, protocol="vla-eval")
+    t0 = time.perf_counter()
+    with make_env(episode.suite, episode.task) as env:
+        env.reset(episode.seed)
+        scene = env.episode.scene_digest
+        run = run_workflow(template, env, policies={"replay": endpoint})
+    if run.infra_failure or run.exit_status not in ("task_success", "step_limit"):
+        raise RuntimeError(f"ours on {episode.name}: {run.exit_status}: {run.error}")
+    return Outcome(run.success, run.steps, scene, time.perf_counter() - t0)
+
+
+def vla_eval(episode: Episode, url: str) -> Outcome:
+    """vla-eval's own loop (the vla-eval backend) against the server at `url`."""
+    from pytest_gap.sim.backend import get_backend
+
+    t0 = time.perf_counter()
+    env = get_backend("vla-eval").make_env(episode.suite, episode.task)
+    try:
+        done = env.run_episode(episode.seed, url=url, timeout_s=30.0)
+    finally:
+        env.close()
+    return Outcome(done.success, done.steps, done.scene_digest, time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def replay_server(actions: np.ndarray):
+    """`gap policy serve replay --protocol vla-eval --actions FILE` in its own process (vla-eval's
+    own model server around the replay policy) until the block ends; yields its url."""
+    from pytest_gap.policies.manager import free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        actions_file = Path(tmp) / "actions.npy"
+        np.save(actions_file, actions)
+        port = free_port()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pytest_gap.cli",
+                "policy",
+                "serve",
+                "replay",
+                "--actions",
+                str(actions_file),
+                "--chunk",
+                str(REPLAN),
+                "--protocol",
+                "vla-eval",
+                "--port",
+                str(port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                        break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        why = proc.stderr.read() if proc.poll() is not None else "no answer"
+                        raise RuntimeError(f"the replay server did not start: {why}") from None
+                    time.sleep(0.1)
+            yield f"ws://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=10)
+
+
+def _session_config(episode: Episode, actions_file: Path, backend: str) -> dict:
+    template = {"template": "policy_only_bare"} if backend == "libero" else {}
+    return {
+        "policies": {
+            "replay": {
+                "command": [
+                    "gap",
+                    "policy",
+                    "serve",
+                    "replay",
+                    "--actions",
+                    str(actions_file),
+                    "--protocol",
+                    "vla-eval",
+                    "--port",
+                    "{port}",
+                ],
+                "protocol": "vla-eval",
+            }
+        },
+        "trials": {"task_timeout_secs": 0},
+        "benchmark": {
+            "backend": backend,
+            "families": ["libero"],
+            "variations": [episode.suite.removeprefix("libero_")],
+            "modes": ["policy_only"],
+            "policies": ["replay"],
+            "task_ids": [episode.task],
+            "seeds": [episode.seed],
+            "num_workers": 1,
+            "gate_threshold": 0.0,
+            "output_dir": f"runs_{backend}",
+            "mode_overrides": {"policy_only": template},
+        },
+    }
+
+
+def in_session(episode: Episode, actions: np.ndarray, backend: str, work: Path) -> Outcome:
+    """One whole pytest session of one trial on `backend` (what `gap benchmark` runs)."""
+    import yaml
+
+    work.mkdir(parents=True, exist_ok=True)
+    actions_file = work / "actions.npy"
+    np.save(actions_file, actions)
+    config = work / f"twin_{backend}.yaml"
+    config.write_text(yaml.safe_dump(_session_config(episode, actions_file, backend)))
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", config.name, "-p", "no:cacheprovider", "-q"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    results = sorted((work / f"runs_{backend}").rglob("result.json"))
+    if done.returncode not in (0, 1) or not results:
+        raise RuntimeError(f"{backend} session on {episode.name}: {done.stdout[-2000:]}")
+    record = json.loads(results[-1].read_text())
+    if record.get("error"):
+        raise RuntimeError(f"{backend} session on {episode.name}: {record['error']}")
+    return Outcome(
+        record["success"], record["steps"], record.get("scene_digest"), time.perf_counter() - t0
+    )
+
+
+def twin(episode: Episode, actions: np.ndarray, sessions: bool = False) -> dict[str, Outcome]:
+    """Both loops on `episode` with `actions` replayed open-loop."""
+    if sessions:
+        with tempfile.TemporaryDirectory() as tmp:
+            return {b: in_session(episode, actions, b, Path(tmp)) for b in ("libero", "vla-eval")}
+    with replay_server(actions) as url:
+        return {"libero": ours(episode, url), "vla-eval": vla_eval(episode, url)}
+
+
+def _row(label: str, outcome: Outcome) -> str:
+    digest = (outcome.scene_digest or "-")[:12]
+    return (
+        f"  {label:<22} success={outcome.success!s:<5} steps={outcome.steps:<4} "
+        f"scene={digest}  {outcome.seconds:5.1f} s"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", default=DEFAULT_EPISODES, help="SUITE:TASK:SEED,...")
+    parser.add_argument("--gripper-zero", action="store_true", help="closes written as 0")
+    parser.add_argument("--sessions", action="store_true", help="whole pytest sessions")
+    parser.add_argument("--out", type=Path, help="keep each recording here (.npy)")
+    parser.add_argument("--json", action="store_true", help="one JSON line per episode")
+    args = parser.parse_args()
+    twins = 0
+    episodes = [Episode.parse(e) for e in args.episodes.split(",")]
+    for episode in episodes:
+        actions, recorded = record(episode)
+        if args.gripper_zero:
+            actions = zero_closes(actions)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            np.save(args.out / f"{episode.suite}_{episode.task}_{episode.seed}.npy", actions)
+        both = twin(episode, actions, sessions=args.sessions)
+        same = all(
+            (o.success, o.steps, o.scene_digest)
+            == (recorded.success, recorded.steps, recorded.scene_digest)
+            for o in both.values()
+        )
+        twins += same
+        if args.json:
+            sides = {k: asdict(v) for k, v in both.items()}
+            line = {"episode": asdict(episode), "recorded": asdict(recorded), **sides}
+            print(json.dumps({**line, "twins": same}))
+            continue
+        zeroed = " (closes written as 0)" if args.gripper_zero else ""
+        print(f"{episode.name}: {len(actions)} recorded actions{zeroed}")
+        print(_row(f"recorded ({Path(episode.source).name})", recorded))
+        print(_row("ours policy_only_bare", both["libero"]))
+        print(_row("vla-eval's loop", both["vla-eval"]))
+        print(f"  -> {'twins' if same else 'DIFFER'}")
+    print(f"{twins}/{len(episodes)} episodes are twins")
+    return 0 if twins == len(episodes) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
