@@ -127,7 +127,7 @@ class BenchmarkSummary(BaseModel):
     unreachable policy server; here its cells error without running and the rest of the grid
     is scored, but the run is not a success."""
 
-    ok: bool  # the gate passed (gated) or the session finished and scored trials (not gated)
+    ok: bool  # the gate passed (gated) or the session scored trials (not gated); no service down
     gated: bool
     gate_threshold: float
     gate_line: str
