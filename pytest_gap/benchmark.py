@@ -122,7 +122,12 @@ class BenchmarkConfigError(GapError, ValueError):
 
 
 class BenchmarkSummary(BaseModel):
-    ok: bool  # the gate passed (gated) or the session finished and scored trials (not gated)
+    """What a `gap benchmark` session reported. `ok` is False whenever the preflight found a
+    service down (`services_down`), gated or not: the spec's preflight stops the run on an
+    unreachable policy server; here its cells error without running and the rest of the grid
+    is scored, but the run is not a success."""
+
+    ok: bool  # the gate passed (gated) or the session scored trials (not gated); no service down
     gated: bool
     gate_threshold: float
     gate_line: str
@@ -134,6 +139,9 @@ class BenchmarkSummary(BaseModel):
     cells: list[CellSummary]
     summary: dict
     exit_code: int  # the pytest session's exit status
+    # What the preflight found down, {"llm" | "policies": why}; `why` names the server (its
+    # url) or the LLM endpoint and the fix. Empty when every service answered.
+    services_down: dict[str, str] = {}
 
 
 def default_workers(config: BenchmarkConfig) -> int:
@@ -267,8 +275,10 @@ def _summary(report: dict, exit_code: int, gate: bool) -> BenchmarkSummary:
     run_dir = Path(entry["run_dir"])
     summary = json.loads((run_dir / "summary.json").read_text())
     gate_result = Gate.model_validate(entry["gate"])
+    services_down = entry.get("services_down") or {}
+    finished = gate_result.passed if gate else exit_code in (0, 1)
     return BenchmarkSummary(
-        ok=gate_result.passed if gate else exit_code in (0, 1),
+        ok=finished and not services_down,
         gated=gate,
         gate_threshold=gate_result.threshold,
         gate_line=gate_result.line(),
@@ -280,6 +290,7 @@ def _summary(report: dict, exit_code: int, gate: bool) -> BenchmarkSummary:
         cells=[CellSummary.model_validate(c) for c in summary["cells"]],
         summary=summary,
         exit_code=exit_code,
+        services_down=services_down,
     )
 
 

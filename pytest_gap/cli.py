@@ -194,7 +194,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_benchmark(args: argparse.Namespace) -> int:
-    """Exit 0 success (gate PASS), 1 run exception or gate FAIL, 2 config problem."""
+    """Exit 0 success (gate PASS), 1 run exception, gate FAIL or a service the preflight found
+    down (gate or not: the cells that need it errored without running), 2 config problem."""
     from pytest_gap.benchmark import BenchmarkRunError, run
 
     if args.ray and args.n:
@@ -217,21 +218,24 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
         return 1
     print(f"run dir: {summary.run_dir}")
     print(summary.gate_line)
-    _print_errored_cells(summary.cells)
-    if args.gate:
-        return 0 if summary.ok else 1
-    return 0 if summary.exit_code in (0, 1) else 1
+    _print_errored_cells(summary.cells, summary.services_down)
+    return 0 if summary.ok else 1  # ok: the gate (gated) or a finished session, no service down
 
 
-def _print_errored_cells(cells) -> None:
+def _print_errored_cells(cells, services_down: dict[str, str]) -> None:
     """Why cells errored (a policy server that did not start, an LLM that did not answer): one
-    line per reason, naming its cells, so the gate's "errored cells" is never the last word."""
+    line per reason, naming its cells, so the gate's "errored cells" is never the last word.
+    A service found down is said once: in its cells' line (the reason names the url and the
+    fix), or on a line of its own when no cell recorded here carries it."""
     reasons: dict[str, list[str]] = {}
     for cell in cells:
         if cell.error:
             reasons.setdefault(" ".join(cell.error.split()), []).append(f"{cell.row} {cell.column}")
     for why, names in reasons.items():
         print(f"gap: errored {', '.join(names)}: {why}", file=sys.stderr)
+    for why in (" ".join(w.split()) for w in services_down.values()):
+        if not any(why in reason for reason in reasons):
+            print(f"gap: error: {why}", file=sys.stderr)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

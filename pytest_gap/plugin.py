@@ -404,6 +404,9 @@ class _Lead(GapSession):
                             "config": o["config"],
                             "run_dir": o["run_dir"],
                             "gate": o["gate"].model_dump(),
+                            # {"llm" | "policies": why}: `gap benchmark` exits 1 on any, gate
+                            # or not (the spec's preflight stops the run on a server down)
+                            "services_down": o["services_down"],
                         }
                         for o in self.outcomes
                     ],
@@ -466,6 +469,7 @@ class _Lead(GapSession):
                     "gate": summary.gate,
                     "cells": summary.cells,
                     "progress": self.progress.get(loaded.path),
+                    "services_down": self.unavailable.get(str(loaded.path), {}),
                 }
             )
 

@@ -35,6 +35,10 @@ TSV_COLUMNS = (
 # 95% intervals (pytest_gap/intervals.py), after the spec's columns so readers by position keep
 # working: Wilson for the success rate, a task-resampling bootstrap for the completion rate.
 CI_COLUMNS = ("success_ci_low", "success_ci_high", "completion_ci_low", "completion_ci_high")
+# The reference loops' rate (see `reference_counts`), after the intervals for the same reason.
+REF_COLUMNS = ("ref_success_rate", "ref_n_trials", "ref_success_ci_low", "ref_success_ci_high")
+REF_LABEL = "ref_success_rate"
+REF_MEANING = "as openpi's and vla-eval's loops count: infrastructure failures count as failures"
 MISSING_SHOWN = 3  # missing trial ids the gate line names before "(+N more)"
 
 Verdict = Literal["PASS", "FAIL", "INCONCLUSIVE"]
@@ -76,6 +80,45 @@ class CellSummary(BaseModel):
     success_ci_high: float | None = None
     completion_ci_low: float | None = None
     completion_ci_high: float | None = None
+    # The reference loops' rate (`reference_counts`): None when no trial of the cell was run.
+    # Defaults: a cell_result.json written before these fields existed still loads.
+    ref_success_rate: float | None = None
+    ref_n_trials: int = 0
+    ref_success_ci_low: float | None = None
+    ref_success_ci_high: float | None = None
+
+
+def reference_counts(results: list[TrialResult]) -> tuple[int, int]:
+    """(successes, trials) as openpi's and vla-eval's own LIBERO loops count them: every trial
+    that was run is in the denominator, an infrastructure failure (a crashed worker, a policy
+    server down or timing out) counted as a failure. Our `success_rate` leaves infrastructure
+    failures out (Refractal's convention: they are not the policy's); this is the number to set
+    beside a published one.
+
+    A trial errored for any other reason (a config problem, a mode not available) was never
+    run, by us or by a reference loop given the same config: it stays out of both. A trial the
+    preflight errored because its policy server was down counts as run: a reference loop would
+    have run it against the down server and counted the failure. As the harness records every
+    infrastructure failure errored, `trials` is the cell's n_trials + n_infra."""
+    run = [r for r in results if not r.errored or r.infra_failure]
+    return sum(r.success and not r.errored for r in run), len(run)
+
+
+def pooled_reference(cells: list[CellSummary]) -> tuple[int, int]:
+    """(successes, trials) of `reference_counts` over every trial of `cells`: a reference
+    loop's successes are the scored ones, so the numerator is the cells' n_success."""
+    return sum(c.n_success for c in cells), sum(c.ref_n_trials for c in cells)
+
+
+def _ref_rate(successes: int, trials: int) -> dict:
+    """The reference rate's fields (CellSummary's and Gate's), with its 95% Wilson interval."""
+    ci = intervals.wilson(successes, trials) or (None, None)
+    return {
+        "ref_success_rate": successes / trials if trials else None,
+        "ref_n_trials": trials,
+        "ref_success_ci_low": ci[0],
+        "ref_success_ci_high": ci[1],
+    }
 
 
 class Coverage(BaseModel):
@@ -117,6 +160,12 @@ class Gate(BaseModel):
     success_ci_high: float | None = None
     completion_ci_low: float | None = None
     completion_ci_high: float | None = None
+    # The pooled reference loops' rate (`reference_counts`), beside the rate the gate reads;
+    # it decides nothing. None with no trial run (and in gates recorded before it existed).
+    ref_success_rate: float | None = None
+    ref_n_trials: int = 0
+    ref_success_ci_low: float | None = None
+    ref_success_ci_high: float | None = None
     to_decide: int | None = None  # INCONCLUSIVE: further trials at the rate that would decide
     coverage: Coverage | None = None  # None outside a session (no selection to check)
     # Recorded by an in-process debug session (GAP_PARALLEL_INPROC=1): not for scoring.
@@ -206,6 +255,7 @@ def summarize_cell(cell: Cell, results: list[TrialResult]) -> CellSummary:
         success_ci_high=success_ci[1],
         completion_ci_low=completion_ci[0],
         completion_ci_high=completion_ci[1],
+        **_ref_rate(*reference_counts(results)),
     )
 
 
@@ -278,6 +328,7 @@ def evaluate_gate(
         success_ci_high=success_ci[1] if success_ci else None,
         completion_ci_low=completion_ci[0] if completion_ci else None,
         completion_ci_high=completion_ci[1] if completion_ci else None,
+        **_ref_rate(*pooled_reference(cells)),
         to_decide=to_decide,
         coverage=coverage,
     )
@@ -303,7 +354,7 @@ def _fmt(value) -> str:
 
 
 def format_tsv(cells: list[CellSummary]) -> str:
-    names = (*TSV_COLUMNS, *CI_COLUMNS)
+    names = (*TSV_COLUMNS, *CI_COLUMNS, *REF_COLUMNS)
     lines = ["\t".join(names)]
     for c in cells:
         values = c.model_dump()
@@ -316,26 +367,64 @@ def format_tsv(cells: list[CellSummary]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _with_interval(cell: CellSummary) -> str:
-    """`0.82 [0.71,0.90] n=50`: the success rate, its Wilson interval, the scored trials."""
-    return (
-        f"{cell.success_rate:.2f} [{cell.success_ci_low:.2f},{cell.success_ci_high:.2f}] "
-        f"n={cell.n_trials}"
-    )
+def _with_interval(rate: float, low: float, high: float, n: int) -> str:
+    """`0.82 [0.71,0.90] n=50`: a success rate, its Wilson interval, its trials."""
+    return f"{rate:.2f} [{low:.2f},{high:.2f}] n={n}"
 
 
 def console_table(cells: list[CellSummary]) -> str:
+    """The terminal's success pivot (rate, interval, scored trials per cell), then what the
+    reference loops would report (`reference_counts`): a second pivot headed `ref_success_rate`
+    and a line saying what it counts, with the pooled rate; when no trial failed on
+    infrastructure the two rates are the same and one line says so. A separate block, not a
+    second number in each cell, because the cells where the rates differ are errored (`ERR`
+    above): there the reference rate is the only number shown."""
     from tabulate import tabulate
 
     rows, columns, matrix = pivot(cells, "success_rate")
     shown = {r: {col: _fmt(v) for col, v in matrix[r].items()} for r in rows}
     for c in cells:
         if isinstance(matrix[c.row][c.column], float) and c.success_ci_low is not None:
-            shown[c.row][c.column] = _with_interval(c)
+            shown[c.row][c.column] = _with_interval(
+                c.success_rate, c.success_ci_low, c.success_ci_high, c.n_trials
+            )
     table = [[r, *(shown[r][col] for col in columns)] for r in rows]
-    return tabulate(
-        table, headers=["success_rate", *columns], tablefmt="simple", disable_numparse=True
+    lines = [
+        tabulate(
+            table, headers=["success_rate", *columns], tablefmt="simple", disable_numparse=True
+        )
+    ]
+    if not any(c.n_infra for c in cells):
+        lines.append(f"{REF_LABEL} = success_rate: no trial failed on infrastructure")
+        return "\n".join(lines)
+    ref = {r: dict.fromkeys(columns, "-") for r in rows}
+    for c in cells:
+        ref[c.row][c.column] = (
+            _with_interval(
+                c.ref_success_rate, c.ref_success_ci_low, c.ref_success_ci_high, c.ref_n_trials
+            )
+            if c.ref_success_rate is not None
+            else "ERR"  # no trial was run: every record errored before it could
+        )
+    table = [[r, *(ref[r][col] for col in columns)] for r in rows]
+    lines += [
+        "",
+        tabulate(table, headers=[REF_LABEL, *columns], tablefmt="simple", disable_numparse=True),
+    ]
+    successes, trials = pooled_reference(cells)
+    pooled = _ref_rate(successes, trials)
+    pooled_text = (
+        _with_interval(
+            pooled["ref_success_rate"],
+            pooled["ref_success_ci_low"],
+            pooled["ref_success_ci_high"],
+            trials,
+        )
+        if trials
+        else "none (no trial was run)"
     )
+    lines.append(f"{REF_LABEL} ({REF_MEANING}): pooled {pooled_text}; the gate reads success_rate")
+    return "\n".join(lines)
 
 
 class Recorded(BaseModel):
@@ -430,5 +519,11 @@ def summary_document(summary: RunSummary, grid: dict) -> dict:
         "success_ci_high": gate.success_ci_high,
         "completion_ci_low": gate.completion_ci_low,
         "completion_ci_high": gate.completion_ci_high,
+        # The reference loops' pooled rate (reference_counts): infrastructure failures count
+        # as failures; the gate does not read it.
+        "ref_success_rate": gate.ref_success_rate,
+        "ref_n_trials": gate.ref_n_trials,
+        "ref_success_ci_low": gate.ref_success_ci_low,
+        "ref_success_ci_high": gate.ref_success_ci_high,
         "updated_at": now_iso(),
     }

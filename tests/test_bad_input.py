@@ -14,7 +14,7 @@ import pytest
 
 from pytest_gap.policies.manager import PolicyUnreachable, free_port, preflight
 from pytest_gap.workers import capacity_warning, fit_workers
-from tests.fake_session import BACKEND, FakeSession
+from tests.fake_session import BACKEND, TESTS, FakeSession
 
 GAP = str(Path(sys.executable).with_name("gap"))
 pytest_plugins = ["pytester"]
@@ -76,6 +76,93 @@ def test_gap_benchmark_says_why_a_policy_server_did_not_start(fake):
     assert len(errors) == 1, errors
     assert errors[0].startswith("gap: errored policy_only@a fake/easy: ")
     assert "the server exited with status 3 before listening" in errors[0]
+
+
+def _tsv_rows(run_dir: Path) -> dict[str, dict[str, str]]:
+    """summary.tsv's cell rows by cell key (mode[@policy] family/variation)."""
+    lines = (run_dir / "summary.tsv").read_text().split("\n\n")[0].splitlines()
+    header = lines[0].split("\t")
+    rows = [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
+    return {f"{r['mode']}@{r['policy_id']} {r['family']}/{r['variation']}": r for r in rows}
+
+
+def test_an_unreachable_url_policy_fails_gap_benchmark_gate_or_not(fake):
+    """The spec's preflight stops the run on an unreachable `url:` policy. Here its cells error
+    without running and the other cells are scored, and the run still fails: `gap benchmark`
+    exits 1 without --gate (one stderr line naming the url and the fix), the Python API says
+    which service was down, and pytest exits 1 through the gate. The summaries carry the
+    reference loops' rate, where the down server's trial counts as a failure."""
+    url = f"ws://127.0.0.1:{free_port()}"  # nothing listens there
+    config = fake.config(
+        {
+            "policies": {"ghost": {"url": url}},
+            "trials": {"max_steps": 8},
+            "benchmark": {
+                "backend": BACKEND,
+                "families": ["fake"],
+                "variations": ["easy"],
+                "modes": ["workflow", "policy_only"],
+                "policies": ["ghost"],
+                "task_ids": [0],
+                "seeds": [1],  # succeeds on the fake backend
+                "num_workers": 1,
+                "gate_threshold": 0.0,
+                "output_dir": "runs",
+                "mode_overrides": {
+                    "workflow": {"workflow_dir": "wf"},
+                    "policy_only": {"template": "policy_only"},
+                },
+            },
+        }
+    )
+    out = fake.pytester.run(GAP, "benchmark", str(config), timeout=120)
+    assert out.ret == 1, out.stdout.str() + out.stderr.str()
+    errors = out.stderr.str().strip().splitlines()
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("gap: errored policy_only@ghost fake/easy: ")
+    assert f"policy ghost at {url} did not answer" in errors[0]
+    assert "start it first" in errors[0] and "fix policies.ghost.url" in errors[0]
+    rows = _tsv_rows(fake.run_dir())
+    scored, down = rows["workflow@ fake/easy"], rows["policy_only@ghost fake/easy"]
+    assert (scored["n_success"], scored["n_trials"], scored["error"]) == ("1", "1", "")
+    assert (down["n_trials"], down["n_infra"], down["success_rate"]) == ("0", "1", "")
+    assert (down["ref_success_rate"], down["ref_n_trials"]) == ("0.000", "1")
+
+    from pytest_gap import benchmark
+
+    fake.pytester._monkeypatch.syspath_prepend(str(TESTS))  # the API plans here: the fake backend
+    summary = benchmark.run(config, quiet=True)
+    assert not summary.ok and not summary.gated and summary.exit_code == 1
+    assert list(summary.services_down) == ["policies"]
+    assert url in summary.services_down["policies"]
+    assert summary.summary["ref_success_rate"] == 0.5 and summary.summary["ref_n_trials"] == 2
+
+    session = fake.run(config.name)  # plain pytest: the gate (errored cells) fails it
+    text = session.stdout.str()
+    assert session.ret == 1, text
+    assert "gate FAIL: success_rate=1.000 threshold=0.000" in text
+    assert "\nref_success_rate " in text  # the reference loops' block, after today's pivot
+    assert "ref_success_rate (as openpi's and vla-eval's loops count: infrastructure failures " in (
+        text
+    )
+    assert "pooled 0.50 [" in text and "n=2; the gate reads success_rate" in text
+
+
+def test_a_service_down_is_said_once_where_no_cell_recorded_here_carries_it(capsys):
+    """A shard whose trials did not need the down server still exits 1 for it: its own line
+    then says why, and a reason some cell's line already gives is not repeated."""
+    from types import SimpleNamespace
+
+    from pytest_gap.cli import _print_errored_cells
+
+    why = "the policy servers were not started: preflight: policy ghost at ws://h:1 ..."
+    errored = SimpleNamespace(
+        error=f"1 of 1 trials errored: {why}", row="policy_only@ghost", column="fake/easy"
+    )
+    _print_errored_cells([errored], {"policies": why})
+    assert capsys.readouterr().err == f"gap: errored policy_only@ghost fake/easy: {errored.error}\n"
+    _print_errored_cells([], {"policies": why})
+    assert capsys.readouterr().err == f"gap: error: {why}\n"
 
 
 def test_gap_benchmark_says_why_a_session_scored_nothing(fake):

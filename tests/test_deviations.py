@@ -64,6 +64,15 @@ def test_each_deviation_holds_in_a_session(pytester):
     ]
     oracle = dict(zip(columns, oracle_row.split("\t"), strict=False))
     assert oracle["n_infra"] == "2" and oracle["n_trials"] == "0"
+    # ... and the reference loops' rate after the interval columns: the down server's trials
+    # count as failures there
+    assert columns[columns.index("completion_ci_high") + 1 :] == [
+        "ref_success_rate",
+        "ref_n_trials",
+        "ref_success_ci_low",
+        "ref_success_ci_high",
+    ]
+    assert (oracle["ref_success_rate"], oracle["ref_n_trials"]) == ("0.000", "2")
     # the [privileged] label
     assert oracle["policy_id"] == "oracle [privileged]"
     # cell_result.json for the errored cell, with its error

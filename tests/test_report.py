@@ -15,12 +15,17 @@ from pytest_gap.outputs.json import write_summary_json
 from pytest_gap.outputs.videos import collate_videos
 from pytest_gap.plan import plan
 from pytest_gap.report import (
+    CI_COLUMNS,
+    REF_COLUMNS,
+    TSV_COLUMNS,
     Gate,
     console_table,
     evaluate_gate,
     fold_run,
     format_tsv,
+    reference_counts,
     summarize_cell,
+    summary_document,
 )
 from pytest_gap.results import TrialResult, read_result, scan_results, write_result
 from tests.fake_session import GIVE_UP, write_workflow
@@ -214,13 +219,14 @@ def test_summary_tsv_exact_format():
     assert format_tsv(rows) == (
         "mode\tpolicy_id\tfamily\tvariation\tsuite_name\tsuccess_rate\tcompletion_rate\t"
         "avg_reward\tn_success\tn_trials\tn_infra\twall_clock_s\terror\t"
-        "success_ci_low\tsuccess_ci_high\tcompletion_ci_low\tcompletion_ci_high\n"
+        "success_ci_low\tsuccess_ci_high\tcompletion_ci_low\tcompletion_ci_high\t"
+        "ref_success_rate\tref_n_trials\tref_success_ci_low\tref_success_ci_high\n"
         "workflow\t\tlibero\tobject\t\t1.000\t1.000\t1.000\t4\t4\t0\t5.0\t\t"
-        "0.510\t1.000\t1.000\t1.000\n"
+        "0.510\t1.000\t1.000\t1.000\t1.000\t4\t0.510\t1.000\n"
         "workflow\t\tposvar\tpos_var\t\t0.000\t0.250\t0.000\t0\t4\t0\t4.0\t\t"
-        "0.000\t0.490\t0.250\t0.250\n"
+        "0.000\t0.490\t0.250\t0.250\t0.000\t4\t0.000\t0.490\n"
         "policy_only\tpi05\tlibero\tobject\t\t\t\t\t0\t0\t0\t8.0\t"
-        "4 of 4 trials errored: no server\t\t\t\t\n"
+        "4 of 4 trials errored: no server\t\t\t\t\t\t0\t\t\n"
         "\n"
         "success_rate_pivot\tlibero/object\tposvar/pos_var\n"
         "workflow\t1.000\t0.000\n"
@@ -230,6 +236,122 @@ def test_summary_tsv_exact_format():
         "workflow\t1.000\t0.250\n"
         "policy_only@pi05\tERR\t-\n"
     )
+
+
+def _ref_grid():
+    """Four cells: scored trials with one infrastructure failure and one config error; a cell
+    whose server was down (every trial an infrastructure failure); a cell never run (config
+    errors only); a clean cell of 2 successes in 4."""
+    cells = _cells()
+    t = cells[0].trials()
+    mixed = [
+        _result(t[0]),
+        _result(t[1], success=False),
+        _result(t[2], success=False, error="policy server timed out", infra=True),
+        _result(t[3], success=False, error="no template", infra=False),
+    ]
+    down = [_result(x, success=False, error="down", infra=True) for x in cells[1].trials()]
+    never = [_result(x, success=False, error="no template") for x in cells[2].trials()]
+    clean = [_result(x, success=x.seed == 0) for x in cells[3].trials()]
+    return cells, [mixed, down, never, clean]
+
+
+def test_the_reference_rate_counts_infrastructure_failures_as_failures():
+    """ref_success_rate is what openpi's and vla-eval's loops report: every trial run in the
+    denominator, an infrastructure failure as a failure; a trial errored for another reason
+    was never run and stays out. Today's rate is unchanged beside it."""
+    cells, (mixed, down, never, clean) = _ref_grid()
+    assert reference_counts(mixed) == (1, 3)
+    row = summarize_cell(cells[0], mixed)
+    assert (row.n_success, row.n_trials, row.n_infra, row.n_errored) == (1, 2, 1, 2)
+    assert row.success_rate == 1 / 2
+    assert row.ref_n_trials == row.n_trials + row.n_infra == 3
+    assert row.ref_success_rate == 1 / 3
+    assert (row.ref_success_ci_low, row.ref_success_ci_high) == intervals.wilson(1, 3)
+    down_row = summarize_cell(cells[1], down)
+    assert down_row.success_rate is None and down_row.success_ci_low is None
+    assert (down_row.ref_success_rate, down_row.ref_n_trials) == (0.0, 4)
+    assert (down_row.ref_success_ci_low, down_row.ref_success_ci_high) == intervals.wilson(0, 4)
+    never_row = summarize_cell(cells[2], never)
+    assert (never_row.ref_success_rate, never_row.ref_n_trials) == (None, 0)
+    assert (never_row.ref_success_ci_low, never_row.ref_success_ci_high) == (None, None)
+    clean_row = summarize_cell(cells[3], clean)
+    assert clean_row.ref_success_rate == clean_row.success_rate == 1 / 2
+    assert clean_row.ref_n_trials == clean_row.n_trials == 4
+
+
+def test_the_pooled_reference_rate_is_reported_beside_the_gates():
+    cells, groups = _ref_grid()
+    records = {
+        t.key: r
+        for cell, results in zip(cells, groups, strict=True)
+        for t, r in zip(cell.trials(), results, strict=True)
+    }
+    summary = fold_run(cells, records, threshold=0.4)
+    gate = summary.gate
+    # today's pooled rate: 3 successes in 6 scored trials; the reference loops': in 3+4+0+4 run
+    assert (gate.n_success, gate.n_trials, gate.success_rate) == (3, 6, 0.5)
+    assert (gate.ref_n_trials, gate.ref_success_rate) == (11, 3 / 11)
+    assert (gate.ref_success_ci_low, gate.ref_success_ci_high) == intervals.wilson(3, 11)
+    # The gate reads today's rate: 0.5 clears 0.4 (0.27 would not); the errored cells fail it.
+    assert gate.reasons == [
+        "errored cells: workflow libero/object, workflow posvar/pos_var, "
+        "policy_only@pi05 libero/object"
+    ]
+    assert "ref" not in gate.line()
+    document = summary_document(summary, {})
+    assert (document["success_rate"], document["n_trials"]) == (0.5, 6)
+    assert (document["ref_success_rate"], document["ref_n_trials"]) == (3 / 11, 11)
+    assert document["ref_success_ci_low"] == gate.ref_success_ci_low
+    assert document["gate"]["ref_success_rate"] == 3 / 11
+    assert [c["ref_n_trials"] for c in document["cells"]] == [3, 4, 0, 4]
+
+
+def test_the_reference_rate_follows_the_spec_columns_in_summary_tsv():
+    cells, groups = _ref_grid()
+    rows = [summarize_cell(c, r) for c, r in zip(cells, groups, strict=True)]
+    lines = format_tsv(rows).splitlines()
+    header = lines[0].split("\t")
+    assert header == [*TSV_COLUMNS, *CI_COLUMNS, *REF_COLUMNS]  # readers by position keep working
+    values = [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:5]]
+    low, high = intervals.wilson(1, 3)
+    assert values[0]["success_rate"] == "0.500" and values[0]["n_trials"] == "2"
+    assert [values[0][k] for k in REF_COLUMNS] == ["0.333", "3", f"{low:.3f}", f"{high:.3f}"]
+    assert [v["ref_success_rate"] for v in values] == ["0.333", "0.000", "", "0.500"]
+    assert [v["ref_n_trials"] for v in values] == ["3", "4", "0", "4"]
+    assert lines[5:9] == [  # the spec's pivot: errored cells stay ERR
+        "",
+        "success_rate_pivot\tlibero/object\tposvar/pos_var",
+        "workflow\tERR\tERR",
+        "policy_only@pi05\tERR\t0.500",
+    ]
+
+
+def test_the_terminal_shows_the_reference_rate_in_a_labelled_block():
+    cells, groups = _ref_grid()
+    rows = [summarize_cell(c, r) for c, r in zip(cells, groups, strict=True)]
+    ours, ref = console_table(rows).split("\n\n")
+    assert ours.startswith("success_rate ") and "ref" not in ours
+    assert ours.splitlines()[2].split() == ["workflow", "ERR", "ERR"]  # errored: no rate shown
+    assert ref.startswith("ref_success_rate ")
+    low, high = intervals.wilson(1, 3)
+    workflow, policy = ref.splitlines()[2:4]
+    assert workflow.startswith("workflow ")
+    assert f"0.33 [{low:.2f},{high:.2f}] n=3" in workflow and "0.00 [0.00," in workflow
+    assert policy.split()[:2] == ["policy_only@pi05", "ERR"]  # no trial of it was run
+    assert "n=4" in policy
+    low, high = intervals.wilson(3, 11)
+    assert ref.splitlines()[-1] == (
+        "ref_success_rate (as openpi's and vla-eval's loops count: infrastructure failures "
+        f"count as failures): pooled 0.27 [{low:.2f},{high:.2f}] n=11; the gate reads "
+        "success_rate"
+    )
+    # No infrastructure failure: the two rates are one, and one line says so.
+    clean = console_table([rows[3]])
+    assert clean.splitlines()[-1] == (
+        "ref_success_rate = success_rate: no trial failed on infrastructure"
+    )
+    assert clean.count("ref_success_rate") == 1
 
 
 def test_run_outputs_are_rebuilt_from_every_result_in_the_run_dir(tmp_path):

@@ -1,5 +1,6 @@
-"""summary.tsv: one row per cell (the spec's columns, then the rates' 95% intervals), then the
-success and completion pivots (report.format_tsv)."""
+"""summary.tsv: one row per cell (the spec's columns, then the rates' 95% intervals, then the
+reference loops' rate: report.REF_COLUMNS), then the success and completion pivots
+(report.format_tsv)."""
 
 from __future__ import annotations
 
