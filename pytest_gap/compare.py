@@ -13,6 +13,8 @@ and counted; trials without a partner are counted and left out.
 Refusals (exit 2, one line each, naming what differs and the fix), all reported at once:
 - a pair whose two initial sim states differ (init_state_digest, when both are known): the
   sides did not run the same episodes;
+- a pair whose two settled scenes differ (scene_digest, when both are known): the same seed
+  placed the fixtures otherwise (a harness that drew their jitter from another stream);
 - a pair whose harness_surface differs (code and packages that decide outcomes): the changed
   files come from the two run_manifest.json; `--allow-harness-mismatch` turns it into a note;
 - different plans for the paired part (see `plan_problems`);
@@ -408,7 +410,14 @@ def plan_problems(
     ]
 
 
-_PROVENANCE = ("backend", "init_state_digest", "harness_surface", "plan_digest", "policy_url")
+_PROVENANCE = (
+    "backend",
+    "init_state_digest",
+    "scene_digest",
+    "harness_surface",
+    "plan_digest",
+    "policy_url",
+)
 
 
 def refusals(
@@ -450,6 +459,18 @@ def refusals(
             f"init states differ for {_pairs(len(init))} ({_first([p.where for p in init])}): "
             "the sides did not run the same episodes; compare runs made with the same "
             "simulator packages and init-state files"
+        )
+    scene = [
+        p
+        for p in pairs
+        if p.a.scene_digest and p.b.scene_digest and p.a.scene_digest != p.b.scene_digest
+    ]
+    if scene and not init:  # another init state is another scene too: said once, above
+        reasons.append(
+            f"scenes differ for {_pairs(len(scene))} ({_first([p.where for p in scene])}): the "
+            "same seed settled into another scene (the fixtures' places, scene_digest); compare "
+            "runs whose harness draws the scene from the seed alone (both recorded a "
+            "scene_digest) on one simulator install"
         )
     harness = _harness_problem(pairs, run_a, run_b)
     if harness and allow_harness_mismatch:

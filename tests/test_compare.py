@@ -31,6 +31,7 @@ def _record(policy: str, variation: str, task: int, seed: int, success: bool, **
         "backend": "libero",
         "plan_digest": "sha256:plan1",
         "init_state_digest": f"sha256:init-{variation}-{task}-{seed}",
+        "scene_digest": f"sha256:scene-{variation}-{task}-{seed}",
         "harness_surface": "sha256:surface1",
         "policy_url": f"ws://127.0.0.1:{9100 if policy == 'base' else 9200}",
         **extra,
@@ -281,7 +282,14 @@ def test_errored_trials_are_excluded_pairwise_and_counted(tmp_path, capsys):
 
 def test_records_without_provenance_compare_and_say_so(tmp_path, capsys):
     unknown = dict.fromkeys(
-        ("backend", "plan_digest", "init_state_digest", "harness_surface", "policy_url")
+        (
+            "backend",
+            "plan_digest",
+            "init_state_digest",
+            "scene_digest",
+            "harness_surface",
+            "policy_url",
+        )
     )
     records = _pairs(_table(a_only=3, b_only=1, tasks=2), a_extra=unknown, b_extra=unknown)
     run = _run(tmp_path / "run", records)
@@ -290,8 +298,8 @@ def test_records_without_provenance_compare_and_say_so(tmp_path, capsys):
     (note,) = data["notes"]
     assert note == (
         "not recorded in some records (written before provenance was kept): backend, "
-        "init_state_digest, harness_surface, plan_digest, policy_url; the checks on them were "
-        "skipped, and trials were paired without the backend"
+        "init_state_digest, scene_digest, harness_surface, plan_digest, policy_url; the checks "
+        "on them were skipped, and trials were paired without the backend"
     )
 
 
@@ -314,6 +322,17 @@ def test_pairs_from_different_initial_states_are_refused(tmp_path, capsys):
     assert "did not run the same episodes" in line
     code, data = _json(capsys, run, "--a", BASE, "--b", CAND)
     assert code == 2 and data == {"refused": [line], "exit_code": 2}
+
+
+def test_pairs_whose_seed_settled_into_another_scene_are_refused(tmp_path, capsys):
+    """Same init state, fixtures placed otherwise: what a harness drawing the jitter from a
+    stream shared by every episode of an env recorded (vla-eval's default)."""
+    records = _pairs(_table(a_only=3, tasks=1))
+    records[3] = records[3].model_copy(update={"scene_digest": "sha256:jittered-otherwise"})
+    run = _run(tmp_path / "run", records)
+    (line,) = _refused(capsys, run, "--a", BASE, "--b", CAND)
+    assert line.startswith("scenes differ for 1 pair (libero/object task 0 seed 1): ")
+    assert "scene_digest" in line
 
 
 SURFACE = {

@@ -86,6 +86,21 @@ def test_the_vla_eval_backend_gives_the_libero_backends_scene_in_any_order(liber
     assert theirs == ours
 
 
+def test_a_task_with_an_initial_drawer_state_gets_the_libero_scene_on_vla_eval_too():
+    """libero_spatial task 4 starts with the cabinet's drawer closed: LIBERO samples that state
+    before it places the fixtures, and its hard reset adds one more sampler per episode the env
+    ran. Kept to one (sim/libero.py fresh_property_samplers), the hard-resetting vla-eval env
+    draws the soft-resetting libero env's jitter for every seed, however many episodes before."""
+    libero = get_backend("libero").make_env("libero_spatial", 4)
+    vla = get_backend("vla-eval").make_env("libero_spatial", 4, EnvOptions(max_steps=1))
+    try:
+        ours = _digests(libero, [11, 3])
+        assert _digests(vla, [3, 11, 3, 11]) == ours
+    finally:
+        libero.close()
+        vla.close()
+
+
 class _Hold(PredictModelServer):
     def predict(self, obs, ctx):
         return {"actions": np.array([0, 0, 0, 0, 0, 0, -1.0], np.float32)}

@@ -121,6 +121,30 @@ class _Recording:
     every: int = 1
 
 
+@contextlib.contextmanager
+def fresh_property_samplers():
+    """While open, every LIBERO env keeps one open/close (and on/off) sampler per object, as a
+    freshly built env has. LIBERO's `_setup_placement_initializer` appends them again at every
+    hard reset (which rebuilds the model) and never clears them: after k hard resets an episode
+    draws k extra numbers from NumPy's RNG before it places the fixtures, so even a reseeded env
+    jitters a seed's fixtures by how many episodes it ran (libero_spatial task 4: its drawer's
+    closed state). Soft resets, as this module's envs make, never add them; an env that
+    hard-resets (vla-eval's) needs this to draw the jitter the seed alone decides."""
+    from libero.libero.envs.bddl_base_domain import BDDLBaseDomain
+
+    original = BDDLBaseDomain.__dict__["_setup_placement_initializer"]
+
+    def setup_placement_initializer(self, mujoco_arena):
+        self.object_property_initializers = []
+        return original(self, mujoco_arena)
+
+    BDDLBaseDomain._setup_placement_initializer = setup_placement_initializer
+    try:
+        yield
+    finally:
+        BDDLBaseDomain._setup_placement_initializer = original
+
+
 def _quiet():
     """LIBERO and robosuite print progress to stdout; keep it out of test and bench output."""
     return contextlib.redirect_stdout(io.StringIO())

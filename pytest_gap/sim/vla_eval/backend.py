@@ -18,9 +18,11 @@ and its loop (`SyncEpisodeRunner.run_episode`). The harness picks the episode an
   with the trial's seed (`jitter_seed`), where vla-eval seeds it once, with 7, when it builds
   it. LIBERO draws the fixtures' jitter from that RNG at every reset, so with vla-eval's default
   an episode's scene depends on how many episodes that env ran before it (`--lf`, another
-  worker, another order would change it). A deviation from vla-eval's default, not from its
-  code: its loop and adapter run as they are, and the libero backend draws the same jitter for
-  the same seed (`scene_digest` records it on both);
+  worker, another order would change it). LIBERO's hard reset also piles up its open/close
+  samplers, one more draw per episode already run (sim/libero.py `fresh_property_samplers`),
+  which is kept from happening. Deviations from vla-eval's default and a LIBERO leak, not from
+  vla-eval's code: its loop and adapter run as they are, and the libero backend draws the same
+  jitter for the same seed (`scene_digest` records it on both);
 - a trial records the installed vla-eval version and the server url (`EpisodeOutcome.info`).
 
 Scores: success is vla-eval's `metrics['success']`; completion is 1.0 on success and 0.0
@@ -349,13 +351,17 @@ class VlaEvalEnv:
     def _seeded_starts(self, bench, seed: int):
         """While vla-eval's loop runs: every `start_episode` of `bench` seeds its env from `seed`
         first and digests the settled scene after (into the yielded list). The adapter's own
-        method runs in between, unchanged; the wrapper lives on this instance only."""
+        method runs in between, unchanged, with LIBERO's hard reset kept from piling up its
+        object-state samplers (`fresh_property_samplers`); the wrapper lives on this instance."""
         digests: list[str] = []
         original = bench.start_episode
 
         async def start_episode(task, recorder=None):
+            from pytest_gap.sim.libero import fresh_property_samplers
+
             self._seed_env(bench, seed)
-            await original(task, recorder=recorder)
+            with fresh_property_samplers():  # LIBERO's hard resets leak samplers otherwise
+                await original(task, recorder=recorder)
             digests.append(scene_digest(bench._env.env.sim.data._data))
 
         bench.start_episode = start_episode
