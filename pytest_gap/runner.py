@@ -30,6 +30,7 @@ from pytest_gap.errors import GapError, InfraFailure, VideoError
 from pytest_gap.plan import Trial
 from pytest_gap.producers.base import PRODUCED_FILE, produce_for_trial, trial_workflow
 from pytest_gap.provenance import record_fields
+from pytest_gap.redaction import redact_text
 from pytest_gap.results import (
     EXIT_CRASH,
     EXIT_ERROR,
@@ -419,7 +420,7 @@ class TrialRun:
             self.run_dir / WARMUP_DIR / f"{policy_id}.{os.getpid()}.json",
             {
                 "policy_id": policy_id,
-                "url": done.url,
+                "url": redact_text(done.url),  # a password or a signed query stays out
                 "seconds": round(done.seconds, 3),
                 "inference_s": round(done.inference_s, 3),
                 "timeout_s": endpoint.warmup_timeout_s,

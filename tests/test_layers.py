@@ -19,7 +19,16 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_gap"
 # use them. registry and manager turn a config into endpoints and servers, a session's job.
 POLICY_WIRE = {
     f"pytest_gap.policies.{m}"
-    for m in ("builtin", "client", "endpoint", "formats", "server", "vla_eval_server", "wire")
+    for m in (
+        "builtin",
+        "client",
+        "endpoint",
+        "formats",
+        "server",
+        "vla_eval_server",
+        "warmup",
+        "wire",
+    )
 }
 
 
