@@ -32,7 +32,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -156,72 +155,35 @@ def vla_eval(episode: Episode, url: str) -> Outcome:
 
 @contextlib.contextmanager
 def replay_server(actions: np.ndarray):
-    """`gap policy serve replay --protocol vla-eval --actions FILE` in its own process (vla-eval's
-    own model server around the replay policy) until the block ends; yields its url."""
-    from pytest_gap.policies.manager import free_port
+    """`gap policy serve replay --protocol vla-eval --actions FILE` (vla-eval's own model server
+    around the replay policy), started and stopped as a session starts a managed entry
+    (policies/manager.py); yields its url."""
+    from pytest_gap.policies.manager import PolicyManager
 
     with tempfile.TemporaryDirectory() as tmp:
         actions_file = Path(tmp) / "actions.npy"
         np.save(actions_file, actions)
-        port = free_port()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pytest_gap.cli",
-                "policy",
-                "serve",
-                "replay",
-                "--actions",
-                str(actions_file),
-                "--chunk",
-                str(REPLAN),
-                "--protocol",
-                "vla-eval",
-                "--port",
-                str(port),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        manager = PolicyManager()
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                        break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        why = proc.stderr.read() if proc.poll() is not None else "no answer"
-                        raise RuntimeError(f"the replay server did not start: {why}") from None
-                    time.sleep(0.1)
-            yield f"ws://127.0.0.1:{port}"
+            urls = manager.start_all({"replay": _replay_entry(actions_file)})
+            yield urls["replay"]
         finally:
-            proc.terminate()
-            proc.communicate(timeout=10)
+            manager.stop_all()
+
+
+def _replay_entry(actions_file: Path):
+    from pytest_gap.config import PolicyEntry
+
+    command = ["gap", "policy", "serve", "replay", "--actions", str(actions_file)]
+    command += ["--chunk", str(REPLAN), "--protocol", "vla-eval", "--port", "{port}"]
+    return PolicyEntry(command=command, protocol="vla-eval")
 
 
 def _session_config(episode: Episode, actions_file: Path, backend: str) -> dict:
     template = {"template": "policy_only_bare"} if backend == "libero" else {}
+    entry = _replay_entry(actions_file)
     return {
-        "policies": {
-            "replay": {
-                "command": [
-                    "gap",
-                    "policy",
-                    "serve",
-                    "replay",
-                    "--actions",
-                    str(actions_file),
-                    "--protocol",
-                    "vla-eval",
-                    "--port",
-                    "{port}",
-                ],
-                "protocol": "vla-eval",
-            }
-        },
+        "policies": {"replay": {"command": entry.command, "protocol": entry.protocol}},
         "trials": {"task_timeout_secs": 0},
         "benchmark": {
             "backend": backend,
