@@ -466,7 +466,8 @@ def _policy_fault(root: Path, name: str, mode: str, injected: str, seeds: int) -
             "policy_only",
             seeds=seeds,
             max_steps=30,
-            policies={"faulty": {"url": server.url, "obs_format": "gap"}},
+            # a server that hangs does so at the warm-up already: within its own limit
+            policies={"faulty": {"url": server.url, "obs_format": "gap", "warmup_timeout_s": 30}},
             block={"policies": ["faulty"]},
             overrides={"policy_only": {"template": "policy_only"}},
         )
@@ -484,7 +485,9 @@ def _policy_fault(root: Path, name: str, mode: str, injected: str, seeds: int) -
 
 
 def fault_policy_hang(root: Path) -> Row:
-    return _policy_fault(root, "policy_hang", "hang", "policy server stops answering", 1)
+    return _policy_fault(
+        root, "policy_hang", "hang", "policy server stops answering (warm-up limit 30 s)", 1
+    )
 
 
 def fault_policy_garbage(root: Path) -> Row:
@@ -744,6 +747,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", action="store_true", help=f"only {', '.join(SHORT)}")
     parser.add_argument("--only", help="comma-separated row names: " + ", ".join(FAULTS))
     parser.add_argument("--keep", type=Path, help="keep the scratch sessions under this dir")
+    parser.add_argument(
+        "--dos",
+        action="store_true",
+        help="then the denial-of-service rows (bench/dos.py): hostile frames and the memory each "
+        "costs the server or client that refuses it",
+    )
     args = parser.parse_args(argv)
     names = SHORT if args.short else list(FAULTS)
     if args.only:
@@ -775,7 +784,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.keep is not None:
         print(f"sessions kept in {root} (sessions.log per fault)")
-    return 1 if bad else 0
+    dos_failed = False
+    if args.dos:
+        from bench.dos import main as dos_table
+
+        print("\nDenial of service (bench/dos.py):", flush=True)
+        dos_failed = dos_table([]) != 0
+    return 1 if bad or dos_failed else 0
 
 
 if __name__ == "__main__":

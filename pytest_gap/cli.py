@@ -395,57 +395,147 @@ def _cmd_viz(args: argparse.Namespace) -> int:
 
 def _token(args: argparse.Namespace) -> str | None:
     """The bearer token from --token-file, else the GAP_TOKEN environment variable (never a
-    command-line value: it would show in `ps`)."""
-    import os
+    command-line value: it would show in `ps`). GAP_TOKEN leaves the environment as it is read,
+    whichever is used: no process started from here inherits it."""
     from pathlib import Path
 
+    from pytest_gap.doors import read_secret, take_env
     from pytest_gap.service.protocol import TOKEN_ENV
 
+    from_env = take_env(TOKEN_ENV)
     if not getattr(args, "token_file", None):
-        return os.environ.get(TOKEN_ENV) or None
-    try:
-        token = Path(args.token_file).read_text().strip()
-    except OSError as exc:
-        raise GapError(f"--token-file {args.token_file}: cannot read it: {exc.strerror}") from None
-    if not token:
-        raise GapError(f"--token-file {args.token_file}: the file is empty; put the token in it")
-    return token
+        return from_env
+    return read_secret(Path(args.token_file), f"--token-file {args.token_file}")
+
+
+def _client_token(args: argparse.Namespace, url: str) -> str | None:
+    """_token, else the token `gap serve` on this machine wrote for the url's port."""
+    from pytest_gap.service.client import local_token
+
+    return _token(args) or local_token(url)
+
+
+def _run_secret(args: argparse.Namespace) -> str | None:
+    """--run-secret-file, else GAP_RUN_SECRET (taken out of the environment), else the secret
+    `gap submit` kept on this machine for the server and run id."""
+    from pathlib import Path
+
+    from pytest_gap.doors import read_secret, take_env
+    from pytest_gap.service.client import stored_run_secret
+    from pytest_gap.service.protocol import RUN_SECRET_ENV
+
+    from_env = take_env(RUN_SECRET_ENV)
+    if args.run_secret_file:
+        return read_secret(Path(args.run_secret_file), f"--run-secret-file {args.run_secret_file}")
+    return from_env or stored_run_secret(args.url, args.run_id)
+
+
+def _serve_token(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """(the server's token, whether it was made here): --token-file or GAP_TOKEN as given,
+    none with --no-token, else a new one."""
+    from pytest_gap.doors import new_secret
+
+    given = _token(args)
+    if args.no_token:
+        if given:
+            raise GapError("--no-token: drop --token-file and GAP_TOKEN, or drop --no-token")
+        return None, False
+    return (given, False) if given else (new_secret(), True)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
+    import signal
     from pathlib import Path
 
-    from pytest_gap.service.runs import load_splits
+    from pytest_gap.doors import (
+        remove_secret,
+        run_secret_path,
+        server_token_path,
+        take_env,
+        write_secret,
+    )
+    from pytest_gap.service.protocol import RUN_SECRET_ENV
+    from pytest_gap.service.runs import load_splits, register
     from pytest_gap.service.server import EvalServer
 
     logging.basicConfig(level=logging.INFO, format="gap serve: %(message)s")
     logging.getLogger("websockets").setLevel(logging.WARNING)  # not a line per connection
     splits = load_splits(Path(args.splits)) if args.splits else None
+    if bool(args.config) != bool(args.run_id):
+        raise GapError("gap serve: give --config and --run-id together (the operator's run)")
+    token, made = _serve_token(args)
+    # The operator's run's secret: chosen by whoever started this server (gap online hands it
+    # to the task's owner), else made here and written where `gap eval` looks for it.
+    chosen = take_env(RUN_SECRET_ENV) if args.config else None
+    registered = None
+    if args.config:  # the operator's config: trusted, and by a door no client has
+        registered = register(
+            Path(args.runs_dir).resolve(), args.run_id, Path(args.config), splits, chosen
+        )
+        print(f"gap serve: {registered.message}", flush=True)
     server = EvalServer(
-        Path(args.runs_dir), host=args.host, port=args.port, token=_token(args), splits=splits
+        Path(args.runs_dir), host=args.host, port=args.port, token=token, splits=splits
     )
+    written: list[Path] = []
 
     async def main() -> None:
         started = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(server.serve(started))
-        port = await started
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():  # it never listened (the port is taken)
+            try:
+                task.result()
+            except OSError as exc:
+                raise GapError(f"--port {args.port}: cannot listen: {exc.strerror}") from None
+        port = started.result()
+        if token is None:
+            logging.warning(
+                "--no-token: anyone who can reach port %d can submit runs and attach to them; "
+                "drop --no-token to have a token made",
+                port,
+            )
+        elif made:  # written once the port is known: a port already taken overwrites nothing
+            written.append(write_secret(server_token_path(port), token))
+            print(f"gap serve: token in {written[-1]} (local gap submit/eval/status read it)")
+        if registered is not None and registered.run_secret and not chosen:
+            where = run_secret_path(args.host, port, args.run_id)
+            write_secret(where, registered.run_secret)
+            print(f"gap serve: run {args.run_id}'s secret in {where}", flush=True)
         print(f"gap serve: http://{args.host}:{port}/ runs in {server.runs_dir}", flush=True)
-        await task
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(main())
+    finally:
+        for path in written:  # a stopped server's token opens nothing
+            remove_secret(path, token)
     return 0
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
+    """Prints the outcome; the run secret goes to a 0600 file of this user's (its path printed)
+    or, with --json, to stdout alone."""
+    import json
     from pathlib import Path
 
-    from pytest_gap.service.client import submit
+    from pytest_gap.service.client import run_secret_file, store_run_secret, submit
 
-    done = submit(f"{args.host}:{args.port}", Path(args.config), args.run_id, _token(args))
-    print(done.message)
+    url = f"{args.host}:{args.port}"
+    done = submit(url, Path(args.config), args.run_id, _client_token(args, url))
+    if args.json:
+        print(json.dumps(done.model_dump(mode="json")))
+        return 0
+    if done.run_secret:
+        path = store_run_secret(url, args.run_id, done.run_secret)
+        print(f"{done.message}; run secret in {path} (gap eval on this machine reads it)")
+    else:
+        kept = run_secret_file(url, args.run_id)
+        print(done.message + (f"; run secret in {kept}" if kept.is_file() else ""))
     return 0
 
 
@@ -454,7 +544,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
     from pytest_gap.service.client import run_status
 
-    status = run_status(args.url, args.run_id, _token(args))
+    status = run_status(args.url, args.run_id, _client_token(args, args.url))
     if args.json:
         print(json.dumps(status.model_dump(mode="json"), indent=1))
         return 0
@@ -506,13 +596,21 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         raise GapError(
             "gap eval: give --policy ws://HOST:PORT (the model server), or --fake-actions"
         )
+    token, run_secret = _client_token(args, args.url), _run_secret(args)
     if len(args.worker_ids) > 1:
+        import os
+
+        from pytest_gap.service.protocol import RUN_SECRET_ENV, TOKEN_ENV
+
         base = [sys.executable, "-m", "pytest_gap.cli", "eval", "--url", args.url]
         base += ["--run-id", args.run_id, "--protocol", args.protocol]
         base += ["--policy", args.policy] if args.policy else ["--fake-actions"]
-        base += ["--token-file", args.token_file] if args.token_file else []
+        # The secrets this process holds go to its workers the way it took them: not argv.
+        secrets_env = {TOKEN_ENV: token or "", RUN_SECRET_ENV: run_secret or ""}
+        env = {**os.environ, **{k: v for k, v in secrets_env.items() if v}}
         children = [
-            subprocess.Popen([*base, "--worker-ids", str(worker)]) for worker in args.worker_ids
+            subprocess.Popen([*base, "--worker-ids", str(worker)], env=env)
+            for worker in args.worker_ids
         ]
         return max(child.wait() for child in children)
     (worker,) = args.worker_ids
@@ -520,9 +618,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         act, metadata = (lambda obs: FAKE_REPLY), {}
     else:
         act, metadata = policy_act(args.policy, args.protocol)
-    token = _token(args)
     client = EvalClient(
-        args.url, args.run_id, worker, token=token, smoke=args.fake_actions, metadata=metadata
+        args.url,
+        args.run_id,
+        worker,
+        token=token,
+        smoke=args.fake_actions,
+        metadata=metadata,
+        run_secret=run_secret,
     )
     finished = client.run(act)
     if args.fake_actions:
@@ -547,23 +650,35 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _cmd_online_serve(args: argparse.Namespace) -> int:
     import logging
+    import signal
     import threading
     from pathlib import Path
 
-    from pytest_gap.service.online import Platform, load_sets, load_tokens, make_platform_server
+    from pytest_gap.service.online import (
+        Limits,
+        Platform,
+        load_sets,
+        load_tokens,
+        make_platform_server,
+    )
 
     logging.basicConfig(level=logging.INFO, format="gap online: %(message)s")
+    given = {name: getattr(args, name, None) for name in Limits.model_fields}
+    limits = Limits(**{name: value for name, value in given.items() if value is not None})
     platform = Platform(
         Path(args.runs_dir),
         load_sets(Path(args.sets)),
         load_tokens(Path(args.tokens)),
         args.capacity,
+        limits,
     )
     server = make_platform_server(platform, args.host, args.port)
     watcher = threading.Thread(target=platform.watch, daemon=True)
     watcher.start()
     host, port = server.server_address[:2]
     print(f"gap online: http://{host}:{port}/ capacity {args.capacity}", flush=True)
+    # SIGTERM (a supervisor, `kill`) stops it as Ctrl-C does: its task servers go with it
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     try:
         with contextlib.suppress(KeyboardInterrupt):
             server.serve_forever()
@@ -578,6 +693,12 @@ def _online_token(args: argparse.Namespace) -> str:
     if not token:
         raise GapError("give the platform token: --token T or --token-file F")
     return token
+
+
+def _ready_json(task: dict) -> dict:
+    """What a ready task's client needs: where to attach, as which run, with which secret."""
+    keys = ("task_id", "endpoint", "run_secret")
+    return {k: task.get(k) for k in keys}
 
 
 def _cmd_online_submit(args: argparse.Namespace) -> int:
@@ -597,7 +718,7 @@ def _cmd_online_submit(args: argparse.Namespace) -> int:
         task = online_task(args.base_url, token, task["task_id"])
     if task["state"] == "ready":
         if args.print_endpoint:
-            print(json.dumps({"task_id": task["task_id"], "endpoint": task["endpoint"]}))
+            print(json.dumps(_ready_json(task)))
         else:
             print(f"task {task['task_id']} ready: {task['endpoint']}")
         return 0
@@ -620,7 +741,7 @@ def _cmd_online_ready(args: argparse.Namespace) -> int:
 
     task = online_task(args.base_url, _online_token(args), args.task_id)
     if task["state"] == "ready":
-        print(json.dumps({"task_id": task["task_id"], "endpoint": task["endpoint"]}))
+        print(json.dumps(_ready_json(task)))
         return 0
     print(
         f"task {task['task_id']}: {task['state']}"
@@ -700,6 +821,7 @@ def _exec_policy_entry(args: argparse.Namespace) -> int:
     import os
 
     from pytest_gap.config import load_config
+    from pytest_gap.doors import child_env
     from pytest_gap.policies.manager import command_for
 
     own = {"--protocol": args.protocol, "--actions": args.actions, "--chunk": args.chunk}
@@ -723,7 +845,9 @@ def _exec_policy_entry(args: argparse.Namespace) -> int:
     print(f"serving {args.name}: {' '.join(argv)}", flush=True)
     if cwd is not None:
         os.chdir(cwd)
-    os.execvpe(argv[0], argv, {**os.environ, **entry.env})
+    # The environment a session gives this entry's server (doors.child_env): by hand or
+    # managed, the server sees the same variables.
+    os.execvpe(argv[0], argv, child_env(entry.env))
 
 
 def _serve_vla_eval(policy, args: argparse.Namespace) -> int:
@@ -929,10 +1053,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (loopback only)")
     serve.add_argument("--port", type=int, default=8765)
     serve.add_argument("--runs-dir", default="service_runs", help="where runs are kept")
-    serve.add_argument("--token-file", help="a file holding the bearer token clients must send")
     serve.add_argument(
-        "--splits", help="YAML {val_train|val_unseen|test: {seeds: [...]}}: the server's splits"
+        "--token-file",
+        help="a file holding the bearer token clients must send (default: GAP_TOKEN, else a "
+        "new token written to a 0600 file whose path is printed)",
     )
+    serve.add_argument(
+        "--no-token", action="store_true", help="no token at all: anyone who reaches the port"
+    )
+    serve.add_argument(
+        "--splits",
+        help="YAML {val_train|val_unseen|test: {seeds: [...], task_ids, max_steps, template}}: "
+        "the server's splits (what a run of one measures)",
+    )
+    serve.add_argument(
+        "--config",
+        help="the operator's own benchmark YAML, scheduled under --run-id before serving "
+        "(trusted as a config file is; submissions are held to the remote profile)",
+    )
+    serve.add_argument("--run-id", type=_run_id, help="the run id of --config")
     serve.set_defaults(func=_cmd_serve)
     submit = sub.add_parser("submit", help="schedule a config's trials on an evaluation server")
     submit.add_argument("config", help="a benchmark YAML (modes: [policy_only], one policy)")
@@ -940,6 +1079,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--host", default="127.0.0.1")
     submit.add_argument("--port", type=int, default=8765)
     submit.add_argument("--token-file")
+    submit.add_argument(
+        "--json", action="store_true", help="print the answer, run secret included, as JSON"
+    )
     submit.set_defaults(func=_cmd_submit)
     evaluate = sub.add_parser("eval", help="attach a policy to a run on an evaluation server")
     evaluate.add_argument("--url", required=True, help="the evaluation server, http://HOST:PORT")
@@ -955,6 +1097,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a connectivity smoke with a fixed action: one episode, never scored",
     )
     evaluate.add_argument("--token-file")
+    evaluate.add_argument(
+        "--run-secret-file",
+        help="a file holding the run's secret (default: GAP_RUN_SECRET, else where gap submit "
+        "wrote it on this machine)",
+    )
     evaluate.set_defaults(func=_cmd_eval)
     status = sub.add_parser("status", help="where a run on an evaluation server stands")
     status.add_argument("--url", required=True)
@@ -971,6 +1118,13 @@ def build_parser() -> argparse.ArgumentParser:
     oserve.add_argument("--sets", required=True, help="YAML {benchmark set: config path}")
     oserve.add_argument("--tokens", required=True, help="a file of `TOKEN OWNER` lines")
     oserve.add_argument("--capacity", type=int, default=1, help="evaluation servers at once")
+    for name, kind, text in (  # unset: service.online.Limits' defaults
+        ("max_tasks_per_owner", _positive_int, "tasks queued or ready per token (default 4)"),
+        ("max_queued", _positive_int, "tasks queued, all owners (default 32)"),
+        ("attach_timeout_s", _positive_float, "a ready task nobody attaches to ends (300)"),
+        ("request_timeout_s", _positive_float, "a connection idle this long is closed (10)"),
+    ):
+        oserve.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
     oserve.set_defaults(func=_cmd_online_serve)
     for name, func, text in (
         ("submit", _cmd_online_submit, "create a task and wait until it is ready"),

@@ -6,17 +6,26 @@ A benchmark YAML is standalone (no `base:` inheritance) and has one of two shape
 Unknown keys are errors (a typo must not silently fall back to a default). Relative paths
 resolve against the YAML's directory. Every problem is reported in one ConfigError, one line
 per problem, each naming the file and the key path.
+
+A config that arrives over the network (a `gap serve` submission) goes through the same reader
+(`read_yaml_text`) and then the remote profile (`parse_config(..., profile="remote")`): the keys
+marked `ServerOnly` (paths, commands, imports) and `RemoteValue` (an import-string backend) are
+refused on the data as submitted, before anything is imported or added.
 """
 
 from __future__ import annotations
 
 import difflib
 import shlex
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     BaseModel,
     ConfigDict,
@@ -32,9 +41,11 @@ from pydantic import (
 
 from pytest_gap.errors import GapError, one_line
 from pytest_gap.modes import BUILTIN, ModeTable
+from pytest_gap.names import check_name
 
 # Defined beside the policy client (the policy layer imports nothing of config); named here too.
 from pytest_gap.policies.endpoint import (
+    DEFAULT_MAX_REPLY_MB,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WARMUP_TIMEOUT_S,
     PROTOCOL_OBS_FORMATS,
@@ -65,12 +76,77 @@ FRAMES_EVERY_HINT = "a whole number N >= 0: every N-th frame into a WebP strip, 
 
 
 class ConfigError(GapError, ValueError):
-    """A benchmark YAML that cannot be used; the message lists every problem, one per line."""
+    """A benchmark YAML that cannot be used; the message lists every problem, one per line.
+
+    At most `_MAX_LISTED` of them, then how many more: a list of a hundred thousand wrong
+    values (written out, or through aliases) is one short message, not one line each."""
 
     def __init__(self, source: str, problems: list[str]):
         self.source = source
-        self.problems = problems
-        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+        self.problems = _capped(problems)
+        super().__init__("\n".join(f"{source}: {p}" for p in self.problems))
+
+
+# -- the remote profile ---------------------------------------------------------------------------
+# A config submitted over the network (`gap serve`'s /control, `gap online`) is data: it may not
+# name code to import, a command to run or a path on the server. The keys that do are marked
+# where the model defines them, so a new key is marked where it is added.
+Profile = Literal["file", "remote"]
+
+
+@dataclass(frozen=True)
+class ServerOnly:
+    """A key only the operator's own configs may hold (a file, `gap serve --config`); a
+    submitted config naming it is refused: `why` says what the value would make the server do,
+    `fix` what to write instead."""
+
+    why: str
+    fix: str = "remove it"
+
+
+@dataclass(frozen=True)
+class RemoteValue:
+    """A key a submitted config may hold only with a value `check` accepts (it returns why
+    not, or None)."""
+
+    check: Callable[[Any], str | None]
+
+
+SERVER_PATH = ServerOnly("a path on the server", "remove it: a service run keeps to its run dir")
+NO_LLM = "remove it: a service run calls no LLM"
+SERVER_COMMAND = "remove it and give url: (a placeholder: the client's policy answers)"
+
+
+def _installed_backend(value: Any) -> str | None:
+    from pytest_gap.sim.backend import known_backends
+
+    known = known_backends()
+    if not isinstance(value, str) or value in known:
+        return None  # a wrong type is the model's to report
+    return (
+        f"{one_line(repr(value), 60)} is not a backend installed on this server; a submitted "
+        f"config names one of {', '.join(known)}, never an import string"
+    )
+
+
+def _no_ground_truth(value: Any) -> str | None:
+    """A submitted policy entry may not ask for the simulator's ground truth: the relay would
+    hand it to the client, whose policy then scores what no camera sees."""
+    if value is not True:
+        return None
+    return (
+        "true is not allowed in a submitted config (the server would send the client the "
+        "simulator's ground truth: object poses, the goal); remove it"
+    )
+
+
+def _policy_id(value: str) -> str:
+    return check_name(value, "policy id")
+
+
+# A registry key is a directory of every trial of its policy (<mode>/<policy id>/...) and the
+# name of its warm-up record: one strict name, in a file as in a submission.
+PolicyId = Annotated[str, AfterValidator(_policy_id)]
 
 
 class _Strict(BaseModel):
@@ -80,14 +156,18 @@ class _Strict(BaseModel):
 class LLMConfig(_Strict):
     provider: Literal["openrouter", "openai", "vertex"] = "openrouter"
     model: str | None = None
-    endpoint: str | None = None
-    api_key: str | None = Field(default=None, repr=False)
+    endpoint: Annotated[
+        str | None, ServerOnly("the server would send its requests (and a key) there", NO_LLM)
+    ] = None
+    api_key: Annotated[str | None, ServerOnly("a key the server would use", NO_LLM)] = Field(
+        default=None, repr=False
+    )
     project_id: str | None = None
     region: str | None = None
     temperature: float = 0.7
     max_tokens: PositiveInt | None = None
     max_concurrent_requests: PositiveInt = 4
-    cache_dir: Path | None = None
+    cache_dir: Annotated[Path | None, ServerOnly("a path on the server", NO_LLM)] = None
     # Each request's own bound, and how often a failed one is tried again: producing is not
     # charged to a trial's watchdog, so these bound a hanging endpoint (runner._produce).
     timeout_s: PositiveFloat = 120.0
@@ -123,21 +203,27 @@ class PolicyEntry(_Strict):
     """
 
     url: str | None = None
-    command: list[str] | str | None = Field(
-        default=None, validation_alias=AliasChoices("command", "start_cmd")
-    )
-    preset: str | None = None
-    env: dict[str, str] = {}
+    command: Annotated[
+        list[str] | str | None, ServerOnly("a command the server would run", SERVER_COMMAND)
+    ] = Field(default=None, validation_alias=AliasChoices("command", "start_cmd"))
+    preset: Annotated[
+        str | None, ServerOnly("a policy server the server would start", SERVER_COMMAND)
+    ] = None
+    env: Annotated[
+        dict[str, str], ServerOnly("the environment of a command the server would run")
+    ] = {}
     protocol: Literal["openpi", "vla-eval"] = "openpi"
     obs_format: ObsFormatName | None = None
-    privileged_state: bool = False
+    privileged_state: Annotated[bool, RemoteValue(_no_ground_truth)] = False
     # Seconds a measured reply may take (a later one is an infrastructure failure, never a stale
     # action applied), and the one warm-up inference per process (openpi compiles on its first).
     timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=3600)
     warmup_timeout_s: float = Field(DEFAULT_WARMUP_TIMEOUT_S, gt=0, le=7200)
+    # The largest frame its server may send us (policies/client.py); actions are kilobytes.
+    max_reply_mb: float = Field(DEFAULT_MAX_REPLY_MB, gt=0, le=4096)
     # Under --gap-ray, a managed server runs in a Ray actor holding these resources, on a node
     # that has them (scale/ray_policy.py); without --gap-ray it runs here, as any other.
-    ray: RayResources | None = None
+    ray: Annotated[RayResources | None, ServerOnly("where a server it starts would run")] = None
 
     @property
     def resolved_obs_format(self) -> ObsFormatName:
@@ -223,7 +309,7 @@ class TrialsConfig(_Strict):
         default=1, validation_alias=AliasChoices("trials_per_generation", "total")
     )
     task_ids: list[int] | None = None
-    output_dir: Path = Path("gap_runs")
+    output_dir: Annotated[Path, SERVER_PATH] = Path("gap_runs")
     num_workers: Workers = 1
     record_video: bool = False
     enable_tracing: bool = True
@@ -262,7 +348,10 @@ class SkillsConfig(_Strict):
     perception: Perception = "privileged"
     # User skill packages (pytest_gap/skills/packages.py): importable module names, or
     # directories of skill modules relative to the config; loaded by every process of a session.
-    packages: list[str] = []
+    packages: Annotated[
+        list[str],
+        ServerOnly("code the server would import", "remove it: the server's own skills run"),
+    ] = []
 
     @field_validator("planner", mode="before")
     @classmethod
@@ -298,14 +387,17 @@ class ModeOverride(_Strict):
     num_workers: Workers | None = None
     # What a prebuilt mode runs: a template shipped with pytest-gap (by name), or a directory.
     template: str | None = None
-    workflow_dir: Path | None = None
+    workflow_dir: Annotated[
+        Path | None,
+        ServerOnly("a path on the server", "name a shipped template instead (template: NAME)"),
+    ] = None
     policy_id: str | None = None
     extra: dict[str, Any] = {}
 
 
 class BenchmarkBlock(_Strict):
     # The simulator: a registered backend name or an import string module:Class (sim/backend.py)
-    backend: str = "libero"
+    backend: Annotated[str, RemoteValue(_installed_backend)] = "libero"
     families: list[str] = ["posvar"]
     # None: every variation of each family.
     variations: list[str] | None = None
@@ -318,7 +410,7 @@ class BenchmarkBlock(_Strict):
     policies: list[str] = []
     # None inherits trials.record_video.
     record_video: bool | None = None
-    output_dir: Path = Path("benchmark_runs")
+    output_dir: Annotated[Path, SERVER_PATH] = Path("benchmark_runs")
     gate_threshold: float = Field(default=DEFAULT_GATE_THRESHOLD, ge=0.0, le=1.0)
     gate_rule: GateRule = "point"
     smoke: bool = False
@@ -336,7 +428,7 @@ class SuiteEntry(_Strict):
     timeout_secs: NonNegativeFloat | None = None
     num_workers: Workers | None = None
     objects: dict[str, str] = {}
-    workflow_dir: Path | None = None
+    workflow_dir: Annotated[Path | None, SERVER_PATH] = None
 
 
 class BenchmarkConfig(_Strict):
@@ -344,10 +436,10 @@ class BenchmarkConfig(_Strict):
 
     task: str = "auto"
     # Suites mode's simulator backend (grid mode's lives in benchmark.backend).
-    backend: str = "libero"
+    backend: Annotated[str, RemoteValue(_installed_backend)] = "libero"
     llm: LLMConfig = LLMConfig()
     skills: SkillsConfig = SkillsConfig()
-    policies: dict[str, PolicyEntry] = {}
+    policies: dict[PolicyId, PolicyEntry] = {}
     policy_manager: PolicyManagerConfig = PolicyManagerConfig()
     trials: TrialsConfig = TrialsConfig()
     composition: CompositionConfig = CompositionConfig()
@@ -357,7 +449,7 @@ class BenchmarkConfig(_Strict):
     gate_threshold: float = Field(default=DEFAULT_GATE_THRESHOLD, ge=0.0, le=1.0)
     gate_rule: GateRule = "point"
     smoke: bool = False
-    source: Path | None = Field(default=None, exclude=True)
+    source: Annotated[Path | None, SERVER_PATH] = Field(default=None, exclude=True)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> BenchmarkConfig:
@@ -429,6 +521,8 @@ def _describe_all(errors: list[dict], data: Any) -> list[str]:
 def _data_loc(loc: tuple, data: Any, kind: str) -> tuple:
     """`loc` without the parts that are not keys of the data (a union member's type name); a
     missing key's own name stays."""
+    if len(loc) >= 2 and loc[-1] == "[key]":  # a mapping's key is wrong: name its mapping
+        return _data_loc(loc[:-2], data, kind)
     kept, current = [], data
     for i, part in enumerate(loc):
         in_dict = isinstance(current, dict) and part in current
@@ -446,6 +540,8 @@ def _shown(loc: tuple, value: Any) -> str:
     is a wrong type, and still a key), with url passwords and tokens masked, on one line."""
     if loc and is_secret_name(str(loc[-1])):
         return "'***'"
+    if isinstance(value, dict | list | tuple | set):  # never walked: aliases may make it vast
+        return f"a {type(value).__name__} of {len(value)}"
     return one_line(repr(redact_tree(value)), 80)
 
 
@@ -516,14 +612,74 @@ def _resolve_paths(config: BenchmarkConfig, base: Path) -> None:
     ]
 
 
+def remote_problems(data: Any, model: type[BaseModel] | None = None, path: tuple = ()) -> list[str]:
+    """One line per key of the raw data `data` (the model `model`'s, default the whole config)
+    that a submitted config may not hold (`ServerOnly`) or holds with a value it may not
+    (`RemoteValue`). Read before anything is added to the data and before any of it is
+    imported or checked against a catalogue; keys the model does not know are left to it."""
+    if not isinstance(data, dict):
+        return []
+    model = model or BenchmarkConfig
+    problems = []
+    for key, value in data.items():
+        field = _field_named(model, key)
+        if field is None:
+            continue
+        where = _key_path((*path, key))
+        refused = [m for m in field.metadata if isinstance(m, ServerOnly)]
+        for mark in refused:
+            problems.append(f"{where}: not allowed in a submitted config ({mark.why}); {mark.fix}")
+        for mark in (m for m in field.metadata if isinstance(m, RemoteValue)):
+            problem = mark.check(value)
+            if problem:
+                problems.append(f"{where}: {problem}")
+        if not refused:
+            problems += _remote_nested(field.annotation, value, (*path, key))
+    return problems
+
+
+def _field_named(model: type[BaseModel], key: Any):
+    """The field of `model` that the raw key `key` sets (by name or by a validation alias)."""
+    if not isinstance(key, str):
+        return None
+    for name, field in model.model_fields.items():
+        alias = field.validation_alias
+        choices = alias.choices if isinstance(alias, AliasChoices) else [alias]
+        if key == name or key in choices:
+            return field
+    return None
+
+
+def _remote_nested(annotation: Any, value: Any, path: tuple) -> list[str]:
+    """`remote_problems` of the models inside a value: a model, a mapping or a list of them."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return remote_problems(value, annotation, path)
+    if origin is Annotated:
+        return _remote_nested(args[0], value, path)
+    if origin in (Union, types.UnionType):
+        return [p for arg in args for p in _remote_nested(arg, value, path)]
+    if origin is dict and isinstance(value, dict):
+        return [p for k, v in value.items() for p in _remote_nested(args[1], v, (*path, k))]
+    if origin is list and isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _remote_nested(args[0], v, (*path, i))]
+    return []
+
+
 def parse_config(
     data: Any,
     source: str | Path = "<config>",
     base: Path | None = None,
     mode_table: ModeTable | None = None,
+    profile: Profile = "file",
 ):
     """Validate already-parsed YAML data against `mode_table` (default: the built-in modes).
-    Raises ConfigError listing every problem."""
+    Raises ConfigError listing every problem.
+
+    `profile="remote"`: the data was submitted over the network. `remote_problems` reads it
+    first, as given, and any key it refuses ends the check there: nothing it names is imported
+    (skill packages, backends) or looked up on the server. Nor is anything added to it (the
+    implicit policy preset of a template mode)."""
     source = str(source)
     if data is None:
         raise ConfigError(source, [EMPTY_HINT])
@@ -535,6 +691,10 @@ def parse_config(
                 f"policies:, ...), not a {type(data).__name__}; see examples/benchmark/"
             ],
         )
+    if profile == "remote":
+        refused = remote_problems(data)
+        if refused:
+            raise ConfigError(source, refused)
     problems: list[str] = []
     if "base" in data:
         problems.append(
@@ -565,9 +725,13 @@ def parse_config(
     if problems:
         raise ConfigError(source, problems)
     _resolve_paths(config, base)
-    if implicit_policy_modes(config, table) and IMPLICIT_POLICY not in config.policies:
+    implicit = profile == "file" and implicit_policy_modes(config, table)
+    if implicit and IMPLICIT_POLICY not in config.policies:
         config.policies[IMPLICIT_POLICY] = PolicyEntry(preset=IMPLICIT_POLICY)
-    config.source = Path(source).resolve() if source != "<config>" else None
+    if source == "<config>":
+        config.source = None
+    else:  # a submission's name is no path on this server
+        config.source = Path(source) if profile == "remote" else Path(source).resolve()
     return config
 
 
@@ -627,6 +791,27 @@ def read_yaml(path: Path) -> Any:
                 " a benchmark config is a YAML text file: check the path, or save it as UTF-8"
             ],
         ) from None
+    return _yaml_data(text, source)
+
+
+def read_yaml_text(text: str, source: str) -> Any:
+    """The data of a config that arrived as text (a submission), through `read_yaml`'s checks:
+    the same size limit, tags, duplicate keys, depth and alias bombs, the same messages."""
+    size = len(text) if len(text) > MAX_CONFIG_BYTES else len(text.encode("utf-8", "replace"))
+    if size > MAX_CONFIG_BYTES:  # more characters than the limit's bytes: over it, uncounted
+        shown = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size} bytes"
+        raise ConfigError(
+            source,
+            [
+                f"the config is {shown}, over the {MAX_CONFIG_BYTES >> 20} MiB limit of a "
+                "benchmark config; is it the right file?"
+            ],
+        )
+    return _yaml_data(text, source)
+
+
+def _yaml_data(text: str, source: str) -> Any:
+    """Compose the node graph, check it (`_node_problems`), and only then build the data."""
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:

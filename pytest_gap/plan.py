@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from pytest_gap.config import BenchmarkConfig, ConfigError, Perception, suite_variation
 from pytest_gap.modes import BUILTIN, ModeTable
+from pytest_gap.names import check_name
 
 
 class Cell(BaseModel):
@@ -50,6 +51,21 @@ class Cell(BaseModel):
     workflow_policies: tuple[str, ...] = ()
     # Its mode's producer has the LLM write the workflow (read from the plan's mode table).
     uses_llm: bool = False
+
+    @model_validator(mode="after")
+    def _names_are_path_parts(self) -> Cell:
+        """Each name of `key` is a directory of the run: one strict pattern (names.py), here
+        too, whatever made the name (a config, a plugin's mode, a backend's catalogue)."""
+        for what, name in (
+            ("mode", self.mode),
+            ("policy id", self.policy_id),
+            ("family", self.family),
+            ("variation", self.variation),
+            ("suite name", self.suite_name),
+        ):
+            if name is not None:
+                check_name(name, what)
+        return self
 
     @property
     def needs_llm(self) -> bool:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 RESULT_FILE = "result.json"
 RUNNING_FILE = "running.json"
 RESULT_VERSION = 1
+MAX_RESULT_BYTES = 16 * 2**20  # a record is a few KB; a run dir's bigger file is not one
 STAMP_FORMAT = "%Y%m%d_%H%M%S"
 STAMP_RE = re.compile(r"^\d{8}_\d{6}$")
 
@@ -263,8 +264,11 @@ class Corrupt(BaseModel):
 def read_result(trial_dir: Path) -> TrialResult | Corrupt | None:
     """The recorded result, None if there is none, Corrupt if it cannot be used."""
     path = trial_dir / RESULT_FILE
-    if not path.is_file():
+    if not path.is_file():  # a FIFO or a device is no record (and is not read: it could block)
         return None
+    if path.is_symlink() or path.stat().st_size > MAX_RESULT_BYTES:
+        why = "a symlink" if path.is_symlink() else f"over {MAX_RESULT_BYTES // 2**20} MiB"
+        return Corrupt(path=str(path), problem=f"{why}: a record is a file the harness wrote")
     try:
         result = TrialResult.model_validate_json(path.read_text())
     except (OSError, ValueError, ValidationError) as exc:

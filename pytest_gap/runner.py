@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pytest_gap.devices import egl_device_for_cell
 from pytest_gap.errors import GapError, InfraFailure, VideoError
+from pytest_gap.names import inside
 from pytest_gap.plan import Trial
 from pytest_gap.producers.base import PRODUCED_FILE, produce_for_trial, trial_workflow
 from pytest_gap.provenance import record_fields
@@ -154,7 +155,9 @@ class TrialRun:
         self.workflow_run: RunResult | None = None
         self.video_frames = 0
         self.config_source = config
-        self.dir = run_dir / trial.key
+        # Checked here, before execute deletes and rewrites it: a trial dir never lies outside
+        # its run dir, whatever names its key was made of.
+        self.dir = inside(run_dir, trial.key)
         self.env = None
         self.result: TrialResult | None = None
         self._t0 = time.perf_counter()
@@ -165,7 +168,7 @@ class TrialRun:
         # prompt (what the workflow was given), env_prompt (the env's instruction), workflow
         self._prompts: dict[str, str] = {}
         identity = TrialIdentity.of(trial, nodeid=nodeid, config=config)
-        self.frames_path = run_dir / FRAMES_DIR / f"{identity.slug}.webp"
+        self.frames_path = inside(run_dir, f"{FRAMES_DIR}/{identity.slug}.webp")
         self._base = {
             **identity.model_dump(),
             "worker": worker,
@@ -417,7 +420,7 @@ class TrialRun:
             self._eval_t0 += done.seconds
         self._write_running()
         write_json(
-            self.run_dir / WARMUP_DIR / f"{policy_id}.{os.getpid()}.json",
+            inside(self.run_dir, f"{WARMUP_DIR}/{policy_id}.{os.getpid()}.json"),
             {
                 "policy_id": policy_id,
                 "url": redact_text(done.url),  # a password or a signed query stays out
@@ -557,7 +560,7 @@ def record_crash(
     death (segfault, OOM kill) is a crash (137), an infrastructure failure. Its provenance is
     what the controller knows (no init state digest, no policy digest: the worker had them).
     """
-    trial_dir = run_dir / trial.key
+    trial_dir = inside(run_dir, trial.key)
     existing = read_result(trial_dir)
     if isinstance(existing, TrialResult):
         return existing  # it finished; the worker died afterwards
@@ -628,7 +631,7 @@ def run_supervised(
             watchdog.resume()
         if verdict.reason:  # the server cannot be kept up: the record says so
             result = result.model_copy(update={"error": f"{result.error}; {verdict.reason}"})
-            write_result(run_dir / trial.key, result)
+            write_result(inside(run_dir, trial.key), result)
             break
         if not (verdict.rerun and may_rerun):  # not a death, or re-run once already
             break

@@ -22,7 +22,8 @@ ALICE, BOB = "alice-token-0123456789", "bob-token-9876543210"
 
 
 @pytest.fixture
-def platform(tmp_path):
+def platform(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # no user's secrets here
     (tmp_path / "tokens").write_text(f"# token owner\n{ALICE} alice\n{BOB} bob\n")
     _config(tmp_path / "smoke.yaml", tasks=(0,))
     (tmp_path / "sets.yaml").write_text("libero_smoke: smoke.yaml\n")
@@ -65,10 +66,14 @@ def platform(tmp_path):
     log.close()
 
 
-def _gap(*args, timeout=TIMEOUT, token: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "GAP_TOKEN"}
+def _gap(
+    *args, timeout=TIMEOUT, token: str | None = None, secret: str | None = None
+) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("GAP_TOKEN", "GAP_RUN_SECRET")}
     if token:
         env["GAP_TOKEN"] = token  # as a user would export it: not on the command line
+    if secret:
+        env["GAP_RUN_SECRET"] = secret
     return subprocess.run([GAP, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -87,9 +92,10 @@ def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
     first = _submit(url, "m1", "60", "--print-endpoint")
     assert first.returncode == 0, first.stderr
     ready = json.loads(first.stdout)
-    assert set(ready) == {"task_id", "endpoint"} and ready["endpoint"].startswith(
+    assert set(ready) == {"task_id", "endpoint", "run_secret"} and ready["endpoint"].startswith(
         "http://127.0.0.1:"
     )
+    assert len(ready["run_secret"]) >= 32
     retried = _submit(url, "m1", "5", "--print-endpoint")
     assert json.loads(retried.stdout) == ready  # the same task, not a second one
 
@@ -101,11 +107,14 @@ def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
 
     with PolicyServer(HoldPolicy()).start() as hold:
         attach = ["eval", "--url", ready["endpoint"], "--run-id", ready["task_id"]]
+        secret = ready["run_secret"]
         # the task's evaluation server takes only its owner's token
-        stranger = _gap(*attach, "--policy", hold.url, token=BOB)
+        stranger = _gap(*attach, "--policy", hold.url, token=BOB, secret=secret)
         assert stranger.returncode == 2 and "missing or wrong token" in stranger.stderr
-        assert _gap(*attach, "--policy", hold.url).returncode == 2  # no token at all
-        done = _gap(*attach, "--policy", hold.url, token=ALICE)
+        assert _gap(*attach, "--policy", hold.url, secret=secret).returncode == 2  # no token
+        no_secret = _gap(*attach, "--policy", hold.url, token=ALICE)
+        assert no_secret.returncode == 2 and "missing or wrong run secret" in no_secret.stderr
+        done = _gap(*attach, "--policy", hold.url, token=ALICE, secret=secret)
         assert done.returncode == 0, done.stdout + done.stderr
         # the first task finished: its place goes to the queued one
         became = _wait(
@@ -114,9 +123,13 @@ def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
             ),
             "the queued task to start",
         )
-        endpoint = json.loads(became.stdout)["endpoint"]
+        second_ready = json.loads(became.stdout)
+        endpoint, second_secret = second_ready["endpoint"], second_ready["run_secret"]
+        assert second_secret != secret  # each run its own
         again = _gap(
-            "eval", "--url", endpoint, "--run-id", queued_id, "--policy", hold.url, token=ALICE
+            *("eval", "--url", endpoint, "--run-id", queued_id, "--policy", hold.url),
+            token=ALICE,
+            secret=second_secret,
         )
         assert again.returncode == 0, again.stdout + again.stderr
 
@@ -134,14 +147,14 @@ def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
 def test_a_token_sees_only_its_own_tasks_and_never_lands_on_disk(platform):
     home, url = platform
     mine = _submit(url, "m", "60", "--print-endpoint")
-    task_id = json.loads(mine.stdout)["task_id"]
+    task_id, secret = (json.loads(mine.stdout)[k] for k in ("task_id", "run_secret"))
     # the platform and the task's evaluation server run with no token on their command lines
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             argv = cmdline.read_bytes().decode(errors="replace")
         except OSError:
             continue  # the process ended
-        assert ALICE not in argv and BOB not in argv, argv
+        assert ALICE not in argv and BOB not in argv and secret not in argv, argv
     theirs = _online(url, "ready", BOB, "--task-id", task_id)
     assert theirs.returncode == 2 and "no such task (HTTP 404)" in theirs.stderr
     assert _online(url, "status", BOB).stdout == ""
@@ -157,7 +170,7 @@ def test_a_token_sees_only_its_own_tasks_and_never_lands_on_disk(platform):
     for path in [*(home / "online_runs").rglob("*"), home / "online.log"]:
         if path.is_file():
             text = path.read_text(errors="replace")
-            assert ALICE not in text and BOB not in text, path
+            assert ALICE not in text and BOB not in text and secret not in text, path
 
 
 def test_bad_platform_inputs_are_one_line_errors(tmp_path):

@@ -1,7 +1,9 @@
 """The evaluation service end to end on loopback: a real `gap serve` process, real `gap submit`,
 `gap eval` and `gap status` processes, real LIBERO episodes (20 control steps) and a real policy
 server (the built-in `hold`, served in this process, slowed down where a test must catch an
-episode in the middle). Faults are real too: SIGKILL of a client mid-episode and of the server."""
+episode in the middle). Faults are real too: SIGKILL of a client mid-episode and of the server.
+Secrets as a user has them: the token `gap serve` made and the run secrets `gap submit` kept, in
+a state directory of the test's own (XDG_STATE_HOME)."""
 
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ import yaml
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from pytest_gap.doors import server_token_path
 from pytest_gap.policies.builtin import HoldPolicy
 from pytest_gap.policies.server import PolicyServer
 from pytest_gap.policies.wire import packb, unpackb
+from pytest_gap.service.client import stored_run_secret
 
 GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
 TIMEOUT = 240
@@ -82,6 +86,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [GAP, "serve", "--port", str(self.port), "--runs-dir", str(home / "runs")]
         argv += ["--splits", str(splits)] if splits else []
+        self.given_token = bool(token)
         if token:
             (home / "token").write_text(token + "\n")
             argv += ["--token-file", str(home / "token")]
@@ -91,9 +96,11 @@ class Server:
         while time.monotonic() < deadline:
             try:
                 urllib.request.urlopen(f"{self.url}/healthz", timeout=1)
-                return
+                if token or server_token_path(self.port).is_file():  # written once it listens
+                    return
             except OSError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         self.log.flush()
         log = (home / f"serve_{self.port}.log").read_text()
         raise AssertionError(f"gap serve did not come up on port {self.port}: {log}")
@@ -106,9 +113,20 @@ class Server:
     def submit(self, config: Path, run_id: str, *extra: str):
         return self.gap("submit", str(config), "--run-id", run_id, "--port", str(self.port), *extra)
 
+    @property
+    def token(self) -> str:
+        """The server's token: the one it was given, else the one it wrote for its port."""
+        given = self.home / "token"
+        path = given if self.given_token else server_token_path(self.port)
+        return path.read_text().strip()
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
     def status(self, run_id: str) -> dict:
         """GET /runs/<run id> (what `gap status --json` prints), without a process per poll."""
-        with urllib.request.urlopen(f"{self.url}/runs/{run_id}", timeout=30) as answer:
+        request = urllib.request.Request(f"{self.url}/runs/{run_id}", headers=self.headers())
+        with urllib.request.urlopen(request, timeout=30) as answer:
             return json.loads(answer.read())
 
     def eval(self, run_id: str, policy: str, *extra: str) -> subprocess.Popen:
@@ -169,9 +187,10 @@ def test_two_clients_with_disjoint_worker_ids_finish_a_run(home, start, hold):
     server = start()
     config = _config(home / "run.yaml")
     first = server.submit(config, "r1")
-    assert first.returncode == 0 and first.stdout.strip() == "run r1: 2 trials scheduled"
+    assert first.returncode == 0 and first.stdout.startswith("run r1: 2 trials scheduled; run ")
     again = server.submit(config, "r1")
     assert again.returncode == 0 and "already submitted" in again.stdout
+    assert "nothing added" in again.stdout and "run secret in" in again.stdout  # still here
     other = _config(home / "other.yaml", tasks=(2,))
     taken = server.submit(other, "r1")
     assert taken.returncode == 2 and "run id r1 is taken by another config" in taken.stderr
@@ -331,26 +350,28 @@ def test_bad_frames_get_a_clear_error_and_the_server_serves_on(home, start, hold
     server = start()
     assert server.submit(_config(home / "run.yaml", tasks=(0,)), "r6").returncode == 0
     ws_url = f"ws://127.0.0.1:{server.port}/episodes"
-    with connect(ws_url) as ws:
+    auth = {"additional_headers": server.headers()}
+    secret = stored_run_secret(server.url, "r6")
+    with connect(ws_url, **auth) as ws:
         ws.send(b"\x00garbage")
         answer = unpackb(ws.recv())
     assert answer["type"] == "error" and "the first frame must be a hello" in answer["error"]
-    with connect(ws_url) as ws:
+    with connect(ws_url, **auth) as ws:
         ws.send(packb({"run_id": "nope", "worker_id": 0}))
         answer = unpackb(ws.recv())
     assert "no run nope on this server" in answer["error"]
-    with connect(ws_url, max_size=None) as ws:
+    with connect(ws_url, max_size=None, **auth) as ws:
         ws.send(b"\x00" * (65 * 2**20))  # over the server's frame limit: closed with 1009
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv()
     assert closed.value.rcvd.code == 1009
     # A second client with a live client's worker id is refused; the first, gone mid-episode,
     # leaves its episode to be handed out again.
-    with connect(ws_url, max_size=None) as first:
-        first.send(packb({"run_id": "r6", "worker_id": 5}))
+    with connect(ws_url, max_size=None, **auth) as first:
+        first.send(packb({"run_id": "r6", "worker_id": 5, "run_secret": secret}))
         assert unpackb(first.recv())["type"] == "obs"  # its episode is under way
-        with connect(ws_url) as twin:
-            twin.send(packb({"run_id": "r6", "worker_id": 5}))
+        with connect(ws_url, **auth) as twin:
+            twin.send(packb({"run_id": "r6", "worker_id": 5, "run_secret": secret}))
             refused = unpackb(twin.recv())
         assert "worker id 5 of run r6 is already attached" in refused["error"]
     _wait(lambda: server.status("r6")["infra_failures"] == 1, "the dropped episode")
@@ -361,18 +382,25 @@ def test_bad_frames_get_a_clear_error_and_the_server_serves_on(home, start, hold
 
 
 def test_a_split_takes_its_seeds_from_the_server_and_is_never_substituted(home, start, hold):
+    """A split decides what its runs measure (seeds, tasks, step limit, template): the
+    submission names the policy and the suite."""
+    split = {"task_ids": [0], "max_steps": STEPS}
     (home / "splits.yaml").write_text(
-        yaml.safe_dump({"val_train": {"seeds": [0]}, "test": {"seeds": [7]}})
+        yaml.safe_dump({"val_train": {"seeds": [0], **split}, "test": {"seeds": [7], **split}})
     )
     server = start(splits=home / "splits.yaml")
     config = yaml.safe_load(_config(home / "run.yaml", tasks=(0,)).read_text())
-    del config["benchmark"]["n_seeds"]
+    for key in ("n_seeds", "task_ids", "mode_overrides"):
+        del config["benchmark"][key]
+    del config["trials"]
     (home / "test.yaml").write_text(yaml.safe_dump({**config, "split": "test"}))
     assert server.submit(home / "test.yaml", "held").returncode == 0
     client = server.eval("held", hold)
     out, err = client.communicate(timeout=TIMEOUT)
     assert client.returncode == 0, out + err
     assert list(_records(home, "held")) == ["policy_only/remote/libero/object/task_00/seed_007"]
+    (record,) = _records(home, "held").values()
+    assert record["steps"] - record["bringup_steps"] == STEPS  # the split's step limit
     assert "seed" not in out + err  # the client learns no seed
     status = server.status("held")
     assert status["split"] == "test" and all(w["current"] is None for w in status["workers"])
@@ -386,7 +414,8 @@ def test_a_split_takes_its_seeds_from_the_server_and_is_never_substituted(home, 
     seeded = {**config, "split": "val_train", "benchmark": {**config["benchmark"], "seeds": [3]}}
     (home / "seeded.yaml").write_text(yaml.safe_dump(seeded))
     both = server.submit(home / "seeded.yaml", "seeded")
-    assert both.returncode == 2 and "remove benchmark.seeds and benchmark.n_seeds" in both.stderr
+    assert both.returncode == 2
+    assert "benchmark.seeds: split: val_train decides it on this server; remove it" in both.stderr
     plain = start()  # a server without splits refuses any
     assert "(it has: none)" in plain.submit(home / "test.yaml", "x").stderr
 
@@ -411,12 +440,16 @@ def test_gap_eval_and_submit_name_what_is_wrong(home, start):
 
 
 @pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch):
-    """urllib must reach loopback directly, whatever proxy the machine sets."""
+def _no_proxy(monkeypatch, tmp_path):
+    """urllib must reach loopback directly, whatever proxy the machine sets; the secrets of
+    the test's servers and runs stay in its own state directory (not the user's)."""
     for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     os.environ.setdefault("NO_PROXY", "127.0.0.1")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("GAP_TOKEN", raising=False)
+    monkeypatch.delenv("GAP_RUN_SECRET", raising=False)
 
 
 def test_a_trial_the_harness_cannot_run_is_given_up_but_a_lost_client_never_is(home):

@@ -225,7 +225,7 @@ def test_two_runs_give_the_comparison_or_why_there_is_none(fake):
     assert refused["exit_code"] == 2 and refused["refused"]
 
 
-def test_the_server_serves_the_page_traces_on_demand_and_the_run_dirs_files(fake):
+def test_the_server_serves_the_page_and_traces_on_demand_but_no_file_it_does_not_link(fake):
     assert _mixed_run(fake).ret == 0
     run_dir = fake.run_dir()
     server = make_server(run_dir)
@@ -240,11 +240,12 @@ def test_the_server_serves_the_page_traces_on_demand_and_the_run_dirs_files(fake
         key = "suites/fake_easy/task_00/seed_000"
         trace = json.loads(urllib.request.urlopen(f"{base}api/trace?key={key}").read())
         assert len(trace["nodes"]) == WF_NODES
-        record = json.loads(urllib.request.urlopen(f"{base}{key}/result.json").read())
-        assert record["seed"] == 0
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(f"{base}api/trace?key=../../etc")
         assert missing.value.code == 404
+        with pytest.raises(urllib.error.HTTPError) as unlinked:  # the page does not link it
+            urllib.request.urlopen(f"{base}{key}/result.json")
+        assert unlinked.value.code == 404
     finally:
         server.shutdown()
         server.server_close()

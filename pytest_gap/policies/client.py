@@ -4,6 +4,11 @@ Every way the transport can fail is a PolicyTransportError: the harness records 
 an infrastructure failure, never as a bad policy. A reply that does not come within
 `timeout_s` closes the session: a late action chunk must never be applied to a scene that has
 moved on.
+
+A server's frames are untrusted: a reply over `max_reply_bytes` (default 16 MiB, the registry's
+`policies.<id>.max_reply_mb`; actions and metadata are kilobytes) is refused by the websocket
+layer from its header, before it is read, and every frame decodes within wire.py's bounds
+(objects, depth, dtypes, image sizes), so what a hostile server costs is bounded by the limit.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
 from pytest_gap.errors import InfraFailure
+from pytest_gap.policies.endpoint import DEFAULT_MAX_REPLY_MB
 from pytest_gap.policies.wire import (
+    MAX_QUEUED_FRAMES,
     MESSAGE_TOO_BIG_CLOSE,
     VLA_PROTOCOL_VERSION,
     WireError,
@@ -39,14 +46,31 @@ class PolicyTransportError(InfraFailure):
         self.reason = reason or message
 
 
+MAX_DETAIL_CHARS = 300  # of a server's own error text quoted in ours: one readable line
+
+
+def _detail(text: Any) -> str:
+    """A server's error text as one line of at most MAX_DETAIL_CHARS (a hostile server's
+    16 MiB of newlines must not become our error message)."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= MAX_DETAIL_CHARS else line[: MAX_DETAIL_CHARS - 3] + "..."
+
+
 OUR_SERVER_LIMIT = "gap policy serve NAME --max-message-mb MB"
+REPLY_LIMIT = "policies.<id>.max_reply_mb"
 
 
 def _closed(
     server: str, exc: ConnectionClosed, sent_bytes: int, limit: str = OUR_SERVER_LIMIT
 ) -> PolicyTransportError:
-    """The error for a connection the server closed; a refused oversize message says how to
-    raise the limit (websockets closes with 1009 and names the limit in the reason)."""
+    """The error for a closed connection; an oversize message says whose limit it met and how
+    to raise it (websockets closes with 1009 and names the limit in the reason)."""
+    if not exc.rcvd_then_sent and exc.sent is not None and exc.sent.code == MESSAGE_TOO_BIG_CLOSE:
+        return PolicyTransportError(
+            f"{server} sent a frame over our limit ({exc.sent.reason}); the session was closed. "
+            f"If the server is honest, raise the limit ({REPLY_LIMIT}, default "
+            f"{DEFAULT_MAX_REPLY_MB} MB)"
+        )
     if exc.rcvd is not None and exc.rcvd.code == MESSAGE_TOO_BIG_CLOSE:
         return PolicyTransportError(
             f"{server} refused our {sent_bytes / 2**20:.1f} MiB message as too big "
@@ -66,6 +90,7 @@ class PolicyClient:
         connect_timeout_s: float = 5.0,
         timeout_s: float = 30.0,
         api_key: str | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_MB * 2**20,
     ):
         self.url, self.timeout_s = url, timeout_s
         self._sent_bytes = 0
@@ -79,7 +104,8 @@ class PolicyClient:
                 connect(
                     url,
                     compression=None,
-                    max_size=None,
+                    max_size=max_reply_bytes,
+                    max_queue=MAX_QUEUED_FRAMES,
                     open_timeout=connect_timeout_s,
                     additional_headers=headers,
                 )
@@ -110,7 +136,7 @@ class PolicyClient:
         if isinstance(frame, str):  # openpi servers report failures as a text frame
             self.close()
             last = frame.strip().splitlines()[-1] if frame.strip() else "no detail"
-            raise PolicyTransportError(f"policy server {self.url} failed: {last}")
+            raise PolicyTransportError(f"policy server {self.url} failed: {_detail(last)}")
         try:
             return unpackb(frame, what)
         except WireError as exc:
@@ -150,13 +176,26 @@ class VlaEvalClient:
     server's `observation_params`.
     """
 
-    def __init__(self, url: str, *, connect_timeout_s: float = 5.0, timeout_s: float = 30.0):
+    def __init__(
+        self,
+        url: str,
+        *,
+        connect_timeout_s: float = 5.0,
+        timeout_s: float = 30.0,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_MB * 2**20,
+    ):
         self.url, self.timeout_s = url, timeout_s
         self._seq = 0
         self._stack = ExitStack()
         try:
             self._ws: ClientConnection | None = self._stack.enter_context(
-                connect(url, compression=None, max_size=None, open_timeout=connect_timeout_s)
+                connect(
+                    url,
+                    compression=None,
+                    max_size=max_reply_bytes,
+                    max_queue=MAX_QUEUED_FRAMES,
+                    open_timeout=connect_timeout_s,
+                )
             )
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
             reason = f"{type(exc).__name__}: {exc}"
@@ -204,7 +243,7 @@ class VlaEvalClient:
         if message is None or message["type"] == "error" or message["type"] != expect:
             self.close()
             detail = message["payload"] if message else reply
-            raise PolicyTransportError(f"vla-eval server {self.url} failed: {detail}")
+            raise PolicyTransportError(f"vla-eval server {self.url} failed: {_detail(detail)}")
         return message["payload"]
 
     def episode_start(self, config: dict | None = None) -> None:

@@ -12,6 +12,8 @@ ObsFormatName = Literal["openpi-libero", "vla-eval-libero", "gap"]
 # none. The warm-up's is longer: openpi compiles its model on the first inference.
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_WARMUP_TIMEOUT_S = 300.0
+# The largest frame a server may send us, MB: actions and metadata are kilobytes (client.py).
+DEFAULT_MAX_REPLY_MB = 16
 # A protocol's default observation format: what that protocol's own LIBERO client sends.
 PROTOCOL_OBS_FORMATS: dict[str, ObsFormatName] = {
     "openpi": "openpi-libero",
@@ -27,7 +29,8 @@ class PolicyEndpoint(BaseModel):
     it is the protocol's own (openpi -> openpi-libero, vla-eval -> vla-eval-libero).
     `privileged`: the server is an oracle that also receives ground truth. `timeout_s` bounds
     each measured reply (a later one closes the session: a stale chunk is never applied);
-    `warmup_timeout_s` bounds the one warm-up inference per process (policies/warmup.py).
+    `warmup_timeout_s` bounds the one warm-up inference per process (policies/warmup.py);
+    `max_reply_mb` the largest frame its server may send (a larger one closes the session).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -38,6 +41,12 @@ class PolicyEndpoint(BaseModel):
     privileged: bool = False
     timeout_s: float = DEFAULT_TIMEOUT_S
     warmup_timeout_s: float = DEFAULT_WARMUP_TIMEOUT_S
+    max_reply_mb: float = DEFAULT_MAX_REPLY_MB
+
+    @property
+    def client_options(self) -> dict[str, Any]:
+        """What connect_policy takes from the endpoint besides url, protocol and timeout."""
+        return {"max_reply_bytes": round(self.max_reply_mb * 2**20)}
 
     @model_validator(mode="before")
     @classmethod

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_gap.config import PolicyEntry, PolicyManagerConfig
+from pytest_gap.doors import child_env
 from pytest_gap.errors import GapError
 
 OPENPI_DIR_VAR = "GAP_OPENPI_DIR"
@@ -140,11 +141,13 @@ def _die_with_parent() -> None:
 
 def spawn(argv: list[str], cwd: Path | None, entry: PolicyEntry, stdout) -> subprocess.Popen:
     """A server process: its own process session (its whole tree can be signalled), a
-    parent-death signal, the entry's environment over this one, output to `stdout`."""
+    parent-death signal, output to `stdout`, and the entry's `env:` over the allow-listed part
+    of this environment (doors.child_env): a policy server never sees the operator's API keys
+    or the harness's tokens."""
     return subprocess.Popen(
         argv,
         cwd=cwd,
-        env={**os.environ, **entry.env},
+        env=child_env(entry.env),
         stdout=stdout,
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -47,6 +47,7 @@ def endpoints_for(
                 privileged=entry.privileged_state,
                 timeout_s=entry.timeout_s,
                 warmup_timeout_s=entry.warmup_timeout_s,
+                max_reply_mb=entry.max_reply_mb,
             )
     return endpoints
 

@@ -21,6 +21,20 @@ with close code 1009 before it is buffered whole; a frame that does not decode, 
 that raises, gets openpi's answer (an error text frame, then close 1011) on that connection
 only: the server goes on serving the others and new ones. The text frame is one line (the
 exception type and message) unless `debug`, when it is the traceback as openpi sends it.
+
+Doors: a browser's request (an `Origin` or `Sec-Fetch-Site` header) is refused with 403
+(doors.py: a web page must not drive a policy on loopback). With `url_token` (the relays of
+`gap serve`), a handshake whose url does not carry `?token=<url_token>` is refused with 403:
+other users of the machine can find the port, not the token (it lives in this process only,
+and records mask a url's `token=`).
+
+Frames decode within wire.py's bounds (objects, depth, strings, dtypes), so a hostile frame
+costs what reading it costs, not what it claims, and one warning line in the log. Memory per
+connection is bounded too: the websocket layer reads one frame ahead of the one being served
+and then stops reading the socket (wire.MAX_QUEUED_FRAMES), so a client that sends without
+waiting for replies holds about four times max_message_bytes however many frames it sends
+(measured: ~270 MiB at 64 MiB; websockets' default queue let 10 such frames hold 600 MiB), and
+the batching queue holds at most one batch of waiting observations.
 """
 
 from __future__ import annotations
@@ -33,16 +47,20 @@ import time
 import traceback
 from http import HTTPStatus
 from typing import Any, Protocol
+from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from pytest_gap.bind import exposure_notice
+from pytest_gap.doors import refuse_browsers, same_secret
 from pytest_gap.errors import GapError
 from pytest_gap.policies.wire import (
     HEALTH_PATH,
     INTERNAL_ERROR_CLOSE,
+    MAX_QUEUED_FRAMES,
     MESSAGE_TOO_BIG_CLOSE,
+    WireError,
     packer,
     unpackb,
 )
@@ -67,6 +85,7 @@ class PolicyServer:
         max_wait_ms: float = 5.0,
         max_message_bytes: int | None = DEFAULT_MAX_MESSAGE_MB * 2**20,
         debug: bool = False,
+        url_token: str | None = None,
     ):
         if max_batch_size > 1 and not callable(getattr(policy, "infer_batch", None)):
             raise GapError(
@@ -83,6 +102,7 @@ class PolicyServer:
         self.metadata = metadata or {}
         self.max_batch_size, self.max_wait_s = max_batch_size, max_wait_ms / 1000
         self.max_message_bytes, self.debug = max_message_bytes, debug
+        self.url_token = url_token
         self.batch_sizes: list[int] = []  # for inspection: the size of every batch inferred
         self._infer_lock = threading.Lock()
         self._queue: asyncio.Queue | None = None
@@ -148,37 +168,54 @@ class PolicyServer:
                         exc.sent.reason,
                     )
                 return
+            t0 = time.perf_counter()
             try:
-                t0 = time.perf_counter()
                 obs = unpackb(frame, "observation")
+            except WireError as exc:  # the peer's fault, not ours: one line, never a traceback
+                log.warning("refused a frame from %s: %s", ws.remote_address, exc)
+                return await self._fail(ws, exc)
+            del frame  # obs holds its data: a big frame is not kept twice while inferring
+            try:
                 action = dict(await self._infer(policy, obs))
                 action["server_timing"] = {"infer_ms": (time.perf_counter() - t0) * 1000}
                 await ws.send(pack(action))
             except ConnectionClosed:
                 return
             except Exception as exc:
-                # openpi's convention: an error text frame, then close with 1011.
-                with contextlib.suppress(ConnectionClosed):
-                    await ws.send(self._error_text(exc))
-                    await ws.close(INTERNAL_ERROR_CLOSE, "Internal server error")
-                return
+                return await self._fail(ws, exc)
+
+    async def _fail(self, ws: ServerConnection, exc: Exception) -> None:
+        """openpi's convention: an error text frame, then close with 1011."""
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(self._error_text(exc))
+            await ws.close(INTERNAL_ERROR_CLOSE, "Internal server error")
 
     def _error_text(self, exc: Exception) -> str:
         if self.debug:
-            return traceback.format_exc()
+            return "".join(traceback.format_exception(exc))
         return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
-    @staticmethod
-    def _health(connection: ServerConnection, request):
-        if request.path == HEALTH_PATH:
+    def _http(self, connection: ServerConnection, request):
+        refused = refuse_browsers(connection, request)
+        if refused is not None:
+            return refused
+        parts = urlsplit(request.path)
+        if parts.path == HEALTH_PATH:
             return connection.respond(HTTPStatus.OK, "OK\n")
+        if self.url_token is not None:
+            given = parse_qs(parts.query).get("token", [None])[-1]
+            if not same_secret(given, self.url_token):
+                why = "missing or wrong ?token= in the url: this relay serves its own trials only"
+                return connection.respond(HTTPStatus.FORBIDDEN, why + "\n")
         return None
 
     async def serve(self, started: asyncio.Future | None = None) -> None:
         """Serve until cancelled; `started` receives the bound port."""
         batcher = None
         if self.max_batch_size > 1:
-            self._queue = asyncio.Queue()
+            # Each connection waits for its reply before it reads on, so waiting observations
+            # are one per connection; past a batch's worth, a connection waits to queue.
+            self._queue = asyncio.Queue(maxsize=self.max_batch_size)
             batcher = asyncio.create_task(self._batcher())
         try:
             await self._serve(started)
@@ -196,7 +233,8 @@ class PolicyServer:
             self.port,
             compression=None,
             max_size=self.max_message_bytes,
-            process_request=self._health,
+            max_queue=MAX_QUEUED_FRAMES,
+            process_request=self._http,
         ) as server:
             self.port = server.sockets[0].getsockname()[1]
             if started is not None:
@@ -246,7 +284,9 @@ class RunningServer:
 
     @property
     def url(self) -> str:
-        return f"ws://{self.server.host}:{self.server.port}"
+        """Where clients connect, with the url token if the server has one."""
+        base = f"ws://{self.server.host}:{self.server.port}"
+        return base if self.server.url_token is None else f"{base}/?token={self.server.url_token}"
 
     def stop(self) -> None:
         if self._task is not None and not self._task.done():

@@ -19,6 +19,11 @@ What the adapter adds, and why:
   run_policy sends that state, never a vla-eval benchmark.
 - The HELLO reply's `observation_params` are vla-eval's defaults (none asked for): the
   built-ins read nothing of the observation but what vla-eval's LIBERO benchmark always sends.
+- A browser's request is refused with 403 before vla-eval sees it (doors.py): its websocket
+  handshakes, and its `GET /config?max_batch_size=...`, which reconfigures the server and which
+  any web page could send. vla-eval's runner calls websockets' `serve` by the module name
+  `ws_serve`; for the life of `serve` below that name is websockets' own `serve` with our
+  check in front of vla-eval's `process_request` (vla-eval's code is not changed).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from pytest_gap.bind import exposure_notice
+from pytest_gap.doors import refuse_browsers
 from pytest_gap.errors import GapError
 
 NEEDS_VLA_EVAL = (
@@ -114,11 +120,74 @@ def model_server(policy: Any, name: str) -> Any:
     return _server_class()(policy, name)
 
 
+def _guarded(process_request: Any) -> Any:
+    """vla-eval's `process_request`, behind the refusal of a browser's request."""
+
+    def guarded(connection: Any, request: Any) -> Any:
+        refused = refuse_browsers(connection, request)
+        if refused is not None or process_request is None:
+            return refused
+        return process_request(connection, request)
+
+    return guarded
+
+
+def guarded_ws_serve() -> Any:
+    """websockets' `serve`, with every request a browser made refused first, frames above
+    the server's message limit refused by the websocket layer (vla-eval asks for no limit) and
+    one frame read ahead per connection (wire.MAX_QUEUED_FRAMES), as our own server reads."""
+    from websockets.asyncio.server import serve as ws_serve
+
+    from pytest_gap.policies.server import DEFAULT_MAX_MESSAGE_MB
+    from pytest_gap.policies.wire import MAX_QUEUED_FRAMES
+
+    def serve(handler: Any, *args: Any, process_request: Any = None, **kwargs: Any) -> Any:
+        kwargs |= {"max_size": DEFAULT_MAX_MESSAGE_MB * 2**20, "max_queue": MAX_QUEUED_FRAMES}
+        return ws_serve(handler, *args, process_request=_guarded(process_request), **kwargs)
+
+    return serve
+
+
+def bounded_unpack(unpack_message: Any) -> Any:
+    """vla-eval's `unpack_message`, behind wire.py's bounded decoding of the same frame
+    (objects, depth, strings, dtypes, image headers): a hostile frame costs what reading it
+    costs, one warning line, and that connection only (it ends as a closed connection does,
+    which vla-eval's handler logs in one line of its own, no traceback)."""
+    from websockets.exceptions import ConnectionClosedError
+    from websockets.frames import Close
+
+    from pytest_gap.policies.wire import WireError, unpack_vla
+
+    def unpack(raw: Any) -> Any:
+        try:
+            unpack_vla(raw)
+        except WireError as exc:
+            why = " ".join(str(exc).split())
+            log.warning("refused a frame: %s", why)
+            raise ConnectionClosedError(Close(1008, why[:120]), None) from None
+        return unpack_message(raw)
+
+    return unpack
+
+
 def serve(server: Any, host: str, port: int) -> None:
     """Serve a `model_server(...)` with vla-eval's runner in the foreground until interrupted."""
-    from vla_eval.model_servers.serve import serve as vla_eval_serve
+    import vla_eval.model_servers.serve as runner
+    from websockets.asyncio.server import serve as ws_serve
 
+    if getattr(runner, "ws_serve", None) is not ws_serve:
+        raise GapError(
+            "vla-eval's server runner no longer serves through websockets' serve as `ws_serve`: "
+            "pytest-gap cannot put its browser check in front of it; install the vla-eval "
+            "version pytest-gap pins"
+        )
     notice = exposure_notice("the policy server", host)
     if notice:
         log.warning(notice)
-    vla_eval_serve(server, host=host, port=port)
+    unpack_message = runner.unpack_message
+    # this process serves this one server, for life
+    runner.ws_serve, runner.unpack_message = guarded_ws_serve(), bounded_unpack(unpack_message)
+    try:
+        runner.serve(server, host=host, port=port)
+    finally:
+        runner.ws_serve, runner.unpack_message = ws_serve, unpack_message

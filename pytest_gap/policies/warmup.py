@@ -65,7 +65,12 @@ def warm_up(
     with `warmup_timeout_s` to answer, and return how long it took. The reply is discarded.
     Raises PolicyTransportError (an infrastructure failure) if the server does not answer."""
     t0 = time.perf_counter()
-    client = connect_policy(endpoint.url, endpoint.protocol, timeout_s=endpoint.warmup_timeout_s)
+    client = connect_policy(
+        endpoint.url,
+        endpoint.protocol,
+        timeout_s=endpoint.warmup_timeout_s,
+        **endpoint.client_options,
+    )
     try:
         obs = obs_format(endpoint).observation(env, prompt, client.metadata)
         obs.update(extra or {})

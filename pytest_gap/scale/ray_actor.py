@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from pytest_gap.config import LLMConfig
+from pytest_gap.names import inside
 from pytest_gap.plan import Trial
 from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.results import EXIT_TIMEOUT, EarlierAttempt, TrialResult
@@ -205,7 +206,7 @@ class TrialActor:
                 update={"cell": trial.cell.model_copy(update={"workflow_dir": source})}
             )
         _place(local, req.run_files)
-        shutil.rmtree(local / trial.key, ignore_errors=True)
+        shutil.rmtree(inside(local, trial.key), ignore_errors=True)
         before = _snapshot(local)
         run = TrialRun(
             trial,
@@ -239,6 +240,6 @@ class TrialActor:
         changed = [rel for rel, stamp in after.items() if before.get(rel) != stamp]
         files = {rel: (local / rel).read_bytes() for rel in changed}
         # Sent: the node keeps only what later trials reuse (the task's produced workflows).
-        shutil.rmtree(local / trial.key, ignore_errors=True)
+        shutil.rmtree(inside(local, trial.key), ignore_errors=True)
         run.frames_path.unlink(missing_ok=True)
         return TrialOutcome(result=result, files=files).model_dump()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_gap.devices import DEVICES_VAR
+from pytest_gap.doors import holds_secret
 from pytest_gap.errors import GapError, one_line
 from pytest_gap.scale.dispatch import ActorGone, Slot, TrialBroke
 from pytest_gap.scale.ray_actor import TrialActor
@@ -70,10 +71,13 @@ def resolve_address(address: str) -> str:
 
 
 def forwarded_env(environ=os.environ) -> dict[str, str]:
+    """What the actors inherit: PYTHONPATH, the GL choice and the harness's GAP_* settings, but
+    never a GAP_* variable that holds a secret (GAP_TOKEN, GAP_RUN_SECRET: doors.holds_secret),
+    which a Ray runtime env would carry to every node of the cluster."""
     return {
         k: v
         for k, v in environ.items()
-        if (k in FORWARDED or k.startswith("GAP_")) and k != DEVICES_VAR
+        if (k in FORWARDED or k.startswith("GAP_")) and k != DEVICES_VAR and not holds_secret(k)
     }
 
 

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from pytest_gap.bind import is_loopback
 from pytest_gap.errors import GapError, one_line
+from pytest_gap.names import inside
 from pytest_gap.provenance import record_fields
 from pytest_gap.results import (
     EXIT_CRASH,
@@ -324,7 +325,7 @@ class RayExecution:
 
     @staticmethod
     def _write_record(p: Planned, result: TrialResult) -> None:
-        trial_dir = p.run_dir / p.trial.key
+        trial_dir = inside(p.run_dir, p.trial.key)
         shutil.rmtree(trial_dir, ignore_errors=True)
         trial_dir.mkdir(parents=True, exist_ok=True)
         write_result(trial_dir, result)
@@ -333,10 +334,11 @@ class RayExecution:
     def _write_files(run_dir: Path, trial_key: str, files: dict[str, bytes]) -> None:
         """The trial's files under the run dir, each atomically; its result.json last, so a
         record never points at a file not written yet."""
-        shutil.rmtree(run_dir / trial_key, ignore_errors=True)  # a broken attempt's leftovers
+        # a broken attempt's leftovers; every path checked first: they come from another node
+        shutil.rmtree(inside(run_dir, trial_key), ignore_errors=True)
         last = f"{trial_key}/{RESULT_FILE}"
         for rel in sorted(files, key=lambda r: r == last):
-            path = run_dir / rel
+            path = inside(run_dir, rel)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             tmp.write_bytes(files[rel])

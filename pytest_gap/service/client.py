@@ -1,7 +1,12 @@
 """Clients of the evaluation server: `EvalClient` attaches as one worker and answers every
 observation with `act(obs)`; `policy_act` makes `act` from an openpi or vla-eval policy server;
 `submit` and `run_status` are the control plane. `gap eval`, `gap submit` and `gap status` are
-thin commands over these."""
+thin commands over these.
+
+Where a client's secrets come from when it is given none: the token `gap serve` made and wrote
+for its port (`local_token`, for a server on this machine only: a token is never sent to another
+host because of a file that happens to be here), and the run secret `gap submit` kept for the
+server and run id (`stored_run_secret`)."""
 
 from __future__ import annotations
 
@@ -18,8 +23,10 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from pytest_gap.bind import is_loopback
+from pytest_gap.doors import read_secret, run_secret_path, server_token_path, write_secret
 from pytest_gap.errors import GapError
-from pytest_gap.policies.wire import packb, unpackb
+from pytest_gap.policies.wire import MAX_QUEUED_FRAMES, packb, unpackb
 from pytest_gap.service.protocol import (
     CONTROL_PATH,
     EPISODES_PATH,
@@ -49,6 +56,35 @@ def _base(url: str, scheme: str) -> str:
     return urlunsplit((scheme, parts.netloc, "", "", ""))
 
 
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(_base(url, "http"))
+    return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def local_token(url: str) -> str | None:
+    """The token `gap serve` wrote for the url's port, if the url is this machine's loopback
+    and the file is there (None otherwise)."""
+    host, port = _host_port(url)
+    path = server_token_path(port)
+    if not is_loopback(host) or not path.is_file():
+        return None
+    return read_secret(path, f"the token file of gap serve on port {port} ({path})")
+
+
+def run_secret_file(url: str, run_id: str) -> Path:
+    """Where `gap submit` keeps the secret of `run_id` on the server at `url`."""
+    return run_secret_path(*_host_port(url), run_id)
+
+
+def store_run_secret(url: str, run_id: str, secret: str) -> Path:
+    return write_secret(run_secret_file(url, run_id), secret)
+
+
+def stored_run_secret(url: str, run_id: str) -> str | None:
+    path = run_secret_file(url, run_id)
+    return read_secret(path, f"the run secret file {path}") if path.is_file() else None
+
+
 def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
@@ -57,11 +93,17 @@ def _connect(url: str, path: str, token: str | None):
     target = _base(url, "ws") + path
     try:
         return connect(
-            target, additional_headers=_headers(token), max_size=MAX_FRAME_BYTES, compression=None
+            target,
+            additional_headers=_headers(token),
+            max_size=MAX_FRAME_BYTES,
+            max_queue=MAX_QUEUED_FRAMES,
+            compression=None,
         )
     except InvalidStatus as exc:
         code = exc.response.status_code
         why = "missing or wrong token (--token-file)" if code == 401 else f"HTTP {code}"
+        if code == 403:  # a door's own one-line reason
+            why = exc.response.body.decode(errors="replace").strip() or why
         raise ServiceError(f"{_base(url, 'http')} refused the connection: {why}") from None
     except OSError as exc:
         raise ServiceError(f"cannot reach the evaluation server at {url}: {exc}") from None
@@ -97,7 +139,9 @@ def run_status(url: str, run_id: str, token: str | None = None) -> RunStatus:
 
 
 class EvalClient:
-    """One worker of a run: attach, answer observations until the server says finished."""
+    """One worker of a run: attach, answer observations until the server says finished. A token
+    or run secret not given is found as `gap eval` finds it (`local_token`,
+    `stored_run_secret`)."""
 
     def __init__(
         self,
@@ -108,14 +152,19 @@ class EvalClient:
         token: str | None = None,
         smoke: bool = False,
         metadata: dict | None = None,
+        run_secret: str | None = None,
     ):
-        self.url, self.token = url, token
+        self.url = url
+        self.token = token if token is not None else local_token(url)
+        if run_secret is None:
+            run_secret = stored_run_secret(url, run_id)
         self.hello = Hello(
             run_id=run_id,
             worker_id=worker_id,
             smoke=smoke,
             host=socket.gethostname(),
             metadata=metadata or {},
+            run_secret=run_secret or "",
         )
         self.answered = 0
 

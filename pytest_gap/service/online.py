@@ -9,16 +9,31 @@ controls only its owner's tasks (others answer 404); a wrong or missing token an
 are never logged, written under the runs dir, or put on a command line.
 
     POST /tasks {model_name, benchmark_set, idempotency_key?}  -> Task (201 new, 200 existing)
-    GET  /tasks                                                -> [Task] (the owner's)
+    GET  /tasks[?offset=K&limit=N]                             -> [Task] (the owner's, oldest
+                                                                  first; X-Total-Count: all)
     GET  /tasks/<task id>                                      -> Task
+
+A ready task carries its run's secret (`run_secret`, beside `endpoint`): its owner's client
+presents it to attach. The task servers get the allow-listed environment (doors.child_env) and
+their token: no operator API key reaches them.
+
+Limits (`Limits`; everything from the network is untrusted and must not hold the platform): each
+owner has at most `max_tasks_per_owner` tasks queued or ready (429) and the platform at most
+`max_queued` queued (503); a ready task no client attaches to within `attach_timeout_s` ends as
+`expired` and gives its place back; each owner's ended tasks are kept for `keep_ended` (older
+ones are forgotten; their run dirs stay); a body needs a Content-Length of at most MAX_BODY_BYTES
+(411/400/413 before anything is read); a connection idle for `request_timeout_s` is closed
+(408), and at most `max_connections` are served at once (503 beyond).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import os
+import re
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -28,19 +43,43 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Literal
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, Field, ValidationError
 
 from pytest_gap.bind import LOOPBACK, exposure_notice
+from pytest_gap.doors import bearer, child_env, new_secret, same_secret
 from pytest_gap.errors import GapError
 from pytest_gap.policies.manager import free_port
-from pytest_gap.service.protocol import RUNS_PATH, TOKEN_ENV
+from pytest_gap.service.protocol import RUN_SECRET_ENV, RUNS_PATH, TOKEN_ENV
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0  # how often running tasks are asked whether their run finished
-MAX_BODY_BYTES = 64 * 1024
+MAX_BODY_BYTES = 64 * 1024  # a task request is a few hundred bytes
+MAX_LIST = 200  # tasks in one GET /tasks answer (`limit` at most this)
+LENGTH_RE = re.compile(r"[0-9]{1,12}")  # int() would take "-1", " 1 ", "+1", "1_0"
 
-TaskState = Literal["queued", "ready", "finished", "failed"]
+TaskState = Literal["queued", "ready", "finished", "failed", "expired"]
+LIVE: tuple[TaskState, ...] = ("queued", "ready")  # what holds (or waits for) a place
+
+
+class Limits(BaseModel):
+    """What one owner, and the network, may take of the platform (`gap online serve` options)."""
+
+    max_tasks_per_owner: int = Field(default=4, ge=1)
+    max_queued: int = Field(default=32, ge=1)
+    attach_timeout_s: float = Field(default=300.0, gt=0)
+    request_timeout_s: float = Field(default=10.0, gt=0)
+    max_connections: int = Field(default=64, ge=1)
+    keep_ended: int = Field(default=100, ge=1)
+
+
+class Refused(GapError):
+    """A task the platform will not take now; `status` is the HTTP answer (429 or 503)."""
+
+    def __init__(self, status: HTTPStatus, message: str):
+        super().__init__(message)
+        self.status = status
 
 
 class TaskRequest(BaseModel):
@@ -55,6 +94,7 @@ class Task(BaseModel):
     benchmark_set: str
     state: TaskState
     endpoint: str | None = None  # the evaluation server, once ready
+    run_secret: str | None = None  # what attaching to the task's run needs, once ready
     created_at: float
     ready_at: float | None = None
     finished_at: float | None = None
@@ -67,6 +107,8 @@ class _Entry(BaseModel):
     token: str  # the owner's token: its evaluation server asks for it (kept in memory only)
     key: str  # idempotency key: a retried submit finds the pending task
     port: int | None = None
+    ready_since: float | None = None  # time.monotonic() when it became ready
+    attached: bool = False  # a client has attached to its evaluation server
 
 
 def load_tokens(path: Path) -> dict[str, str]:
@@ -108,12 +150,17 @@ def load_sets(path: Path) -> dict[str, Path]:
 
 class Platform:
     def __init__(
-        self, runs_dir: Path, sets: dict[str, Path], tokens: dict[str, str], capacity: int
+        self,
+        runs_dir: Path,
+        sets: dict[str, Path],
+        tokens: dict[str, str],
+        capacity: int,
+        limits: Limits | None = None,
     ):
         if capacity < 1:
             raise GapError(f"--capacity {capacity}: give at least 1")
         self.runs_dir, self.sets, self.tokens = runs_dir.resolve(), sets, tokens
-        self.capacity = capacity
+        self.capacity, self.limits = capacity, limits or Limits()
         self.entries: dict[str, _Entry] = {}
         self.servers: dict[str, subprocess.Popen] = {}
         self.lock = threading.Lock()
@@ -128,9 +175,11 @@ class Platform:
         key = request.idempotency_key or f"{request.model_name}\0{request.benchmark_set}"
         with self.lock:
             for entry in self.entries.values():
-                live = entry.task.state in ("queued", "ready")
+                live = entry.task.state in LIVE
                 if entry.owner == owner and entry.key == key and live:
                     return entry.task, False
+            self._admit(owner)
+            self._forget(owner)
             task_id = f"t{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
             task = Task(
                 task_id=task_id,
@@ -140,12 +189,43 @@ class Platform:
                 created_at=time.time(),
             )
             self.entries[task_id] = _Entry(task=task, owner=owner, key=key, token=token)
-        self._schedule()
+        # started beside the request, not in it: bringing a server up takes seconds to minutes,
+        # and the client's answer (its task, queued) should not wait for that
+        threading.Thread(target=self._schedule, name="gap-online-start", daemon=True).start()
         return task, True
 
-    def visible(self, owner: str) -> list[Task]:
+    def _admit(self, owner: str) -> None:
+        """Refuse a new task over the owner's quota or the platform's queue (lock held): one
+        token holder cannot fill the queue, and no one can grow it without bound."""
+        mine = sum(e.owner == owner and e.task.state in LIVE for e in self.entries.values())
+        if mine >= self.limits.max_tasks_per_owner:
+            raise Refused(
+                HTTPStatus.TOO_MANY_REQUESTS,
+                f"owner {owner} has {mine} tasks queued or ready, the most "
+                f"--max-tasks-per-owner ({self.limits.max_tasks_per_owner}) allows; wait for "
+                "one to end, then submit",
+            )
+        queued = sum(e.task.state == "queued" for e in self.entries.values())
+        if queued >= self.limits.max_queued:
+            raise Refused(
+                HTTPStatus.SERVICE_UNAVAILABLE,
+                f"the platform's queue is full ({queued} tasks queued, --max-queued "
+                f"{self.limits.max_queued}); submit again later",
+            )
+
+    def _forget(self, owner: str) -> None:
+        """Drop the owner's oldest ended tasks beyond `keep_ended` (lock held): the task list,
+        and the platform's memory, stay bounded however long it runs."""
+        ended = [e for e in self.entries.values() if e.owner == owner and e.task.state not in LIVE]
+        ended.sort(key=lambda e: e.task.created_at)
+        for entry in ended[: max(0, len(ended) - self.limits.keep_ended)]:
+            del self.entries[entry.task.task_id]
+
+    def visible(self, owner: str, offset: int = 0, limit: int = MAX_LIST) -> tuple[list[Task], int]:
+        """One page of the owner's tasks, oldest first, and how many it has in all."""
         with self.lock:
-            return [e.task for e in self.entries.values() if e.owner == owner]
+            tasks = [e.task for e in self.entries.values() if e.owner == owner]
+        return tasks[offset : offset + limit], len(tasks)
 
     def get(self, owner: str, task_id: str) -> Task | None:
         with self.lock:
@@ -183,9 +263,14 @@ class Platform:
         log_file = open(runs / "serve.log", "ab")  # noqa: SIM115 (the server's whole life)
         # The task's server takes its owner's token, through the environment: not argv (ps),
         # not a file in the runs dir.
-        env = {**os.environ, TOKEN_ENV: entry.token}
+        # The set's config is the operator's: the server schedules it at start (`--config`),
+        # trusted, not through the public submit a tenant's config takes; its run secret is
+        # chosen here and handed over the same way as the token.
+        run_secret = new_secret()
+        env = child_env({TOKEN_ENV: entry.token, RUN_SECRET_ENV: run_secret})
+        config = ["--config", str(self.sets[task.benchmark_set]), "--run-id", task.task_id]
         server = subprocess.Popen(
-            [*gap, "serve", "--port", str(port), "--runs-dir", str(runs)],
+            [*gap, "serve", "--port", str(port), "--runs-dir", str(runs), *config],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
@@ -193,26 +278,10 @@ class Platform:
         log_file.close()
         endpoint = f"http://{LOOPBACK}:{port}"
         try:
-            _wait_up(endpoint, server)
-            subprocess.run(
-                [
-                    *gap,
-                    "submit",
-                    str(self.sets[task.benchmark_set]),
-                    "--run-id",
-                    task.task_id,
-                    "--port",
-                    str(port),
-                ],
-                check=True,
-                capture_output=True,
-                text=True,
-                timeout=120,
-                env=env,
-            )
-        except (OSError, subprocess.SubprocessError, GapError) as exc:
+            _wait_up(endpoint, server, runs / "serve.log")
+        except (OSError, GapError) as exc:
             server.kill()
-            detail = getattr(exc, "stderr", None) or str(exc)
+            detail = str(exc)
             with self.lock:
                 task.state, task.error = "failed", f"the evaluation server did not start: {detail}"
             log.warning("task %s failed to start: %s", task.task_id, detail.strip())
@@ -221,38 +290,59 @@ class Platform:
             self.servers[task.task_id] = server
             entry.port = port
             task.state, task.endpoint, task.ready_at = "ready", endpoint, time.time()
+            task.run_secret = run_secret
+            entry.ready_since = time.monotonic()
         log.info("task %s ready at %s", task.task_id, endpoint)
 
     def watch(self) -> None:
-        """Until stopped: retire tasks whose run finished (or whose server died), then schedule."""
+        """Until stopped: retire tasks whose run finished (or whose server died, or that no
+        client attached to in time), then schedule."""
         while not self.stopped.wait(POLL_S):
             with self.lock:
                 ready = [e for e in self.entries.values() if e.task.state == "ready"]
             for entry in ready:
-                done, error = self._finished(entry)
-                if done:
-                    self._retire(entry, error)
+                ended = self._ended(entry)
+                if ended is not None:
+                    self._retire(entry, *ended)
             self._schedule()
 
-    def _finished(self, entry: _Entry) -> tuple[bool, str | None]:
+    def _ended(self, entry: _Entry) -> tuple[TaskState, str | None] | None:
+        """How a ready task ended (its state and why), or None while it is still running."""
         server = self.servers.get(entry.task.task_id)
         if server is not None and server.poll() is not None:
-            return True, f"its evaluation server exited with status {server.returncode}"
+            return "failed", f"its evaluation server exited with status {server.returncode}"
+        status = self._run_status(entry)
+        if status.get("state") == "finished":
+            return "finished", None
+        if status.get("workers") or status.get("state") not in (None, "waiting for clients"):
+            entry.attached = True
+        waited = time.monotonic() - (entry.ready_since or time.monotonic())
+        if not entry.attached and waited > self.limits.attach_timeout_s:
+            # a place nobody uses holds up the queue: give it back
+            return "expired", (
+                f"no client attached within {self.limits.attach_timeout_s:g} s of it being "
+                "ready (--attach-timeout-s); submit it again when the client can start"
+            )
+        return None
+
+    def _run_status(self, entry: _Entry) -> dict:
+        """The task's run status from its evaluation server ({} when it does not answer)."""
         url = f"{entry.task.endpoint}{RUNS_PATH}{entry.task.task_id}"
         request = urllib.request.Request(url, headers={"Authorization": f"Bearer {entry.token}"})
         try:
             with urllib.request.urlopen(request, timeout=5) as answer:
-                return json.loads(answer.read()).get("state") == "finished", None
-        except OSError:
-            return False, None
+                status = json.loads(answer.read())
+        except (OSError, ValueError):
+            return {}
+        return status if isinstance(status, dict) else {}
 
-    def _retire(self, entry: _Entry, error: str | None) -> None:
+    def _retire(self, entry: _Entry, state: TaskState, error: str | None) -> None:
         server = self.servers.pop(entry.task.task_id, None)
         if server is not None and server.poll() is None:
             server.terminate()
             server.wait(timeout=30)
         with self.lock:
-            entry.task.state = "failed" if error else "finished"
+            entry.task.state = state
             entry.task.error, entry.task.finished_at = error, time.time()
         log.info("task %s %s", entry.task.task_id, entry.task.state)
 
@@ -264,11 +354,15 @@ class Platform:
                 server.wait(timeout=30)
 
 
-def _wait_up(endpoint: str, server: subprocess.Popen, timeout_s: float = 60) -> None:
+def _wait_up(endpoint: str, server: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise GapError(f"gap serve exited with status {server.returncode}")
+            try:  # its last line says why (a set's config it refused, a port taken)
+                why = (log.read_text(errors="replace").strip().splitlines() or [""])[-1]
+            except OSError:
+                why = ""
+            raise GapError(f"gap serve exited with status {server.returncode}: {why}")
         try:
             urllib.request.urlopen(f"{endpoint}/healthz", timeout=1)
             return
@@ -277,24 +371,97 @@ def _wait_up(endpoint: str, server: subprocess.Popen, timeout_s: float = 60) -> 
     raise GapError(f"gap serve did not answer at {endpoint} within {timeout_s:g} s")
 
 
+def _page(query: str) -> tuple[int, int]:
+    """(offset, limit) of `GET /tasks?offset=K&limit=N`; GapError naming the bad one."""
+    values = parse_qs(query)
+    page = []
+    for name, low, high, default in (("offset", 0, 10**9, 0), ("limit", 1, MAX_LIST, MAX_LIST)):
+        text = values.get(name, [str(default)])[-1]
+        if not LENGTH_RE.fullmatch(text) or not low <= int(text) <= high:
+            raise GapError(f"{name} {text[:20]!r}: give an integer from {low} to {high}")
+        page.append(int(text))
+    return page[0], page[1]
+
+
+def _content_length(headers) -> int:
+    """The body's declared size, before a byte of it is read; Refused (411/400/413) unless it
+    is one plain number within MAX_BODY_BYTES: a negative or huge one would have the handler
+    read for ever, or into memory, on the sender's word."""
+    if headers.get("Transfer-Encoding"):
+        raise Refused(
+            HTTPStatus.LENGTH_REQUIRED,
+            "Transfer-Encoding: not taken; send the JSON body with a Content-Length",
+        )
+    values = headers.get_all("Content-Length") or []
+    if not values:
+        raise Refused(
+            HTTPStatus.LENGTH_REQUIRED,
+            f"Content-Length: required; send the JSON body's size (at most {MAX_BODY_BYTES})",
+        )
+    text = values[0].strip()
+    if len(set(values)) > 1 or not LENGTH_RE.fullmatch(text):
+        raise Refused(
+            HTTPStatus.BAD_REQUEST,
+            f"Content-Length {', '.join(values)[:40]!r}: give one size in bytes, 0 to "
+            f"{MAX_BODY_BYTES}",
+        )
+    if int(text) > MAX_BODY_BYTES:
+        raise Refused(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            f"Content-Length {text[:20]}: a task request is at most {MAX_BODY_BYTES} bytes",
+        )
+    return int(text)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def handler_for(platform: Platform) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def _send(self, status: HTTPStatus, body) -> None:
+        # each read and write on the connection; `setup` adds a deadline for the whole request
+        # (a client dripping a byte a second never trips a per-read timeout)
+        timeout = platform.limits.request_timeout_s
+        cut_off = False  # the request deadline passed: reading stopped
+
+        def setup(self) -> None:
+            super().setup()
+            self.deadline = threading.Timer(self.timeout, self._cut)
+            self.deadline.daemon = True
+            self.deadline.start()
+
+        def _cut(self) -> None:
+            """Stop reading (a blocked read returns end of file); the answer can still go out.
+            One request per connection (HTTP/1.0), so this bounds a connection's thread."""
+            self.cut_off = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RD)
+
+        def finish(self) -> None:
+            self.deadline.cancel()
+            super().finish()
+
+        def _send(self, status: HTTPStatus, body, headers: dict[str, str] | None = None) -> None:
             data = (json.dumps(body) + "\n").encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
 
+        def _error(self, status: HTTPStatus, message: str) -> None:
+            self._send(status, {"error": _one_line(message)})
+
         def _owner(self) -> tuple[str, str] | None:
             """(owner, token) of the request's bearer token; None after answering 401."""
-            header = self.headers.get("Authorization", "")
-            token = header[len("Bearer ") :] if header.startswith("Bearer ") else ""
-            # constant time per token: a timing probe learns nothing about valid prefixes
-            matches = [o for t, o in platform.tokens.items() if secrets.compare_digest(t, token)]
+            token = bearer(self.headers) or ""
+            # constant time per token, on bytes: a timing probe learns nothing about valid
+            # prefixes, and a non-ASCII header is a 401 like any wrong token
+            matches = [o for t, o in platform.tokens.items() if same_secret(token, t)]
             if not matches:
-                self._send(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
+                self._error(HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token")
                 return None
             return matches[0], token
 
@@ -303,38 +470,66 @@ def handler_for(platform: Platform) -> type[BaseHTTPRequestHandler]:
             if caller is None:
                 return
             owner = caller[0]
-            if self.path.rstrip("/") == "/tasks":
-                return self._send(
-                    HTTPStatus.OK, [t.model_dump(mode="json") for t in platform.visible(owner)]
-                )
-            if self.path.startswith("/tasks/"):
-                task = platform.get(owner, self.path[len("/tasks/") :])
+            url = urlsplit(self.path)
+            if url.path.rstrip("/") == "/tasks":
+                try:
+                    offset, limit = _page(url.query)
+                except GapError as exc:
+                    return self._error(HTTPStatus.BAD_REQUEST, str(exc))
+                tasks, total = platform.visible(owner, offset, limit)
+                body = [t.model_dump(mode="json") for t in tasks]
+                return self._send(HTTPStatus.OK, body, {"X-Total-Count": str(total)})
+            if url.path.startswith("/tasks/"):
+                task = platform.get(owner, url.path[len("/tasks/") :])
                 if task is None:
-                    return self._send(HTTPStatus.NOT_FOUND, {"error": "no such task"})
+                    return self._error(HTTPStatus.NOT_FOUND, "no such task")
                 return self._send(HTTPStatus.OK, task.model_dump(mode="json"))
-            self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}"})
+            self._error(HTTPStatus.NOT_FOUND, f"no such path {url.path[:200]}")
 
         def do_POST(self) -> None:
+            # once a body is refused unread, the connection cannot carry another request
+            self.close_connection = True
             caller = self._owner()
             if caller is None:
                 return
             owner, token = caller
-            if self.path.rstrip("/") != "/tasks":
-                return self._send(HTTPStatus.NOT_FOUND, {"error": f"no such path {self.path}"})
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                return self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": "body too big"})
+            if urlsplit(self.path).path.rstrip("/") != "/tasks":
+                return self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path[:200]}")
             try:
-                request = TaskRequest.model_validate_json(self.rfile.read(length) or b"{}")
+                body = self._body()
+                request = TaskRequest.model_validate_json(body or b"{}")
                 task, created = platform.create(owner, token, request)
+            except Refused as exc:
+                return self._error(exc.status, str(exc))
             except ValidationError as exc:
                 first = exc.errors()[0]
                 where = ".".join(str(x) for x in first["loc"]) or "body"
-                return self._send(HTTPStatus.BAD_REQUEST, {"error": f"{where}: {first['msg']}"})
+                return self._error(HTTPStatus.BAD_REQUEST, f"{where}: {first['msg']}")
             except GapError as exc:
-                return self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+                return self._error(HTTPStatus.BAD_REQUEST, str(exc))
             status = HTTPStatus.CREATED if created else HTTPStatus.OK
             self._send(status, task.model_dump(mode="json"))
+
+        def _body(self) -> bytes:
+            """The request body, read only after its Content-Length passed; Refused (408) when
+            it does not all arrive within the request timeout."""
+            length = _content_length(self.headers)
+            try:
+                body = self.rfile.read(length)
+            except TimeoutError:
+                body, self.cut_off = b"", True
+            if len(body) < length and self.cut_off:
+                raise Refused(
+                    HTTPStatus.REQUEST_TIMEOUT,
+                    f"body: not all {length} bytes arrived within {self.timeout:g} s; send it "
+                    "whole",
+                )
+            if len(body) < length:
+                raise Refused(
+                    HTTPStatus.BAD_REQUEST,
+                    f"body: {len(body)} of the {length} bytes Content-Length announced",
+                )
+            return body
 
         def log_message(self, format: str, *args) -> None:
             pass  # request lines carry no token, but nothing here needs them either
@@ -342,8 +537,58 @@ def handler_for(platform: Platform) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most `max_connections` at once: beyond that a connection is
+    answered 503 and closed at once, so a flood of slow clients cannot pile up threads."""
+
+    def __init__(self, address: tuple[str, int], handler, max_connections: int):
+        self.slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max_connections
+        # the kernel's accept queue (socketserver's default is 5): connections past it wait
+        # unseen for retransmits, so a flood would look like a platform that does not answer
+        self.request_queue_size = 2 * max_connections
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self.slots.acquire(blocking=False):
+            self._turn_away(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def _turn_away(self, request: socket.socket) -> None:
+        body = (
+            json.dumps(
+                {
+                    "error": f"the platform is serving its {self.max_connections} connections; "
+                    "try again shortly"
+                }
+            )
+            + "\n"
+        ).encode()
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        try:
+            request.settimeout(1.0)
+            request.sendall(head + body)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+
 def make_platform_server(platform: Platform, host: str, port: int) -> ThreadingHTTPServer:
     notice = exposure_notice("the platform", host)
     if notice:
         log.warning(notice)
-    return ThreadingHTTPServer((host, port), handler_for(platform))
+    return _BoundedServer((host, port), handler_for(platform), platform.limits.max_connections)

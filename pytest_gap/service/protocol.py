@@ -7,42 +7,54 @@ Data plane, websocket path `/episodes`, frames in msgpack-numpy (policies/wire.p
 pickle): the client's `Hello`; then, for as long as the run has episodes for it, the server
 sends `{"type": "obs", "obs": ...}` and the client answers `{"type": "reply", "reply": ...}`
 (what its policy answered, actions or a chunk, in the run's obs_format); finally the server
-sends `{"type": "finished", ...}` and closes. Bearer token, when the server has one: the
-`Authorization` header of every request and websocket handshake.
+sends `{"type": "finished", ...}` and closes. Bearer token, when the server has one (it
+makes one unless started with --no-token): the `Authorization` header of every request and
+websocket handshake. Run secret: made at submit, returned once in `Submitted.run_secret` (the
+server keeps only its SHA-256), presented in `Hello.run_secret`; without it no client attaches
+to the run, so holders of one server token cannot answer each other's episodes.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
+
+from pytest_gap.names import check_name
 
 EPISODES_PATH = "/episodes"
 CONTROL_PATH = "/control"
 RUNS_PATH = "/runs/"
-RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+MAX_WORKER_ID = 1_000_000  # far above any fleet; an id is a slot thread's and a record's name
 SplitName = Literal["val_train", "val_unseen", "test"]
 HELD_OUT: SplitName = "test"  # its seeds stay on the server: status names no trial of it
 SMOKE_DIR = "smoke"  # fake-action episodes: recorded here, never folded into a rate
 TOKEN_ENV = "GAP_TOKEN"  # the bearer token, for `gap serve` and clients without --token-file
+RUN_SECRET_ENV = "GAP_RUN_SECRET"  # a run's secret, for `gap eval` without --run-secret-file
+MAX_SECRET_CHARS = 200
 
 
 def check_run_id(run_id: str) -> str:
-    """A run id names a directory on the server: letters, digits, `_`, `.`, `-`."""
-    if not re.match(RUN_ID_PATTERN, run_id):
-        raise ValueError(
-            f"run id {run_id!r}: use letters, digits, '_', '.' and '-' (at most 100, starting "
-            "with a letter or digit)"
-        )
-    return run_id
+    """A run id names a directory on the server: the one name pattern of names.py."""
+    return check_name(run_id, "run id")
+
+
+def _config_name(name: str) -> str:
+    """The submitted YAML's file name: it heads every message and record of the run, so it is
+    one printable line, and no path."""
+    if not (0 < len(name) <= 200 and name.isprintable() and not {"/", "\\"} & set(name)):
+        raise ValueError("give the config's file name (printable, at most 200 characters, no '/')")
+    return name
+
+
+RunId = Annotated[str, AfterValidator(check_run_id)]
 
 
 class Submit(BaseModel):
     op: Literal["submit"] = "submit"
-    run_id: str = Field(pattern=RUN_ID_PATTERN)
-    config_name: str  # the YAML's file name, for records and messages
-    config_text: str
+    run_id: RunId
+    config_name: Annotated[str, AfterValidator(_config_name)]  # for records and messages
+    config_text: str  # read as a file is (config.read_yaml_text), never imported
 
 
 class Submitted(BaseModel):
@@ -50,14 +62,16 @@ class Submitted(BaseModel):
     created: bool  # False: the same run was already submitted (nothing added)
     trials: int
     message: str
+    run_secret: str | None = None  # made when the run is created; never sent again
 
 
 class Hello(BaseModel):
-    run_id: str = Field(pattern=RUN_ID_PATTERN)
-    worker_id: int = Field(ge=0)
+    run_id: RunId
+    worker_id: int = Field(ge=0, le=MAX_WORKER_ID)
     smoke: bool = False  # fake actions: a connectivity check, not an evaluation
-    host: str = ""  # where the client runs, for the run's records
+    host: str = Field("", max_length=255)  # where the client runs, for the run's records
     metadata: dict = {}  # the policy server's metadata frame, if the client bridges one
+    run_secret: str = Field(default="", max_length=MAX_SECRET_CHARS)  # what submit returned
 
 
 class WorkerStatus(BaseModel):

@@ -1,21 +1,49 @@
 """The server's runs, on disk: `<runs dir>/<run id>/` holds the submitted config (config.yaml),
-the run's card (service.json) and the trial records in the harness's layout. Which trials are
+the run's card (service.json: the run secret's SHA-256, never the secret) and the trial records
+in the harness's layout. Which trials are
 saved is read from the records, so a server restarted on the same runs dir resumes every run
-where it stood; which are in progress lives in memory only (a restart hands them out again)."""
+where it stood; which are in progress lives in memory only (a restart hands them out again).
+
+Two doors lead in. `submit` is the public one (`/control`, any token holder): its config is
+data, read as a file is (config.read_yaml_text) and held to the config's remote profile (no
+imports, no paths, no commands) before anything is added to it. `register` is the operator's
+(`gap serve --config`, which `gap online` uses for its benchmark sets): a config file on the
+server, trusted as any config file a session runs. A run's card says which door it came by, so
+a restarted server reads each config again as it was first read.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
-from pytest_gap.config import BenchmarkConfig, ConfigError, parse_config
-from pytest_gap.errors import GapError
+from pytest_gap.config import (
+    BenchmarkConfig,
+    ConfigError,
+    Profile,
+    parse_config,
+    read_yaml_text,
+    remote_problems,
+)
+from pytest_gap.doors import new_secret, same_secret
+from pytest_gap.errors import GapError, one_line
+from pytest_gap.names import inside
 from pytest_gap.plan import Cell, Trial, all_trials, plan
 from pytest_gap.policies.endpoint import PolicyEndpoint
+from pytest_gap.producers.templates import template_names
 from pytest_gap.report import RunSummary, fold_run
 from pytest_gap.results import TrialResult, now_iso, read_result, scan_results, write_json
 from pytest_gap.service.protocol import SMOKE_DIR, SplitName, Submit, Submitted
@@ -25,6 +53,13 @@ CONFIG_FILE = "config.yaml"
 SERVICE_FILE = "service.json"
 SERVICE_MODE = "policy_only"  # a remote client's policy acts alone, from the arm's home pose
 MAX_ATTEMPTS = 3  # runs of one trial that the harness could not score before it gives up
+SECRET_DIGEST = "run_secret_sha256"  # the card's key for the run secret's digest
+
+
+def secret_digest(secret: str) -> str:
+    """What the card keeps of a run secret: its SHA-256 (the secret is 256 random bits, so the
+    digest needs no salt and gives nothing away to a reader of the runs dir)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 class RunRefused(GapError):
@@ -32,17 +67,36 @@ class RunRefused(GapError):
 
 
 class Split(BaseModel):
-    """A split the server holds: its seeds are the server's alone (clients never see them)."""
+    """A split the server holds: what a run of it measures is the server's alone. Its seeds
+    (clients never see them), its tasks (None: the benchmark's default tasks), its step limit
+    (None: each suite's protocol limit) and its template. A submission under `split:` names
+    the policy and the suite; none of these."""
 
     model_config = ConfigDict(extra="forbid")
     seeds: list[int] = Field(min_length=1)
+    task_ids: list[int] | None = Field(default=None, min_length=1)
+    max_steps: PositiveInt | None = None
+    template: str = "policy_only"
+
+    @field_validator("template")
+    @classmethod
+    def _shipped(cls, template: str) -> str:
+        if template not in template_names():
+            raise ValueError(f"{template!r} is no shipped template; use one of {template_names()}")
+        return template
 
 
 Splits = dict[SplitName, Split]
+# What a split decides; a submission under `split:` that sets one of them is refused, by name.
+SPLIT_DECIDES = {
+    "benchmark": ("seeds", "n_seeds", "task_ids", "n_tasks", "mode_overrides"),
+    "trials": ("max_steps",),
+}
 
 
 def load_splits(path: Path) -> Splits:
-    """`gap serve --splits FILE`: {val_train|val_unseen|test: {seeds: [...]}}."""
+    """`gap serve --splits FILE`: {val_train|val_unseen|test: {seeds: [...], task_ids: [...],
+    max_steps: N, template: NAME}} (seeds required)."""
     try:
         data = yaml.safe_load(path.read_text())
         return TypeAdapter(Splits).validate_python(data or {})
@@ -51,42 +105,66 @@ def load_splits(path: Path) -> Splits:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
-        raise GapError(f"--splits {path}: {where}: {first['msg']}") from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise GapError(f"--splits {path}: {where}: {message}") from None
 
 
 def _with_split(data: dict, name: str, splits: Splits) -> tuple[dict, str | None]:
-    """The config data with the server's seeds of its `split:`, and the split's name."""
+    """The config data with what the server's split of its `split:` decides (seeds, tasks,
+    step limit, template), and the split's name."""
     split = data.pop("split", None)
     if split is None:
         return data, None
-    if split not in splits:
+    if not isinstance(split, str) or split not in splits:
         have = ", ".join(splits) or "none"
         raise RunRefused(
-            f"{name}: split: {split} is not a split of this server (it has: {have}); ask for "
-            "one it has: a split is never substituted"
+            f"{name}: split: {one_line(str(split), 60)} is not a split of this server (it has: "
+            f"{have}); ask for one it has: a split is never substituted"
         )
     block = data.get("benchmark")
-    if not isinstance(block, dict) or block.get("seeds") is not None or "n_seeds" in block:
-        raise RunRefused(
-            f"{name}: split: {split} takes its seeds from the server; remove benchmark.seeds "
-            "and benchmark.n_seeds (and use a benchmark: grid)"
-        )
-    data["benchmark"] = {**block, "seeds": list(splits[split].seeds)}
+    if not isinstance(block, dict):
+        raise RunRefused(f"{name}: split: {split} runs a benchmark: grid; write one")
+    chosen = [
+        f"{name}: {section}.{key}: split: {split} decides it on this server; remove it"
+        for section, keys in SPLIT_DECIDES.items()
+        if isinstance(data.get(section), dict)
+        for key in keys
+        if key in data[section]
+    ]
+    if chosen:
+        raise RunRefused("\n".join(chosen))
+    chosen_split = splits[split]
+    block = {
+        **block,
+        "seeds": list(chosen_split.seeds),
+        "mode_overrides": {SERVICE_MODE: {"template": chosen_split.template}},
+    }
+    if chosen_split.task_ids is not None:
+        block["task_ids"] = list(chosen_split.task_ids)
+    data["benchmark"] = block
+    trials = data.get("trials", {})
+    if chosen_split.max_steps is not None and isinstance(trials, dict):  # else the model says
+        data["trials"] = {**trials, "max_steps": chosen_split.max_steps}
     return data, split
 
 
 def _config(
-    text: str, name: str, run_dir: Path, splits: Splits
+    text: str, name: str, base: Path, splits: Splits, profile: Profile = "remote"
 ) -> tuple[BenchmarkConfig, list[Cell], str | None]:
+    """The run's config and cells from its text. `remote` (a submission): the hardened reader,
+    then the remote profile on the data as submitted, then the split's additions; `file` (the
+    operator's config): as a session reads a config file, relative paths from `base`."""
     try:
-        data = yaml.safe_load(text)
+        data = read_yaml_text(text, name)
+        if profile == "remote" and isinstance(data, dict):
+            refused = remote_problems(data)
+            if refused:
+                raise ConfigError(name, refused)
         split = None
         if isinstance(data, dict):
             data, split = _with_split(dict(data), name, splits)
-        config = parse_config(data, name, base=run_dir)
+        config = parse_config(data, name, base=base, profile=profile)
         cells = plan(config)
-    except yaml.YAMLError as exc:
-        raise RunRefused(f"{name}: not valid YAML: {str(exc).splitlines()[0]}") from None
     except ConfigError as exc:
         raise RunRefused(str(exc)) from None
     modes = sorted({c.mode for c in cells})
@@ -97,6 +175,11 @@ def _config(
             f"[{SERVICE_MODE}] and benchmark.policies to one registry entry (got modes "
             f"{', '.join(modes)}; policies {', '.join(policies) or 'none'})"
         )
+    # A cell that cannot run (no template, no policy) would be handed out, fail, and be given
+    # up on: the run is refused now, with the cell's own reason.
+    unrunnable = sorted({c.error for c in cells if c.error})
+    if unrunnable:
+        raise RunRefused("\n".join(f"{name}: {error}" for error in unrunnable))
     return config, cells, split
 
 
@@ -105,8 +188,11 @@ class ServiceRun:
         self.run_dir = run_dir
         self.card = json.loads((run_dir / SERVICE_FILE).read_text())
         text = (run_dir / CONFIG_FILE).read_text()
+        # Only `register` writes a card that says trusted (with the config file's directory).
+        trusted = self.card.get("trusted") is True
+        base = Path(self.card["base"]) if trusted else run_dir
         self.config, self.cells, self.split = _config(
-            text, self.card["config_name"], run_dir, splits or {}
+            text, self.card["config_name"], base, splits or {}, "file" if trusted else "remote"
         )
         self.trials: dict[str, Trial] = {t.key: t for t in all_trials(self.cells)}
         self.policy_id: str = self.cells[0].policy_id
@@ -124,6 +210,14 @@ class ServiceRun:
     @property
     def run_id(self) -> str:
         return self.run_dir.name
+
+    def admits(self, run_secret: str) -> bool:
+        """Whether `run_secret` is the one this run was created with (constant time). A run
+        whose card holds no digest (made before run secrets) admits no one."""
+        digest = self.card.get(SECRET_DIGEST)
+        if not isinstance(digest, str) or not run_secret:
+            return False
+        return same_secret(secret_digest(run_secret), digest)
 
     def endpoint(self, url: str) -> PolicyEndpoint:
         """The run's policy as a trial reaches it: `url` (a worker's relay), the entry's
@@ -145,7 +239,7 @@ class ServiceRun:
     def finish(self, key: str) -> None:
         """A trial ended: saved if its record is scored, handed out again if not."""
         self.in_progress.pop(key, None)
-        result = read_result(self.run_dir / key)
+        result = read_result(inside(self.run_dir, key))
         if isinstance(result, TrialResult) and not result.errored:
             self.saved.add(key)
             return
@@ -179,8 +273,9 @@ class ServiceRun:
 
 
 def submit(runs_dir: Path, request: Submit, splits: Splits | None = None) -> Submitted:
-    """Schedule a config's trials under a run id; the same submission again adds nothing."""
-    run_dir = runs_dir / request.run_id
+    """Schedule a submitted config's trials under a run id (the public door: the config is
+    untrusted data, see the module's docstring); the same submission again adds nothing."""
+    run_dir = inside(runs_dir, request.run_id)
     if (run_dir / SERVICE_FILE).is_file():
         if (run_dir / CONFIG_FILE).read_text() != request.config_text:
             raise RunRefused(
@@ -193,24 +288,80 @@ def submit(runs_dir: Path, request: Submit, splits: Splits | None = None) -> Sub
             created=False,
             trials=len(run.trials),
             message=f"run {request.run_id} was already submitted ({len(run.trials)} trials, "
-            f"{len(run.saved)} saved); nothing added",
+            f"{len(run.saved)} saved); nothing added; its run secret went to the first submit "
+            "(lost? submit under a new run id)",
         )
     _, cells, split = _config(request.config_text, request.config_name, run_dir, splits or {})
+    return _create(run_dir, request.config_text, request.config_name, split, cells, {})
+
+
+def register(
+    runs_dir: Path,
+    run_id: str,
+    path: Path,
+    splits: Splits | None = None,
+    secret: str | None = None,
+) -> Submitted:
+    """Schedule the operator's own config file under `run_id` (`gap serve --config`): read as
+    a session reads a config file (skill packages, workflow dirs and the rest allowed),
+    relative paths from its directory. Never reached from the network. Registering the same
+    file again adds nothing; another config under a taken run id is refused. `secret` is the
+    run's secret when the operator chose it (gap online hands it to the task's owner), else a
+    new one, in the answer."""
+    run_dir = inside(runs_dir, run_id)
+    name = path.name
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunRefused(f"--config {path}: cannot read it: {exc}") from None
+    if (run_dir / SERVICE_FILE).is_file():
+        card = json.loads((run_dir / SERVICE_FILE).read_text())
+        if (run_dir / CONFIG_FILE).read_text() != text or card.get("trusted") is not True:
+            raise RunRefused(
+                f"--run-id {run_id} is taken by another config on this server; pick a new one"
+            )
+        run = ServiceRun(run_dir, splits)
+        return Submitted(
+            run_id=run_id,
+            created=False,
+            trials=len(run.trials),
+            message=f"run {run_id} was already registered ({len(run.saved)} of "
+            f"{len(run.trials)} trials saved); nothing added",
+        )
+    base = path.parent.resolve()
+    _, cells, split = _config(text, name, base, splits or {}, "file")
+    trusted = {"trusted": True, "base": str(base)}
+    return _create(run_dir, text, name, split, cells, trusted, secret)
+
+
+def _create(
+    run_dir: Path,
+    text: str,
+    name: str,
+    split: str | None,
+    cells: list[Cell],
+    extra: dict,
+    secret: str | None = None,
+) -> Submitted:
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(request.config_text)
+    (run_dir / CONFIG_FILE).write_text(text)
+    secret = secret or new_secret()  # the submitter's alone: attaching to the run needs it
     write_json(
         run_dir / SERVICE_FILE,
         {
-            "run_id": request.run_id,
-            "config_name": request.config_name,
+            "run_id": run_dir.name,
+            "config_name": name,
             "split": split,
             "submitted_at": now_iso(),
+            SECRET_DIGEST: secret_digest(secret),
+            **extra,
         },
     )
     n = len(all_trials(cells))
     return Submitted(
-        run_id=request.run_id,
+        run_id=run_dir.name,
         created=True,
         trials=n,
-        message=f"run {request.run_id}: {n} trials scheduled",
+        message=f"run {run_dir.name}: {n} trials scheduled",
+        run_secret=secret,
     )

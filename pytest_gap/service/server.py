@@ -9,6 +9,11 @@ trial does (runner.TrialRun: the mode's template, run_policy, the goal check, re
 trace), with the relay as the policy's server; every observation goes down the client's
 websocket and its reply comes back as the policy's answer. A client that goes away mid-episode
 breaks the relay: the trial is recorded as an infrastructure failure and handed out again.
+
+Doors: a browser's request is refused on every path (doors.py); the bearer token, when the
+server has one, guards every path but the health check; attaching to a run needs the run's
+secret (Hello.run_secret, checked against the digest in its card); a relay answers only
+connections that carry its own url token, which lives in this process alone.
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Response
 
 from pytest_gap.bind import LOOPBACK, exposure_notice
+from pytest_gap.doors import bearer, new_secret, refuse_browsers, same_secret
+from pytest_gap.errors import one_line
+from pytest_gap.names import is_name
 from pytest_gap.policies.server import PolicyServer
-from pytest_gap.policies.wire import HEALTH_PATH, packb, unpackb
+from pytest_gap.policies.wire import HEALTH_PATH, MAX_QUEUED_FRAMES, packb, unpackb
 from pytest_gap.report import format_tsv, summary_document
 from pytest_gap.results import now_iso, write_json
 from pytest_gap.service.protocol import (
@@ -50,6 +58,13 @@ log = logging.getLogger(__name__)
 REPLY_TIMEOUT_S = 300.0  # a client that has not answered an observation by then is gone
 MAX_FRAME_BYTES = 64 * 2**20
 IDLE_POLL_S = 0.5  # a worker with nothing to claim waits this long for episodes to come back
+
+
+def _first_error(exc: ValidationError) -> str:
+    """A malformed frame's first problem on one line, naming the field (never its value)."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "frame"
+    return f"{where}: {one_line(first['msg'].removeprefix('Value error, '), 300)}"
 
 
 class Relay:
@@ -122,6 +137,8 @@ class EvalServer:
         """The run, loaded from the runs dir the first time it is asked for (a restarted server
         resumes every run it finds there)."""
         if run_id not in self.runs:
+            if not is_name(run_id):  # a run id from a url path: never a path of its own
+                return None
             run_dir = self.runs_dir / run_id
             if not (run_dir / SERVICE_FILE).is_file() or run_dir.parent != self.runs_dir:
                 return None
@@ -160,7 +177,7 @@ class EvalServer:
 
     # -- control plane --------------------------------------------------------------------------
     def _authorized(self, headers: Headers) -> bool:
-        return self.token is None or headers.get("Authorization") == f"Bearer {self.token}"
+        return self.token is None or same_secret(bearer(headers), self.token)
 
     @staticmethod
     def _json(status: HTTPStatus, body: dict) -> Response:
@@ -171,6 +188,9 @@ class EvalServer:
         return Response(status.value, status.phrase, headers, data)
 
     def _http(self, connection: ServerConnection, request) -> Response | None:
+        refused = refuse_browsers(connection, request)
+        if refused is not None:
+            return refused
         path = urlsplit(request.path).path
         if path == HEALTH_PATH:
             return connection.respond(HTTPStatus.OK, "OK\n")
@@ -205,7 +225,7 @@ class EvalServer:
             request = Submit.model_validate(unpackb(await ws.recv(), "submission"))
             done = await asyncio.to_thread(submit, self.runs_dir, request, self.splits)
         except (ValidationError, ValueError, RunRefused) as exc:
-            message = str(exc).splitlines()[0] if isinstance(exc, ValidationError) else str(exc)
+            message = _first_error(exc) if isinstance(exc, ValidationError) else str(exc)
             await ws.send(packb({"ok": False, "error": message}))
             return
         self.runs.pop(request.run_id, None)  # reloaded from disk as submitted
@@ -219,7 +239,8 @@ class EvalServer:
         try:
             hello = Hello.model_validate(unpackb(await ws.recv(), "hello"))
         except (ValidationError, ValueError) as exc:
-            return await self._refuse(ws, f"the first frame must be a hello: {exc}")
+            why = _first_error(exc) if isinstance(exc, ValidationError) else str(exc)
+            return await self._refuse(ws, f"the first frame must be a hello: {why}")
         try:
             run = self.run(hello.run_id)
         except RunRefused as exc:
@@ -229,6 +250,13 @@ class EvalServer:
                 ws,
                 f"no run {hello.run_id} on this server; `gap submit CONFIG --run-id "
                 f"{hello.run_id}` first",
+            )
+        if not run.admits(hello.run_secret):
+            return await self._refuse(
+                ws,
+                f"run {hello.run_id}: missing or wrong run secret; give the one `gap submit` "
+                "returned (gap eval reads it from where gap submit wrote it, --run-secret-file "
+                "or GAP_RUN_SECRET)",
             )
         key = (hello.run_id, hello.worker_id)
         live = self.workers.get(key)
@@ -248,7 +276,10 @@ class EvalServer:
         self.workers[key] = status
         relay = Relay(ws, asyncio.get_running_loop(), self.reply_timeout_s)
         self.relays[key] = relay
-        policy = PolicyServer(relay, host=LOOPBACK, metadata=hello.metadata).start()
+        # The relay's url token keeps other local users off it: they can find its port only.
+        policy = PolicyServer(
+            relay, host=LOOPBACK, metadata=hello.metadata, url_token=new_secret()
+        ).start()
         # One thread per slot: its env's GL context lives and dies on it.
         slot = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gap-slot-{hello.worker_id}")
         from pytest_gap.sim.pool import EnvPool
@@ -361,6 +392,7 @@ class EvalServer:
             self.port,
             compression=None,
             max_size=MAX_FRAME_BYTES,
+            max_queue=MAX_QUEUED_FRAMES,  # one request in flight per connection, ever
             process_request=self._http,
         ) as server:
             self.port = server.sockets[0].getsockname()[1]

@@ -79,7 +79,12 @@ class SkillContext:
                 )
             if self.before_connect is not None:
                 self.before_connect(policy_id)
-            client = connect_policy(endpoint.url, endpoint.protocol, timeout_s=endpoint.timeout_s)
+            client = connect_policy(
+                endpoint.url,
+                endpoint.protocol,
+                timeout_s=endpoint.timeout_s,
+                **endpoint.client_options,
+            )
             self._clients[policy_id] = client
             self.served[policy_id] = metadata_digest(client.metadata)
         return self._clients[policy_id]

@@ -8,6 +8,7 @@ page finds videos, frame strips and perception images beside it (file:// or `--s
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections import deque
 from pathlib import Path
@@ -24,6 +25,9 @@ Outcome = Literal["success", "failed", "errored", "infra", "timeout"]
 SUMMARY = "summary.json"
 DAG_TRACE = "dag_trace.json"
 POLICY_WINDOW = "policy window"  # the event run_policy records per observation -> actions
+
+log = logging.getLogger(__name__)
+MAX_READ_BYTES = 64 * 1024 * 1024  # one trace, record or agent file (real ones: kB to a few MB)
 
 
 def outcome(result: TrialResult) -> Outcome:
@@ -191,14 +195,68 @@ def layered_layout(node_ids: list[str], edges: list[tuple[str, str]]) -> dict[st
 
 
 # -- reading ------------------------------------------------------------------------------------
-def _read_json(path: Path) -> Any:
+def _read_text(path: Path) -> str | None:
+    """A regular file's text, or None: a FIFO or device would block or never end, and a file
+    past MAX_READ_BYTES would be read whole into memory (a run dir is data, like a socket)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        if not path.is_file():
+            return None
+        if path.stat().st_size > MAX_READ_BYTES:
+            log.warning("gap viz: %s is over %d bytes; not read", path, MAX_READ_BYTES)
+            return None
+        return path.read_text(errors="replace")
+    except OSError:
         return None
 
 
-def _rel(path: Path | None, base: Path) -> str | None:
+def _read_json(path: Path) -> Any:
+    try:
+        text = _read_text(path)
+        return json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def inside(path: Path, root: Path) -> bool:
+    """Whether `path`, symlinks followed, lies in `root` (itself resolved)."""
+    try:
+        return path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a NUL byte
+        return False
+
+
+def confined(root: Path, rel: str | None, what: str = "path") -> Path | None:
+    """`root / rel` resolved, when `rel` is a relative path that stays in `root` (the run dir)
+    once `..` and symlinks are followed; else None, with one warning line naming it.
+
+    Paths in result.json are data a run dir (or whoever handed it over) wrote: an absolute one
+    or one that climbs out would make the report read, inline or link any file of the user's
+    (`/etc/passwd`, `../../.ssh`), so it is refused, not resolved."""
+    if not rel:
+        return None
+    root = root.resolve()
+    candidate = Path(rel)
+    if candidate.is_absolute() or not inside(root / candidate, root):
+        log.warning(
+            "gap viz: %s %r is not a path inside the run dir %s; not read or linked (record "
+            "paths relative to the run dir)",
+            what,
+            rel,
+            root,
+        )
+        return None
+    return (root / candidate).resolve()
+
+
+def _files(directory: Path, pattern: str) -> list[Path]:
+    """`directory`'s files matching `pattern` that resolve inside it: a symlink in a trace dir
+    pointing elsewhere is not read."""
+    root = directory.resolve()
+    return sorted(p for p in directory.glob(pattern) if p.is_file() and inside(p, root))
+
+
+def relative(path: Path | None, base: Path) -> str | None:
+    """`path` as the page links it from `base` (POSIX, `..` where needed); None if it is gone."""
     if path is None or not path.exists():
         return None
     return Path(os.path.relpath(path, base)).as_posix()
@@ -216,23 +274,47 @@ def _policy_windows(events: list[dict[str, Any]]) -> list[PolicyWindow]:
     ]
 
 
+def _dag_file(trace_dir: Path) -> Path | None:
+    found = _files(trace_dir, DAG_TRACE)
+    return found[0] if found else None
+
+
+def trace_images(trace_dir: Path) -> dict[int, list[Path]]:
+    """A trace dir's perception images by the node execution (seq) that looked at them."""
+    images: dict[int, list[Path]] = {}
+    for path in _files(trace_dir / "images", "*.png"):
+        head = path.name.split("_", 1)[0]
+        if head.isdigit():
+            images.setdefault(int(head), []).append(path)
+    return images
+
+
 def read_trace(trace_dir: Path, base: Path) -> TraceView | None:
     """The workflow graph of one trial as it ran: nodes with their executions (inputs,
     outputs, router decisions, perception images), edges with how often each was taken, the
-    skill events and the policy's per-window timing. None without a readable dag_trace.json."""
-    dag = _read_json(trace_dir / DAG_TRACE)
+    skill events and the policy's per-window timing. None without a readable dag_trace.json.
+    Only files that resolve inside `trace_dir` are read (the caller confines `trace_dir`)."""
+    dag_file = _dag_file(trace_dir)
+    dag = _read_json(dag_file) if dag_file else None
     if not isinstance(dag, dict) or not isinstance(dag.get("nodes"), list):
         return None
+    try:
+        return _trace_view(dag, trace_dir, base)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a field of the wrong type
+        log.warning("gap viz: %s: not a trace this harness wrote (%s); not shown", dag_file, exc)
+        return None
+
+
+def _trace_view(dag: dict[str, Any], trace_dir: Path, base: Path) -> TraceView:
     io: dict[int, dict[str, Any]] = {}
-    for path in sorted((trace_dir / "nodes").glob("*.json")):
+    for path in _files(trace_dir / "nodes", "*.json"):
         record = _read_json(path)
         if isinstance(record, dict) and isinstance(record.get("seq"), int):
             io[record["seq"]] = record
-    images: dict[int, list[str]] = {}
-    for path in sorted((trace_dir / "images").glob("*.png")):
-        head = path.name.split("_", 1)[0]
-        if head.isdigit():
-            images.setdefault(int(head), []).append(_rel(path, base) or "")
+    images = {
+        seq: [relative(p, base) or "" for p in paths]
+        for seq, paths in trace_images(trace_dir).items()
+    }
     raw_nodes = [n for n in dag["nodes"] if isinstance(n, dict) and "id" in n]
     raw_edges = [e for e in dag.get("edges", []) if isinstance(e, dict)]
     edges = [
@@ -293,10 +375,8 @@ def read_trace(trace_dir: Path, base: Path) -> TraceView | None:
 
 def read_agents(directory: Path) -> list[AgentTurn]:
     """The LLM agents' recorded prompts and answers, in the order they were written."""
-    return [
-        AgentTurn(name=p.stem, text=p.read_text(errors="replace"))
-        for p in sorted(directory.glob("*.json"))
-    ]
+    texts = ((p, _read_text(p)) for p in _files(directory, "*.json"))
+    return [AgentTurn(name=p.stem, text=text) for p, text in texts if text is not None]
 
 
 def _cell_view(cell: dict[str, Any]) -> CellView:
@@ -335,6 +415,17 @@ def _cell_view(cell: dict[str, Any]) -> CellView:
         error=cell.get("error"),
         tasks=tasks,
     )
+
+
+def _cell_views(raw_cells: list[Any], where: Path) -> list[CellView]:
+    """The cells summary.json holds; one it cannot be read as is left out, with a warning."""
+    cells = []
+    for cell in (c for c in raw_cells if isinstance(c, dict) and "key" in c):
+        try:
+            cells.append(_cell_view(cell))
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            log.warning("gap viz: %s: a cell it cannot show (%s); left out", where, exc)
+    return cells
 
 
 def _cells_from_records(results: dict[str, TrialResult]) -> list[dict[str, Any]]:
@@ -405,18 +496,23 @@ def load_report(
 ) -> Report:
     """The report of `run_dir`, with paths relative to `out_dir`. Traces are inlined, failed
     trials first, until their JSON reaches `inline_budget` bytes; the rest load from the
-    server (`serve`) or say how to see them."""
+    server (`serve`) or say how to see them. Every path a record names is confined to the run
+    dir (`confined`): the report reads and links nothing outside it."""
+    run_dir, out_dir = run_dir.resolve(), out_dir.resolve()
     check_run_dir(run_dir)
     results = scan_results(run_dir)
-    summary = _read_json(run_dir / SUMMARY)
+    summary_file = confined(run_dir, SUMMARY, "summary")
+    summary = _read_json(summary_file) if summary_file else None
     summary = summary if isinstance(summary, dict) else {}
     if not results and not summary.get("cells"):
         raise GapError(
             f"{run_dir}: no trial records (result.json) and no summary.json in it; give the run "
             "dir of a session that ran trials"
         )
-    raw_cells = summary.get("cells") or _cells_from_records(results)
-    cells = [_cell_view(c) for c in raw_cells if isinstance(c, dict) and "key" in c]
+    raw_cells = summary.get("cells")
+    if not isinstance(raw_cells, list) or not raw_cells:
+        raw_cells = _cells_from_records(results)
+    cells = _cell_views(raw_cells, run_dir / SUMMARY)
     gate = _gate(summary.get("gate"))
     overview = Overview(
         rows=list(dict.fromkeys(c.row for c in cells)),
@@ -428,10 +524,17 @@ def load_report(
     trials = []
     for key, r in results.items():
         trial_dir = run_dir / key
-        trace_dir = run_dir / r.trace if r.trace else trial_dir / "trace"
-        if trace_dir.name == DAG_TRACE:  # records name the file; the images sit beside it
-            trace_dir = trace_dir.parent
-        agents = run_dir / r.workflow / "agent_traces" if r.workflow else None
+        where = f"{trial_dir / 'result.json'}:"
+        trace_dir = confined(run_dir, r.trace or f"{key}/trace", f"{where} trace")
+        if trace_dir is not None and trace_dir.name == DAG_TRACE:  # records name the file;
+            trace_dir = trace_dir.parent  # the images sit beside it
+        agents = (
+            confined(run_dir, f"{r.workflow}/agent_traces", f"{where} workflow")
+            if r.workflow
+            else None
+        )
+        video = confined(run_dir, r.video, f"{where} video")
+        frames = confined(run_dir, r.frames, f"{where} frames")
         trials.append(
             TrialView(
                 key=key,
@@ -448,10 +551,10 @@ def load_report(
                 wall_s=r.wall_s,
                 reason=r.error if r.errored else r.reason,
                 prompt=r.prompt,
-                video=_rel(run_dir / r.video, out_dir) if r.video else None,
-                frames=_rel(run_dir / r.frames, out_dir) if r.frames else None,
-                trace=_rel(trace_dir / DAG_TRACE, out_dir) and _rel(trace_dir, out_dir),
-                agent_traces=_rel(agents, out_dir) if agents and agents.is_dir() else None,
+                video=relative(video, out_dir) if video and video.is_file() else None,
+                frames=relative(frames, out_dir) if frames and frames.is_file() else None,
+                trace=relative(trace_dir, out_dir) if trace_dir and _dag_file(trace_dir) else None,
+                agent_traces=relative(agents, out_dir) if agents and agents.is_dir() else None,
             )
         )
     report = Report(
