@@ -27,14 +27,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel
 
-from pytest_gap.config import (
-    DEFAULT_GATE_THRESHOLD,
-    KNOWN_MODES,
-    BenchmarkConfig,
-    ConfigError,
-    ModeOverride,
-    load_config,
-)
+from pytest_gap.config.document import BenchmarkConfig, load_config
+from pytest_gap.config.messages import ConfigError
+from pytest_gap.config.model import DEFAULT_GATE_THRESHOLD, KNOWN_MODES, ModeOverride
 from pytest_gap.errors import GapError
 from pytest_gap.plan import llm_problem, plan
 from pytest_gap.preflight import check_config

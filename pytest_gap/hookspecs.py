@@ -25,7 +25,7 @@ import pytest
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
-    from pytest_gap.config import BenchmarkConfig
+    from pytest_gap.config.document import BenchmarkConfig
     from pytest_gap.modes import Mode
     from pytest_gap.producers.base import Producer
     from pytest_gap.report import RunSummary

@@ -15,9 +15,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from pytest_gap.config import BenchmarkConfig, ConfigError, Perception, suite_variation
+from pytest_gap.config.checks import suite_variation
+from pytest_gap.config.document import IMPLICIT_POLICY, BenchmarkConfig
+from pytest_gap.config.messages import ConfigError
+from pytest_gap.config.model import Perception
 from pytest_gap.modes import BUILTIN, ModeTable
 from pytest_gap.names import check_name
+from pytest_gap.producers.chat import LLMConfigError, resolve_settings
+from pytest_gap.producers.templates import template_dir
+from pytest_gap.sim.backend import episode_modes, get_backend, resolve_variation
 
 
 class Cell(BaseModel):
@@ -202,8 +208,6 @@ def _check_init_states(key: str, ids: list[int], backend, suite: str, what: str)
 
 
 def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]:
-    from pytest_gap.sim.backend import episode_modes, get_backend, resolve_variation
-
     block = config.benchmark
     backend = get_backend(block.backend)
     problems = []
@@ -291,8 +295,6 @@ def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]
 
 def _workflow_source(override) -> Path | None:
     """The directory a prebuilt mode fills: its workflow_dir, or its shipped template's."""
-    from pytest_gap.producers.templates import template_dir
-
     if override is None:
         return None
     if override.template is not None:
@@ -301,8 +303,6 @@ def _workflow_source(override) -> Path | None:
 
 
 def _policy_axis(row, policies, override) -> list[str | None]:
-    from pytest_gap.config import IMPLICIT_POLICY
-
     if not row.takes_policy_axis:
         return [None]  # llm_generation and workflow ignore the policy axis
     if policies:
@@ -340,8 +340,6 @@ def _grid_seeds(block, override) -> list[int]:
 
 def llm_problem(config: BenchmarkConfig) -> str | None:
     """Why the config's llm: block cannot generate workflows (no model, no key), or None."""
-    from pytest_gap.producers.chat import LLMConfigError, resolve_settings
-
     try:
         resolve_settings(config.llm, str(config.source or "config"))
     except LLMConfigError as exc:
@@ -383,8 +381,6 @@ def _grid_cell_error(
 
 
 def _suite_cells(config: BenchmarkConfig, source: str, table: ModeTable) -> list[Cell]:
-    from pytest_gap.sim.backend import get_backend
-
     backend = get_backend(config.backend)
     cells, problems, seen, offset = [], [], {}, 0
     for i, entry in enumerate(config.suites or []):

@@ -51,7 +51,7 @@ class LoadedConfig:
     """One benchmark YAML as this process sees it: config, plan, run dir."""
 
     def __init__(self, path: Path, session: GapSession):
-        from pytest_gap.config import load_config
+        from pytest_gap.config.document import load_config
         from pytest_gap.plan import plan
         from pytest_gap.provenance import plan_digest
 
@@ -126,7 +126,7 @@ class GapSession:
             loaded = LoadedConfig(path, self)
             for other in self._loaded.values():
                 if other.run_dir == loaded.run_dir:
-                    from pytest_gap.config import ConfigError
+                    from pytest_gap.config.messages import ConfigError
 
                     raise ConfigError(
                         str(path),
@@ -297,7 +297,7 @@ class _Lead(GapSession):
 
     def _implicit_policy_lines(self, loaded) -> None:
         """Say which template modes run the spec's implicit policy fallback, before it starts."""
-        from pytest_gap.config import IMPLICIT_POLICY, implicit_policy_modes
+        from pytest_gap.config.document import IMPLICIT_POLICY, implicit_policy_modes
 
         for c in loaded:
             running = {cell.mode for cell in c.cells if not cell.error}
@@ -802,7 +802,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _frames_every(raw: str) -> int:
-    from pytest_gap.config import FRAMES_EVERY_HINT
+    from pytest_gap.config.model import FRAMES_EVERY_HINT
 
     try:
         value = int(raw)

@@ -20,7 +20,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from pytest_gap.config import BenchmarkConfig
+from pytest_gap.config.document import BenchmarkConfig
 from pytest_gap.errors import GapError, InfraFailure
 from pytest_gap.plan import Cell
 from pytest_gap.redaction import redact_text

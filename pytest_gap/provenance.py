@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from pytest_gap.redaction import redact_text
 
 if TYPE_CHECKING:
-    from pytest_gap.config import BenchmarkConfig
+    from pytest_gap.config.document import BenchmarkConfig
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 UNKNOWN = "unknown"
@@ -47,6 +47,7 @@ SURFACE: dict[str, str] = {
     "policies/formats.py": "observations to a policy, its reply to actions (obs_format)",
     "policies/endpoint.py": "which format a registry entry gets by default",
     "runner.py": "the trial: reset, production, execution, what is recorded as its verdict",
+    "run/**/*.py": "the trial level: which workflow a trial runs and how it is produced",
     "templates/**/*.json": "the workflows the template modes run",
     "producers/**/*.py": "how a mode's workflow is written (placeholders, the LLM's prompt)",
     "modes.py": "which producer a mode runs",
@@ -54,7 +55,7 @@ SURFACE: dict[str, str] = {
     "plan.py": "a config's cells and trials: seeds, task ids, a cell's watchdog limit",
 }
 # Not covered, and why (a file not listed in SURFACE decides no outcome):
-# - config.py: its defaults decide outcomes, but they are in the plan digest (the validated
+# - config/: its defaults decide outcomes, but they are in the plan digest (the validated
 #   config, defaults included, is what is hashed);
 # - plugin.py, hookspecs.py, outputs/, report.py, cli.py, benchmark.py, results.py: the session
 #   glue, the records and what is written from them; they report outcomes, never decide one;

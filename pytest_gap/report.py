@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, model_validator
 
 from pytest_gap import intervals
-from pytest_gap.config import GateRule
+from pytest_gap.config.model import GateRule
 from pytest_gap.plan import Cell
 from pytest_gap.redaction import redact_tree
 from pytest_gap.results import TrialResult, now_iso

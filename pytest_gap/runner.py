@@ -29,7 +29,7 @@ from pytest_gap.devices import egl_device_for_cell
 from pytest_gap.errors import GapError, InfraFailure, VideoError
 from pytest_gap.names import inside
 from pytest_gap.plan import Trial
-from pytest_gap.producers.base import PRODUCED_FILE, produce_for_trial, trial_workflow
+from pytest_gap.producers.base import PRODUCED_FILE
 from pytest_gap.provenance import record_fields
 from pytest_gap.redaction import redact_text
 from pytest_gap.results import (
@@ -45,6 +45,7 @@ from pytest_gap.results import (
     write_json,
     write_result,
 )
+from pytest_gap.run.produce import produce_for_trial, trial_workflow
 from pytest_gap.throttle import Slot, SlotTimeout
 from pytest_gap.workflow.schema import WORKFLOW_FILE
 

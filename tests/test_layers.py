@@ -207,10 +207,10 @@ def _violations(rules, edges) -> list[str]:
 def test_the_rules_read_every_import():
     """The reader sees lazy, relative and TYPE_CHECKING imports (a broken reader passes all)."""
     assert "pytest_gap.sim.backend" in imports("pytest_gap.runner")  # function-local
-    assert "pytest_gap.plan" in imports("pytest_gap.producers.base")  # TYPE_CHECKING
+    assert "pytest_gap.producers.base" in imports("pytest_gap.modes")  # TYPE_CHECKING
     assert "pytest_gap.policies.endpoint" in imports("pytest_gap.skills.context")
     assert "pytest" in imports("pytest_gap.plugin")
-    assert "pytest_gap.config" in reaches("pytest_gap.policies.registry")
+    assert "pytest_gap.config.document" in reaches("pytest_gap.policies.registry")
     assert _violations([("pytest_gap.sim", ("pytest_gap.errors",))], imports) != []
 
 
@@ -234,3 +234,32 @@ def test_only_the_pytest_glue_imports_pytest():
         "pytest_gap.scale.merge_session",  # gap merge: a session over the config, no trial
         "pytest_gap.scheduling",  # xdist's Scheduling protocol (a collection-diff report)
     ]
+
+
+# The config package, bottom to top: each module imports only those before it (document.py's
+# docstring and the package's say why), and none imports the package itself (its __init__
+# re-exports everything for the API and tests, so importing it would pull the whole package).
+CONFIG_ORDER = [
+    "keys",
+    "llm",
+    "messages",
+    "reader",
+    "remote",
+    "policies",
+    "model",
+    "checks",
+    "document",
+]
+
+
+def test_the_config_package_is_layered():
+    modules = {f"pytest_gap.config.{m}" for m in CONFIG_ORDER}
+    assert modules | {"pytest_gap.config"} == {m for m in MODULES if _in(m, "pytest_gap.config")}
+    found = []
+    for i, name in enumerate(CONFIG_ORDER):
+        allowed = {f"pytest_gap.config.{m}" for m in CONFIG_ORDER[:i]}
+        for target in imports(f"pytest_gap.config.{name}"):
+            if _in(target, "pytest_gap.config") and target not in allowed:
+                found.append(f"pytest_gap.config.{name} -> {target}")
+    users = [m for m in MODULES if "pytest_gap.config" in imports(m) and m != "pytest_gap.config"]
+    assert found == [] and users == []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gap.config import BenchmarkConfig
+from pytest_gap.config.document import BenchmarkConfig
 from pytest_gap.report import RunSummary, summary_document
 from pytest_gap.results import write_json
 

@@ -47,7 +47,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gap.config import BenchmarkConfig
+from pytest_gap.config.document import BenchmarkConfig
 from pytest_gap.provenance import (
     PACKAGE_ROOT,
     UNKNOWN,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_gap.config import PolicyEntry, PolicyManagerConfig
+from pytest_gap.config.policies import PolicyEntry, PolicyManagerConfig
 from pytest_gap.doors import child_env
 from pytest_gap.errors import GapError
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from pytest_gap.config import BenchmarkConfig, PolicyEntry
+from pytest_gap.config.document import BenchmarkConfig
+from pytest_gap.config.policies import PolicyEntry
 from pytest_gap.plan import Cell
 from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.policies.manager import Launcher, PolicyManager, preflight

@@ -35,7 +35,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
-from pytest_gap.config import BenchmarkConfig, PolicyManagerConfig
+from pytest_gap.config.document import BenchmarkConfig
+from pytest_gap.config.policies import PolicyManagerConfig
 from pytest_gap.policies.manager import ManagedServer, PolicyManager, PolicyStartError
 from pytest_gap.results import now_iso, write_json
 

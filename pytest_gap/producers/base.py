@@ -4,9 +4,8 @@ A producer writes a workflow directory for a request (the instruction, its place
 and what the producer starts from). `produce` makes that safe for many workers: one production
 per destination under a cross-process lock, written to a temporary directory and renamed into
 place with its `produced.json`, so no worker ever sees half a workflow and a destination that
-has its `produced.json` is reused, never produced twice. `produce_for_trial` is what the runner
-calls (after `trial_workflow` named the destination): it fills the placeholders of a (cell,
-task, instruction) and picks the producer from the mode table.
+has its `produced.json` is reused, never produced twice. What a trial asks for, and of which
+producer, is decided a level up (pytest_gap/run/produce.py).
 
 Producers are found by name in the session's mode table (pytest_gap/modes.py `ModeTable`), as
 import strings resolved on first use, so the package does not import the LLM client to run a
@@ -15,22 +14,17 @@ template.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from pytest_gap.config import LLMConfig
+from pytest_gap.config.llm import LLMConfig
 from pytest_gap.throttle import slot
-
-if TYPE_CHECKING:
-    from pytest_gap.modes import ModeTable
-    from pytest_gap.plan import Trial
 
 PRODUCED_FILE = "produced.json"
 
@@ -91,68 +85,3 @@ def produce(producer: Producer, request: ProduceRequest, dest: Path) -> float:
         (tmp / PRODUCED_FILE).write_text(json.dumps(meta, indent=1) + "\n")
         os.rename(tmp, dest)
     return elapsed
-
-
-class TrialWorkflow(BaseModel):
-    """Which workflow a trial runs: where it goes, and the instruction it is produced for."""
-
-    model_config = ConfigDict(frozen=True)
-
-    dir: Path
-    name: str  # the workflow dir relative to the run dir (result.json's `workflow`)
-    prompt: str  # what the workflow is given (a suite's task_prompts entry, or the env's)
-
-
-def trial_workflow(
-    trial: Trial, instruction: str, run_dir: Path, *, generated: bool = False
-) -> TrialWorkflow:
-    """The workflow of this trial's instruction: one per distinct instruction of a (cell, task).
-
-    `task_NN/workflow/` where the instruction is fixed (LIBERO tasks, or a suite's
-    `task_prompts` entry), and `task_NN/workflow_<sha256 of the instruction, 8 hex>/` for
-    `generated` variations whose instruction changes with the seed (grocery_packing lists the
-    seed's items), so each seed runs the workflow written for what it is asked to do.
-    """
-    given = trial.cell.task_prompts.get(trial.task_id)
-    prompt = given or instruction
-    name = "workflow"
-    if given is None and generated:
-        name = f"workflow_{hashlib.sha256(prompt.encode()).hexdigest()[:8]}"
-    return TrialWorkflow(
-        dir=run_dir / trial.task_dir / name, name=f"{trial.task_dir}/{name}", prompt=prompt
-    )
-
-
-def produce_for_trial(
-    trial: Trial,
-    workflow: TrialWorkflow,
-    *,
-    llm: LLMConfig | None = None,
-    config_source: str = "config",
-    max_validation_retries: int = 2,
-    mode_table: ModeTable | None = None,
-) -> float:
-    """Produce `workflow` (unless it was) with the producer of the cell's mode in `mode_table`
-    (default: the built-in table); return the seconds spent producing (0 when it existed).
-    Placeholders: the instruction's {{target}}, {{container}}, {{items}}, the cell's object hints
-    and its {{policy_id}}."""
-    from pytest_gap.modes import BUILTIN
-    from pytest_gap.workflow.templates import task_placeholders
-
-    if (workflow.dir / PRODUCED_FILE).is_file():
-        return 0.0
-    cell = trial.cell
-    values = {**task_placeholders(workflow.prompt), **cell.objects}
-    if cell.policy_id:
-        values["policy_id"] = cell.policy_id
-    request = ProduceRequest(
-        instruction=workflow.prompt,
-        placeholders=values,
-        objects=cell.objects,
-        workflow_dir=cell.workflow_dir,
-        llm=llm,
-        config_source=config_source,
-        max_validation_retries=max_validation_retries,
-    )
-    producer = (mode_table or BUILTIN).producer(cell.mode)
-    return produce(producer, request, workflow.dir)

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from pytest_gap.config import LLMConfig
+from pytest_gap.config.llm import LLMConfig
 from pytest_gap.errors import GapError, InfraFailure
 from pytest_gap.throttle import slot
 

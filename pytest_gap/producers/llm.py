@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
+from pytest_gap.config.llm import LLMConfig
 from pytest_gap.producers.base import ProduceRequest
 from pytest_gap.producers.chat import ChatClient, redact, resolve_settings
 from pytest_gap.skills.registry import catalogue
@@ -195,8 +196,6 @@ class LLMProducer:
     needs_llm: ClassVar[bool] = True
 
     def write(self, request: ProduceRequest, directory: Path) -> dict[str, Any]:
-        from pytest_gap.config import LLMConfig
-
         settings = resolve_settings(request.llm or LLMConfig(), request.config_source)
         generation = generate_workflow(
             request.instruction,

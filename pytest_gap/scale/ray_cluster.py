@@ -21,7 +21,7 @@ from pytest_gap.scale.dispatch import ActorGone, Slot, TrialBroke
 from pytest_gap.scale.ray_actor import TrialActor
 
 if TYPE_CHECKING:
-    from pytest_gap.config import RayResources
+    from pytest_gap.config.policies import RayResources
 
 STARTUP_TIMEOUT_S = 180.0  # an actor's start: a worker process, its runtime env, its imports
 GET_TIMEOUT_S = 120.0  # fetching a finished trial's outcome (its files) from a node

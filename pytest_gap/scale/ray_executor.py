@@ -59,7 +59,7 @@ from pytest_gap.scale.ray_cluster import (
 )
 
 if TYPE_CHECKING:
-    from pytest_gap.config import RayResources
+    from pytest_gap.config.policies import RayResources
     from pytest_gap.plan import Trial
 
 

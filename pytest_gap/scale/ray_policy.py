@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pytest_gap.config import PolicyEntry, RayResources
+from pytest_gap.config.policies import PolicyEntry, RayResources
 from pytest_gap.policies.manager import (
     ManagedServer,
     PolicyConfigError,

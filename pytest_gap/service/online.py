@@ -48,6 +48,8 @@ from urllib.parse import parse_qs, urlsplit
 from pydantic import BaseModel, Field, ValidationError
 
 from pytest_gap.bind import LOOPBACK, exposure_notice
+from pytest_gap.config.messages import ConfigError
+from pytest_gap.config.reader import read_yaml
 from pytest_gap.doors import bearer, child_env, new_secret, same_secret
 from pytest_gap.errors import GapError
 from pytest_gap.policies.manager import free_port
@@ -133,12 +135,10 @@ def load_tokens(path: Path) -> dict[str, str]:
 
 def load_sets(path: Path) -> dict[str, Path]:
     """`--sets FILE`: YAML {benchmark set name: config path (relative to the file)}."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise GapError(f"--sets {path}: cannot read it: {exc}") from None
+    try:  # the hardened reader: tags, keys given twice and alias bombs are refused here too
+        data = read_yaml(path)
+    except ConfigError as exc:
+        raise GapError(f"--sets {exc}") from None
     if not isinstance(data, dict) or not data:
         raise GapError(f"--sets {path}: give a mapping of benchmark set name -> config path")
     sets = {str(k): (path.parent / str(v)).resolve() for k, v in data.items()}

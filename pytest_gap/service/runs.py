@@ -19,7 +19,6 @@ import json
 import logging
 from pathlib import Path
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -30,14 +29,10 @@ from pydantic import (
     field_validator,
 )
 
-from pytest_gap.config import (
-    BenchmarkConfig,
-    ConfigError,
-    Profile,
-    parse_config,
-    read_yaml_text,
-    remote_problems,
-)
+from pytest_gap.config.document import BenchmarkConfig, load_config
+from pytest_gap.config.keys import Profile
+from pytest_gap.config.messages import ConfigError
+from pytest_gap.config.reader import read_yaml
 from pytest_gap.doors import new_secret, same_secret
 from pytest_gap.errors import GapError, one_line
 from pytest_gap.names import inside
@@ -97,11 +92,12 @@ SPLIT_DECIDES = {
 def load_splits(path: Path) -> Splits:
     """`gap serve --splits FILE`: {val_train|val_unseen|test: {seeds: [...], task_ids: [...],
     max_steps: N, template: NAME}} (seeds required)."""
+    try:  # the hardened reader: tags, keys given twice and alias bombs are refused here too
+        data = read_yaml(path)
+    except ConfigError as exc:
+        raise GapError(f"--splits {exc}") from None
     try:
-        data = yaml.safe_load(path.read_text())
         return TypeAdapter(Splits).validate_python(data or {})
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise GapError(f"--splits {path}: cannot read it: {exc}") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
@@ -154,16 +150,15 @@ def _config(
     """The run's config and cells from its text. `remote` (a submission): the hardened reader,
     then the remote profile on the data as submitted, then the split's additions; `file` (the
     operator's config): as a session reads a config file, relative paths from `base`."""
+    split: str | None = None
+
+    def with_split(data: dict) -> dict:  # the server's split, added after the remote check
+        nonlocal split
+        data, split = _with_split(data, name, splits)
+        return data
+
     try:
-        data = read_yaml_text(text, name)
-        if profile == "remote" and isinstance(data, dict):
-            refused = remote_problems(data)
-            if refused:
-                raise ConfigError(name, refused)
-        split = None
-        if isinstance(data, dict):
-            data, split = _with_split(dict(data), name, splits)
-        config = parse_config(data, name, base=base, profile=profile)
+        config = load_config(name, text=text, profile=profile, base=base, amend=with_split)
         cells = plan(config)
     except ConfigError as exc:
         raise RunRefused(str(exc)) from None

@@ -1,0 +1,163 @@
+"""The sections of a benchmark config other than the policies and the LLM: trials, skills,
+composition, the grid's `benchmark:` block with its mode overrides, and the suites list.
+
+The whole document (`BenchmarkConfig`) and the one way it is loaded are in document.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AliasChoices,
+    Field,
+    NonNegativeFloat,
+    PositiveInt,
+    field_validator,
+)
+
+from pytest_gap.config.keys import SERVER_PATH, RemoteValue, ServerOnly, Strict
+from pytest_gap.config.policies import RayResources
+from pytest_gap.errors import one_line
+from pytest_gap.modes import BUILTIN
+from pytest_gap.sim.backend import known_backends
+
+# The built-in rows of the mode table (pytest_gap/modes.py), for the Python API; validation
+# reads the table it is given, so a session knows the modes its plugins add too.
+KNOWN_MODES = BUILTIN.names()
+# The modes a grid runs when `modes:` is omitted: the benchmark's three ablation modes (and,
+# in a session, any plugin row marked `default`).
+DEFAULT_MODES = BUILTIN.defaults()
+DEFAULT_GATE_THRESHOLD = 0.90
+# point: the pooled success rate must reach the threshold (the spec's gate); wilson: its 95%
+# Wilson interval must lie above it (below: FAIL; straddling it: INCONCLUSIVE, exit 1).
+GateRule = Literal["point", "wilson"]
+# What skills see with: the names of skills.context.PERCEPTION_CAMERAS (a test keeps them equal).
+Perception = Literal["privileged", "policy_cameras"]
+# Upper bounds on counts, so that a typo (n_seeds: 10000000000) is a config error and not a plan
+# that fills the memory: far above any real benchmark (LIBERO has 50 init states per task).
+MAX_SEEDS = 100_000
+MAX_WORKERS = 1024
+Seeds = Annotated[int, Field(gt=0, le=MAX_SEEDS)]
+Workers = Annotated[int, Field(gt=0, le=MAX_WORKERS)]
+FRAMES_EVERY_HINT = "a whole number N >= 0: every N-th frame into a WebP strip, 0 for none"
+
+
+def installed_backend(value: Any) -> str | None:
+    known = known_backends()
+    if not isinstance(value, str) or value in known:
+        return None  # a wrong type is the model's to report
+    return (
+        f"{one_line(repr(value), 60)} is not a backend installed on this server; a submitted "
+        f"config names one of {', '.join(known)}, never an import string"
+    )
+
+
+class TrialsConfig(Strict):
+    trials_per_generation: Seeds = Field(
+        default=1, validation_alias=AliasChoices("trials_per_generation", "total")
+    )
+    task_ids: list[int] | None = None
+    output_dir: Annotated[Path, SERVER_PATH] = Path("gap_runs")
+    num_workers: Workers = 1
+    record_video: bool = False
+    enable_tracing: bool = True
+    # 0 turns the per-trial watchdog off.
+    task_timeout_secs: NonNegativeFloat = 0.0
+    # Counted steps per episode. None: each suite's protocol limit (LIBERO spatial 220, object
+    # 280, goal 300, libero_10 520). A lower limit is for smoke runs; its rates are not
+    # comparable with published ones (the plan digest includes it).
+    max_steps: PositiveInt | None = None
+    # A WebP sprite strip of every N-th agentview frame per trial, in <run dir>/frames/
+    # (--gap-frames overrides it). 0 or None: none. A recording flag: not part of the plan.
+    frames_every: int | None = None
+    # Per-trial resources when the session runs on Ray (--gap-ray); ignored otherwise.
+    ray: RayResources = RayResources()
+
+    @field_validator("frames_every", mode="before")
+    @classmethod
+    def _frames_every(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return value
+        raise ValueError(FRAMES_EVERY_HINT)
+
+
+class CompositionConfig(Strict):
+    max_validation_retries: int = Field(default=2, ge=0)
+
+
+class SkillsConfig(Strict):
+    """How skills move the arm and what they see. Only the builtin IK servo (`ik`) exists:
+    cuRobo motion planning was never wired into the skills, so asking for it is an error, not a
+    silent fallback. `perception`: `privileged` (default) sees through the front camera and an
+    overhead one and may ask the simulator's goal check; `policy_cameras` sees only through the
+    two cameras a policy gets (front and wrist) and never asks the goal check."""
+
+    planner: Literal["ik"] = "ik"
+    perception: Perception = "privileged"
+    # User skill packages (pytest_gap/skills/packages.py): importable module names, or
+    # directories of skill modules relative to the config; loaded by every process of a session.
+    packages: Annotated[
+        list[str],
+        ServerOnly("code the server would import", "remove it: the server's own skills run"),
+    ] = []
+
+    @field_validator("planner", mode="before")
+    @classmethod
+    def _no_curobo(cls, value: Any) -> Any:
+        if value == "curobo":
+            raise ValueError(
+                "cuRobo motion planning is not supported by this version of pytest-gap; "
+                "remove the key or set planner: ik (the builtin IK servo)"
+            )
+        return value
+
+
+class ModeOverride(Strict):
+    n_seeds: Seeds | None = None
+    num_workers: Workers | None = None
+    # What a prebuilt mode runs: a template shipped with pytest-gap (by name), or a directory.
+    template: str | None = None
+    workflow_dir: Annotated[
+        Path | None,
+        ServerOnly("a path on the server", "name a shipped template instead (template: NAME)"),
+    ] = None
+    policy_id: str | None = None
+    extra: dict[str, Any] = {}
+
+
+class BenchmarkBlock(Strict):
+    # The simulator: a registered backend name or an import string module:Class (sim/backend.py)
+    backend: Annotated[str, RemoteValue(installed_backend)] = "libero"
+    families: list[str] = ["posvar"]
+    # None: every variation of each family.
+    variations: list[str] | None = None
+    modes: list[str] = list(DEFAULT_MODES)
+    n_tasks: PositiveInt = 10
+    task_ids: list[int] | None = None
+    n_seeds: Seeds = 50
+    seeds: list[int] | None = None
+    num_workers: Workers = 8
+    policies: list[str] = []
+    # None inherits trials.record_video.
+    record_video: bool | None = None
+    output_dir: Annotated[Path, SERVER_PATH] = Path("benchmark_runs")
+    gate_threshold: float = Field(default=DEFAULT_GATE_THRESHOLD, ge=0.0, le=1.0)
+    gate_rule: GateRule = "point"
+    smoke: bool = False
+    mode_overrides: dict[str, ModeOverride] = {}
+
+
+class SuiteEntry(Strict):
+    """One suites-mode cell. `suite_name` is a LIBERO suite (`gap suites`) or family/variation."""
+
+    suite_name: str
+    task_prompts: dict[int, str] = {}
+    task_ids: list[int] | None = None
+    trials_per_generation: Seeds | None = None
+    seeds: list[int] | None = None
+    timeout_secs: NonNegativeFloat | None = None
+    num_workers: Workers | None = None
+    objects: dict[str, str] = {}
+    workflow_dir: Annotated[Path | None, SERVER_PATH] = None

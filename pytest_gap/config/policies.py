@@ -1,0 +1,187 @@
+"""The `policies:` registry and `policy_manager:`: where each learned policy is served, and how.
+
+An entry names exactly one source (a url, a command the session starts, or a preset), the
+protocol and observation format its server speaks, its reply bounds, and where a managed server
+runs under Ray. Registry keys name directories of the run (`<mode>/<policy id>/...`), so they
+match the strict name pattern of pytest_gap/names.py.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
+
+from pytest_gap.config.keys import SERVER_COMMAND, RemoteValue, ServerOnly, Strict
+from pytest_gap.errors import one_line
+from pytest_gap.names import check_name
+
+# Defined beside the policy client (the policy layer imports nothing of config); named here too.
+from pytest_gap.policies.endpoint import (
+    DEFAULT_MAX_REPLY_MB,
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_WARMUP_TIMEOUT_S,
+    PROTOCOL_OBS_FORMATS,
+    ObsFormatName,
+)
+from pytest_gap.redaction import redact_text
+
+
+def _no_ground_truth(value: Any) -> str | None:
+    """A submitted policy entry may not ask for the simulator's ground truth: the relay would
+    hand it to the client, whose policy then scores what no camera sees."""
+    if value is not True:
+        return None
+    return (
+        "true is not allowed in a submitted config (the server would send the client the "
+        "simulator's ground truth: object poses, the goal); remove it"
+    )
+
+
+def _policy_id(value: str) -> str:
+    return check_name(value, "policy id")
+
+
+# A registry key is a directory of every trial of its policy (<mode>/<policy id>/...) and the
+# name of its warm-up record: one strict name, in a file as in a submission.
+PolicyId = Annotated[str, AfterValidator(_policy_id)]
+
+
+class RayResources(Strict):
+    """What each trial holds on a Ray cluster (`pytest --gap-ray`, pytest_gap/scale/): the
+    resources of the long-lived actor that runs it, one actor per slot of a node. `memory` is
+    bytes (Ray's unit); None reserves none."""
+
+    num_cpus: NonNegativeFloat = 1.0
+    num_gpus: NonNegativeFloat = 0.0
+    memory: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _holds_something(self) -> RayResources:
+        if not (self.num_cpus or self.num_gpus):
+            raise ValueError(
+                "num_cpus and num_gpus are both 0: a node would take any number of actors; "
+                "give each trial num_cpus (e.g. 1) or num_gpus"
+            )
+        return self
+
+
+class PolicyEntry(Strict):
+    """One `policies:` registry entry: exactly one of url, command (alias start_cmd), preset.
+
+    `obs_format` is what run_policy sends and how it reads replies (policies/formats.py); unset,
+    it is `gap` for servers written for this harness over openpi's protocol (a `gap policy
+    serve` command, or `privileged_state: true`) and otherwise the protocol's own LIBERO client
+    format (openpi -> openpi-libero, vla-eval -> vla-eval-libero). See `resolved_obs_format`.
+    """
+
+    url: str | None = None
+    command: Annotated[
+        list[str] | str | None, ServerOnly("a command the server would run", SERVER_COMMAND)
+    ] = Field(default=None, validation_alias=AliasChoices("command", "start_cmd"))
+    preset: Annotated[
+        str | None, ServerOnly("a policy server the server would start", SERVER_COMMAND)
+    ] = None
+    env: Annotated[
+        dict[str, str], ServerOnly("the environment of a command the server would run")
+    ] = {}
+    protocol: Literal["openpi", "vla-eval"] = "openpi"
+    obs_format: ObsFormatName | None = None
+    privileged_state: Annotated[bool, RemoteValue(_no_ground_truth)] = False
+    # Seconds a measured reply may take (a later one is an infrastructure failure, never a stale
+    # action applied), and the one warm-up inference per process (openpi compiles on its first).
+    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=3600)
+    warmup_timeout_s: float = Field(DEFAULT_WARMUP_TIMEOUT_S, gt=0, le=7200)
+    # The largest frame its server may send us (policies/client.py); actions are kilobytes.
+    max_reply_mb: float = Field(DEFAULT_MAX_REPLY_MB, gt=0, le=4096)
+    # Under --gap-ray, a managed server runs in a Ray actor holding these resources, on a node
+    # that has them (scale/ray_policy.py); without --gap-ray it runs here, as any other.
+    ray: Annotated[RayResources | None, ServerOnly("where a server it starts would run")] = None
+
+    @property
+    def resolved_obs_format(self) -> ObsFormatName:
+        if self.obs_format is not None:
+            return self.obs_format
+        # `gap policy serve --protocol vla-eval` is vla-eval's own server: it reads what
+        # vla-eval's LIBERO benchmark sends, as any vla-eval model server does.
+        native = self.privileged_state or _is_gap_policy_serve(self.command)
+        if native and self.protocol == "openpi":
+            return "gap"
+        return PROTOCOL_OBS_FORMATS[self.protocol]
+
+    @field_validator("url")
+    @classmethod
+    def _websocket_url(cls, url: str | None) -> str | None:
+        if url is not None:
+            problem = websocket_url_problem(url)
+            if problem:
+                raise ValueError(problem)
+        return url
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> PolicyEntry:
+        given = [k for k in ("url", "command", "preset") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "set exactly one of url, command (or start_cmd), preset"
+                + (f"; got {', '.join(given)}" if given else "")
+            )
+        if self.url is not None and self.ray is not None:
+            raise ValueError(
+                "ray places a server the session starts (command or preset); a url: server "
+                "runs wherever it was started: drop ray or give a command"
+            )
+        return self
+
+
+def websocket_url_problem(url: str) -> str | None:
+    """Why `url` is not a policy server's address (ws://HOST[:PORT][/PATH] or wss://), or None.
+    Checked at load, so a typo is a config error and not a server that "does not answer"."""
+    example = "e.g. ws://127.0.0.1:8000"
+    shown = one_line(repr(redact_text(url)), 80)  # a url's password stays out of the message
+    if not url or url != url.strip() or any(c.isspace() for c in url):
+        return f"{shown} is not a URL (it is empty or has spaces); give the server's, {example}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises on a port that is not a number in 0..65535
+    except ValueError as exc:
+        return f"{shown} is not a valid URL ({exc}); {example}"
+    if parts.scheme.lower() not in ("ws", "wss"):
+        return f"{shown} is not a ws:// or wss:// URL; policy servers speak websockets: {example}"
+    if not parts.hostname:
+        return f"{shown} has no host; {example}"
+    if port == 0:
+        return f"{shown}: port 0 is not a server's port; {example}"
+    return None
+
+
+def _is_gap_policy_serve(command: list[str] | str | None) -> bool:
+    """Whether a managed command runs this harness's own server (`gap policy serve ...`)."""
+    if command is None:
+        return False
+    try:
+        argv = shlex.split(command) if isinstance(command, str) else list(command)
+    except ValueError:  # unbalanced quotes: the manager reports the command itself
+        return False
+    return len(argv) >= 3 and Path(argv[0]).name == "gap" and argv[1:3] == ["policy", "serve"]
+
+
+class PolicyManagerConfig(Strict):
+    startup_timeout_s: NonNegativeFloat = 120.0
+    evict_grace_s: NonNegativeFloat = 10.0
+    # A managed server that dies mid-session is restarted at most max_restarts times (0: never),
+    # the k-th restart after restart_backoff_s * 2**(k-1) s (pytest_gap/policies/supervisor.py).
+    max_restarts: NonNegativeInt = 3
+    restart_backoff_s: NonNegativeFloat = 1.0
