@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pytest_gap import ids
 from pytest_gap.results import TrialResult, write_json, write_result
 from pytest_gap.viz.html import write_report
 
@@ -74,10 +75,13 @@ def make_run(root: Path, n_trials: int) -> Path:
             family, variation = column.split("/")
             for i in range(per_cell):
                 task, seed = i % 10, i // 10
-                key = f"{row.replace('@', '/')}/{column}/task_{task:02d}/seed_{seed:03d}"
+                names = (mode, policy or None, family, variation, None)
+                key = ids.trial_key(ids.cell_key(*names), task, seed)
                 success = (task + seed) % 4 != 0
                 result = TrialResult(
-                    nodeid=f"grid.yaml::{row}::{column}::task{task:02d}::seed{seed:03d}",
+                    nodeid=ids.node_id(
+                        "grid.yaml", ids.trial_id(ids.cell_id_parts(*names), task, seed)
+                    ),
                     config="grid.yaml",
                     mode=mode,
                     policy_id=policy or None,

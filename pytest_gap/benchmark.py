@@ -31,6 +31,7 @@ from pytest_gap.config.document import BenchmarkConfig, load_config
 from pytest_gap.config.messages import ConfigError
 from pytest_gap.config.model import DEFAULT_GATE_THRESHOLD, KNOWN_MODES, ModeOverride
 from pytest_gap.errors import GapError
+from pytest_gap.layout import SUMMARY_JSON
 from pytest_gap.plan import llm_problem, plan
 from pytest_gap.preflight import check_config
 from pytest_gap.report import CellSummary
@@ -268,7 +269,7 @@ def _summary(report: dict, exit_code: int, gate: bool) -> BenchmarkSummary:
 
     entry = report["configs"][0]
     run_dir = Path(entry["run_dir"])
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads((run_dir / SUMMARY_JSON).read_text())
     gate_result = Gate.model_validate(entry["gate"])
     services_down = entry.get("services_down") or {}
     finished = gate_result.passed if gate else exit_code in (0, 1)

@@ -50,12 +50,11 @@ from pydantic import BaseModel
 
 from pytest_gap.errors import GapError
 from pytest_gap.intervals import CONFIDENCE, cluster_bootstrap
-from pytest_gap.results import STAMP_RE, TrialResult, scan_results
+from pytest_gap.layout import MANIFEST, SUMMARY_JSON, stamp_of
+from pytest_gap.results import TrialResult, scan_results
 
 ALPHA = 0.05
 PRIVILEGED = "[privileged]"
-MANIFEST = "run_manifest.json"
-SUMMARY = "summary.json"
 
 # Config keys that do not decide a paired episode's outcome, or that are what is compared:
 # outputs, recording, workers and the gate; the grid's extent (pairing finds the overlap);
@@ -124,13 +123,13 @@ def load_run(path: str | Path) -> RunDir:
             f"{path}: no trial records (result.json) in it; give a run dir "
             "(<output_dir>/<YYYYMMDD_HHMMSS>) of a session that ran trials"
         )
-    stamps = sorted({k.split("/", 1)[0] for k in results if STAMP_RE.match(k.split("/", 1)[0])})
+    stamps = sorted({s for s in map(stamp_of, results) if s})
     if stamps:
         raise GapError(
             f"{path}: an output dir holding run dirs ({_first(stamps)}); give one run dir, "
             f"e.g. {run / stamps[-1]}"
         )
-    summary = _read_json(run / SUMMARY) or {}
+    summary = _read_json(run / SUMMARY_JSON) or {}
     labels = {
         base_row(c["row"]): c["row"]
         for c in summary.get("cells", [])

@@ -22,7 +22,6 @@ from collections.abc import Mapping, MutableMapping
 from pytest_gap.errors import GapError
 
 DEVICES_VAR = "GAP_MUJOCO_EGL_DEVICES"
-PINNED_VARS = ("CUDA_VISIBLE_DEVICES", "MUJOCO_EGL_DEVICE_ID")
 
 
 def parse_devices(raw: str | None, var: str = DEVICES_VAR) -> list[str]:

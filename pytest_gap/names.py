@@ -1,29 +1,22 @@
-"""Names that become paths, and the paths the harness deletes or writes.
+"""Names that become paths: one strict pattern for every name a run dir is made of.
 
 A run id, a policy registry key, a mode, a family, a variation or a suite name becomes a
 directory of a run (`<run dir>/<mode>/<policy id>/<family>/<variation>/task_NN/seed_NNN`) or a
 file name in it. Each of them matches one strict pattern, checked wherever such a name enters
 (a config file, a submission, a hello frame), so a `..`, a separator or a control character
-never reaches a path. `inside` is the second lock: every trial dir the runner and the service
-delete or write is checked to lie in its run dir first, whatever the name check missed (a
-symlink planted in the run dir, a backend's catalogue).
+never reaches a path. layout.py's `inside` is the second lock, for what the name check missed.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-from pytest_gap.errors import GapError, one_line
+from pytest_gap.errors import one_line
 
 # A letter or digit, then letters, digits, `_`, `.`, `-`: never `.`/`..`, a separator, a space,
 # a control character or a hidden file; at most 100 characters, well inside any file system's.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 NAME_RULE = "use letters, digits, '_', '.' and '-' (at most 100, starting with a letter or digit)"
-
-
-class OutsideRunDir(GapError, ValueError):
-    """A path the harness was about to delete or write lies outside its run dir."""
 
 
 def is_name(value: object) -> bool:
@@ -45,17 +38,3 @@ def check_name(value: object, what: str) -> str:
     if problem:
         raise ValueError(problem)
     return value  # type: ignore[return-value]
-
-
-def inside(root: Path, relative: str | Path) -> Path:
-    """`root / relative`, after checking that it resolves (symlinks and `..` followed) to a path
-    strictly inside `root`; OutsideRunDir otherwise. Called before a trial dir is deleted or
-    written: a name that got past the pattern cannot reach another run's records."""
-    path = root / relative
-    base, target = root.resolve(), path.resolve()
-    if target == base or not target.is_relative_to(base):
-        raise OutsideRunDir(
-            f"{one_line(str(relative), 120)} resolves to {one_line(str(target), 120)}, outside "
-            f"the run dir {base}; nothing was deleted or written there"
-        )
-    return path

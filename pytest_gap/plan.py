@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from pytest_gap import ids
 from pytest_gap.config.checks import suite_variation
 from pytest_gap.config.document import IMPLICIT_POLICY, BenchmarkConfig
 from pytest_gap.config.messages import ConfigError
@@ -107,18 +108,17 @@ class Cell(BaseModel):
 
     @property
     def key(self) -> str:
-        """This cell's directory, relative to the run dir."""
-        if self.suite_name is not None:
-            return f"suites/{self.suite_name}"
-        policy = f"/{self.policy_id}" if self.policy_id else ""
-        return f"{self.mode}{policy}/{self.family}/{self.variation}"
+        """This cell's directory, relative to the run dir (ids.py)."""
+        return ids.cell_key(*self._names)
 
     @property
     def id_parts(self) -> tuple[str, str]:
-        if self.suite_name is not None:
-            return ("suites", self.suite_name)
-        mode = f"{self.mode}@{self.policy_id}" if self.policy_id else self.mode
-        return (mode, f"{self.family}/{self.variation}")
+        """The cell's two parts of its trials' ids (ids.py)."""
+        return ids.cell_id_parts(*self._names)
+
+    @property
+    def _names(self) -> tuple[str, str | None, str, str, str | None]:
+        return (self.mode, self.policy_id, self.family, self.variation, self.suite_name)
 
     @property
     def keywords(self) -> list[str]:
@@ -138,21 +138,18 @@ class Trial(BaseModel):
     seed: int
 
     @property
-    def id_parts(self) -> tuple[str, ...]:
-        return (*self.cell.id_parts, f"task{self.task_id:02d}", f"seed{self.seed:03d}")
-
-    @property
     def id(self) -> str:
-        return "::".join(self.id_parts)
+        """The pytest item's name after its YAML's path (ids.py)."""
+        return ids.trial_id(self.cell.id_parts, self.task_id, self.seed)
 
     @property
     def task_dir(self) -> str:
-        return f"{self.cell.key}/task_{self.task_id:02d}"
+        return ids.task_dir(self.cell.key, self.task_id)
 
     @property
     def key(self) -> str:
-        """This trial's directory, relative to the run dir."""
-        return f"{self.task_dir}/seed_{self.seed:03d}"
+        """This trial's directory, relative to the run dir (ids.py)."""
+        return ids.trial_key(self.cell.key, self.task_id, self.seed)
 
 
 def plan(

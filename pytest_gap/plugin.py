@@ -31,15 +31,15 @@ from typing import Any
 
 import pytest
 
+from pytest_gap import ids
 from pytest_gap.errors import GapError, one_line
+from pytest_gap.layout import POLICY_LOGS_DIR, new_stamp, resolve_run_dir
 from pytest_gap.progress import Progress
 from pytest_gap.results import (
     EXIT_TIMEOUT,
     Corrupt,
     TrialResult,
-    new_stamp,
     read_result,
-    resolve_run_dir,
     scan_results,
     write_json,
 )
@@ -146,11 +146,11 @@ class GapSession:
         """The policy endpoints this process's trials of `loaded` talk to: a managed server is
         where the lead says it is now (a restart moves it to a new port)."""
         from pytest_gap.policies.registry import endpoints_for
-        from pytest_gap.policies.supervisor import LOG_DIR, live_urls
+        from pytest_gap.policies.supervisor import live_urls
 
         started = self.policy_urls.get(str(loaded.path), {})
         if started:
-            started = {**started, **live_urls(loaded.run_dir / LOG_DIR)}
+            started = {**started, **live_urls(loaded.run_dir / POLICY_LOGS_DIR)}
         return endpoints_for(loaded.config, started)
 
 
@@ -237,10 +237,11 @@ class _Lead(GapSession):
             except GapError:
                 continue  # collection reports it, with every other problem of the file
         self._check_shard(list(loaded.values()))
-        from pytest_gap.policies.supervisor import LOG_DIR
         from pytest_gap.preflight import check_llms, start_policies
 
-        configs = [(c.path, c.config, c.cells, c.run_dir / LOG_DIR) for c in loaded.values()]
+        configs = [
+            (c.path, c.config, c.cells, c.run_dir / POLICY_LOGS_DIR) for c in loaded.values()
+        ]
         self._implicit_policy_lines(loaded.values())
         try:
             down = check_llms(configs)
@@ -354,7 +355,7 @@ class _Lead(GapSession):
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
-            config_file = Path(report.nodeid.split("::")[0]).suffix in BENCHMARK_SUFFIXES
+            config_file = Path(ids.path_of(report.nodeid)).suffix in BENCHMARK_SUFFIXES
             self._stop(str(report.longrepr) if config_file else _crash_line(report), config_file)
 
     def pytest_internalerror(self, excrepr) -> None:
@@ -477,7 +478,7 @@ class _Lead(GapSession):
         """The trial ids of `loaded` this session selected (node ids are relative to rootdir)."""
         selected = set()
         for nodeid in self.selected:
-            yaml_part, _, trial_id = nodeid.partition("::")
+            yaml_part, trial_id = ids.split_node_id(nodeid)
             if (self.config.rootpath / yaml_part).resolve() == loaded.path:
                 selected.add(trial_id)
         return selected
@@ -649,7 +650,7 @@ class Controller(_Lead):
             return
         from pytest_gap.runner import record_crash
 
-        yaml_part, _, trial_id = crashitem.partition("::")
+        yaml_part, trial_id = ids.split_node_id(crashitem)
         loaded = self.load(self.config.rootpath / yaml_part)
         trial = loaded.trials.get(trial_id)
         if trial is None:
@@ -697,20 +698,21 @@ def _csv(values: list[str] | None) -> list[str] | None:
 
 
 def _is_trial_nodeid(nodeid: str) -> bool:
-    return any(f"{suffix}::" in nodeid for suffix in BENCHMARK_SUFFIXES)
+    path, rest = ids.split_node_id(nodeid)
+    return bool(rest) and Path(path).suffix in BENCHMARK_SUFFIXES
 
 
 def _session_config_paths(config: pytest.Config) -> list[Path]:
     paths = []
     for arg in config.args:
-        path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
+        path = Path(config.invocation_params.dir, ids.path_of(arg)).resolve()
         candidates = [path] if path.is_file() else sorted(path.rglob("*.y*ml"))
         paths += [p for p in candidates if _is_benchmark_file(config, p)]
     return list(dict.fromkeys(paths))
 
 
 def _is_benchmark_arg(config: pytest.Config, arg: str) -> bool:
-    path = Path(config.invocation_params.dir, arg.split("::")[0]).resolve()
+    path = Path(config.invocation_params.dir, ids.path_of(arg)).resolve()
     if path.suffix in BENCHMARK_SUFFIXES:
         return True
     roots = [(config.rootpath / d).resolve() for d in config.getini("gap_benchmark_dirs")]
@@ -849,7 +851,7 @@ def _is_benchmark_file(config: pytest.Config, file_path: Path) -> bool:
     """A YAML named on the command line, or one under a gap_benchmark_dirs directory."""
     if file_path.suffix not in BENCHMARK_SUFFIXES:
         return False
-    explicit = {Path(config.invocation_params.dir, a.split("::")[0]).resolve() for a in config.args}
+    explicit = {Path(config.invocation_params.dir, ids.path_of(a)).resolve() for a in config.args}
     roots = [(config.rootpath / d).resolve() for d in config.getini("gap_benchmark_dirs")]
     resolved = file_path.resolve()
     return resolved in explicit or any(root in resolved.parents for root in roots)
@@ -870,7 +872,7 @@ class BenchmarkFile(pytest.File):
         tree: dict[str, Any] = {}
         for cell in loaded.cells:
             for trial in cell.trials():
-                group, cell_name, task, seed = trial.id_parts
+                group, cell_name, task, seed = ids.id_parts_of(trial.id)
                 tree.setdefault(group, {}).setdefault(cell_name, {}).setdefault(task, {})[seed] = (
                     trial
                 )
@@ -892,7 +894,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     trials = [item for item in items if isinstance(item, TrialItem)]
     if not trials:  # a config that failed to load says so itself
         return
-    plans = {item.nodeid.split("::")[0]: item.loaded.cells for item in trials}
+    plans = {ids.path_of(item.nodeid): item.loaded.cells for item in trials}
     shards = shard_plan(list(plans.items()), spec.count)
     why = too_many_shards(spec, sum(len(keys) for keys in shards.keys))
     if why and not hasattr(config, "workerinput"):  # the controller said it (_check_shard)
@@ -1157,7 +1159,7 @@ class TrialItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self):
-        return self.path, None, self.nodeid.split("::", 1)[-1]
+        return self.path, None, ids.split_node_id(self.nodeid)[1]
 
 
 @pytest.hookimpl(wrapper=True)

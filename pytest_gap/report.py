@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, model_validator
 
-from pytest_gap import intervals
+from pytest_gap import ids, intervals
 from pytest_gap.config.model import GateRule
 from pytest_gap.plan import Cell
 from pytest_gap.redaction import redact_tree
@@ -479,7 +479,7 @@ def fold_run(
     for cell in cells:
         trials = cell.trials()
         found = [results[t.key] for t in trials if t.key in results]
-        counts = by_mode.setdefault(cell.key.split("/", 1)[0], Recorded())
+        counts = by_mode.setdefault(ids.mode_of_key(cell.key), Recorded())
         counts.planned += len(trials)
         counts.recorded += len(found)
         if found:

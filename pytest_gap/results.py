@@ -11,25 +11,21 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pytest_gap import ids
+from pytest_gap.layout import RESULT_FILE, RUNNING_FILE
 from pytest_gap.redaction import redact_tree
 
 if TYPE_CHECKING:
     from pytest_gap.plan import Trial
 
-RESULT_FILE = "result.json"
-RUNNING_FILE = "running.json"
 RESULT_VERSION = 1
 MAX_RESULT_BYTES = 16 * 2**20  # a record is a few KB; a run dir's bigger file is not one
-STAMP_FORMAT = "%Y%m%d_%H%M%S"
-STAMP_RE = re.compile(r"^\d{8}_\d{6}$")
 
 # exit_code of a trial: 0 it ran (success or not); 1 the harness could not run it;
 # 124 the watchdog stopped it; 137 its worker died.
@@ -71,19 +67,16 @@ class TrialIdentity(BaseModel):
 
     @property
     def slug(self) -> str:
-        """A flat file name stem: <mode>[__<policy_id>] or suites__<suite_name>, then family,
-        variation, taskNN, seedNNN, joined by `__`."""
-        head = (
-            [self.mode, self.policy_id] if self.suite_name is None else ["suites", self.suite_name]
-        )
-        parts = [
-            *head,
+        """A flat file name stem (ids.slug)."""
+        return ids.slug(
+            self.mode,
+            self.policy_id,
             self.family,
             self.variation,
-            f"task{self.task_id:02d}",
-            f"seed{self.seed:03d}",
-        ]
-        return "__".join(p for p in parts if p)
+            self.suite_name,
+            self.task_id,
+            self.seed,
+        )
 
 
 class EarlierAttempt(BaseModel):
@@ -217,30 +210,6 @@ class TrialResult(BaseModel):
 
 def now_iso() -> str:
     return datetime.now().astimezone().isoformat(timespec="seconds")
-
-
-def new_stamp() -> str:
-    return time.strftime(STAMP_FORMAT)
-
-
-def latest_run_dir(output_dir: Path) -> Path | None:
-    if not output_dir.is_dir():
-        return None
-    stamped = sorted(p for p in output_dir.iterdir() if p.is_dir() and STAMP_RE.match(p.name))
-    return stamped[-1] if stamped else None
-
-
-def resolve_run_dir(output_dir: Path, stamp: str, reuse_latest: bool) -> Path:
-    """The run dir of a session: `stamp`, or the latest existing one when resuming.
-
-    Every process of a session computes this independently and gets the same answer: a
-    resumed run's latest dir predates the session; otherwise all use the session's stamp.
-    """
-    if reuse_latest:
-        latest = latest_run_dir(output_dir)
-        if latest is not None:
-            return latest
-    return output_dir / stamp
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pytest_gap.devices import egl_device_for_cell
 from pytest_gap.errors import GapError, InfraFailure, VideoError
-from pytest_gap.names import inside
+from pytest_gap.layout import FRAMES_DIR, RUNNING_FILE, WARMUP_DIR, inside
 from pytest_gap.plan import Trial
 from pytest_gap.producers.base import PRODUCED_FILE
 from pytest_gap.provenance import record_fields
@@ -36,7 +36,6 @@ from pytest_gap.results import (
     EXIT_CRASH,
     EXIT_ERROR,
     EXIT_TIMEOUT,
-    RUNNING_FILE,
     EarlierAttempt,
     TrialIdentity,
     TrialResult,
@@ -56,8 +55,6 @@ if TYPE_CHECKING:
     from pytest_gap.workflow.executor import RunResult
 
 VIDEO_FILE = "video.mp4"
-FRAMES_DIR = "frames"  # <run dir>/frames/<trial slug>.webp: every trial's strip, side by side
-WARMUP_DIR = "warmup"  # policy servers' warm-up inferences, one file per server and process
 
 
 class Watchdog(Protocol):

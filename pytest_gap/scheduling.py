@@ -33,28 +33,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_gap import ids
+
 # A worker holds the trial it runs and the one it runs next (xdist needs that next one).
 QUEUE_DEPTH = 2
 POLL_S = 0.1
 
 
-def phase_key(nodeid: str) -> str:
-    """The phase of an item: `<yaml>::<mode>[@<policy_id>]` (or `<yaml>::suites`) of a trial;
-    other items (plain tests) share their file's phase."""
-    parts = nodeid.split("::")
-    return "::".join(parts[:2]) if len(parts) >= 5 else parts[0]
-
-
-def task_key(nodeid: str) -> str:
-    """The (cell, task) of a trial: its seeds reuse one worker's env. A plain test is its own."""
-    parts = nodeid.split("::")
-    return "::".join(parts[:4]) if len(parts) >= 5 else nodeid
-
-
 def phases(collection: Sequence[str]) -> list[int]:
     """Each item's phase index: phases numbered in order of first appearance."""
     index: dict[str, int] = {}
-    return [index.setdefault(phase_key(n), len(index)) for n in collection]
+    return [index.setdefault(ids.phase_of(n), len(index)) for n in collection]
 
 
 class PhaseGate:
@@ -150,7 +139,7 @@ class ModePhaseScheduling:
                 return
             self.collection = collections[0]
             self.phase = phases(self.collection)
-            self.task = [task_key(n) for n in self.collection]
+            self.task = [ids.task_of(n) for n in self.collection]
             self.unsent = list(range(len(self.collection)))
             for index, phase in enumerate(self.phase):
                 self.outstanding.setdefault(phase, set()).add(index)

@@ -263,3 +263,61 @@ def test_the_config_package_is_layered():
                 found.append(f"pytest_gap.config.{name} -> {target}")
     users = [m for m in MODULES if "pytest_gap.config" in imports(m) and m != "pytest_gap.config"]
     assert found == [] and users == []
+
+
+# Trial names and run-dir names are made and read in ids.py and layout.py only: elsewhere a
+# node id split by hand, a key cut with rsplit or a record's file name spelled out would drift
+# from them. A "::" alone is an IPv6 address (bind.py's any-address, loopback names).
+NAMING_HOMES = {"pytest_gap.ids", "pytest_gap.layout"}
+IPV6_LITERALS = {"::", "::1"}
+RUN_DIR_FILES = {
+    "result.json",
+    "running.json",
+    "summary.json",
+    "summary.tsv",
+    "run_manifest.json",
+    "cell_result.json",
+    "episodes.parquet",
+    "aaa_done_flag.txt",
+}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            found.add(id(first.value))
+    return found
+
+
+def _naming_by_hand(module: str) -> list[str]:
+    tree = ast.parse(MODULES[module].read_text())
+    skip, found = _docstrings(tree), []
+    in_fstrings = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    for node in ast.walk(tree):
+        where = f"{module}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            ipv6 = node.value in IPV6_LITERALS and id(node) not in in_fstrings
+            if "::" in node.value and not ipv6:
+                found.append(f"{where} a node id part {node.value!r}")
+            if node.value in RUN_DIR_FILES:
+                found.append(f"{where} a run-dir name {node.value!r}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            first = next((a.value for a in node.args[:1] if isinstance(a, ast.Constant)), None)
+            if (node.func.attr, first) == ("rsplit", "/"):
+                found.append(f"{where} a key taken apart by hand (rsplit)")
+        if isinstance(node, ast.JoinedStr):
+            for before, after in zip(node.values, node.values[1:], strict=False):
+                by_hand = isinstance(before, ast.Constant) and isinstance(after, ast.FormattedValue)
+                if by_hand and str(before.value).endswith(("task_", "seed_", "task", "seed")):
+                    found.append(f"{where} a task or seed part built by hand")
+    return found
+
+
+def test_trial_and_run_dir_names_are_made_in_ids_and_layout_only():
+    found = [f for m in sorted(MODULES) if m not in NAMING_HOMES for f in _naming_by_hand(m)]
+    assert found == []
+    # the check sees what it looks for
+    assert _naming_by_hand("pytest_gap.ids") and _naming_by_hand("pytest_gap.layout")

@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from pytest_gap.config import load_config, parse_config
-from pytest_gap.outputs.parquet import EPISODES, SCHEMA
+from pytest_gap.layout import EPISODES
+from pytest_gap.outputs.parquet import SCHEMA
 from pytest_gap.plan import Cell, Trial
 from pytest_gap.policies.builtin import HoldPolicy
 from pytest_gap.policies.server import PolicyServer

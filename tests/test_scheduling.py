@@ -10,7 +10,8 @@ from datetime import datetime
 
 import pytest
 
-from pytest_gap.scheduling import ModePhaseScheduling, PhaseGate, phases, task_key
+from pytest_gap.ids import task_of
+from pytest_gap.scheduling import ModePhaseScheduling, PhaseGate, phases
 from tests.fake_session import CONFTEST, FakeSession
 
 pytest_plugins = ["pytester"]
@@ -62,7 +63,7 @@ def test_phases_are_modes_in_collection_order():
     collection = ids({"a": {"f/x": 1}, "b@p1": {"f/x": 1}, "b@p2": {"f/x": 1}})
     collection += ["b.yaml::suites::s1::task00::seed000", "tests/test_x.py::test_y"]
     assert phases(collection) == [0, 0, 1, 1, 2, 2, 3, 4]
-    assert task_key(collection[1]) == "b.yaml::a::f/x::task00"
+    assert task_of(collection[1]) == "b.yaml::a::f/x::task00"
 
 
 def test_a_mode_runs_to_its_end_before_the_next_one_starts(tmp_path):

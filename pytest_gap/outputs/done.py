@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gap.layout import DONE_FLAG
 from pytest_gap.report import Recorded, RunSummary
 from pytest_gap.results import now_iso
-
-DONE_FLAG = "aaa_done_flag.txt"
 
 
 def write_flags(run_dir: Path, summary: RunSummary) -> None:

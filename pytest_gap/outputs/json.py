@@ -8,11 +8,9 @@ from pathlib import Path
 import pytest
 
 from pytest_gap.config.document import BenchmarkConfig
+from pytest_gap.layout import CELL_RESULT, SUMMARY_JSON
 from pytest_gap.report import RunSummary, summary_document
 from pytest_gap.results import write_json
-
-SUMMARY_JSON = "summary.json"
-CELL_RESULT = "cell_result.json"
 
 
 def write_summary_json(run_dir: Path, summary: RunSummary, grid: dict) -> None:

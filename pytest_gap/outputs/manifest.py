@@ -47,7 +47,17 @@ from typing import Any
 
 import pytest
 
+from pytest_gap import ids
 from pytest_gap.config.document import BenchmarkConfig
+from pytest_gap.layout import (
+    CELL_RESULT,
+    EPISODES,
+    MANIFEST,
+    POLICY_LOGS_DIR,
+    SUMMARY_JSON,
+    SUMMARY_TSV,
+    VIDEOS_DIR,
+)
 from pytest_gap.provenance import (
     PACKAGE_ROOT,
     UNKNOWN,
@@ -60,7 +70,6 @@ from pytest_gap.redaction import redact_argv, redact_tree
 from pytest_gap.report import RunSummary
 from pytest_gap.results import TrialResult, now_iso, write_json
 
-MANIFEST = "run_manifest.json"
 STARTED = pytest.StashKey[str]()
 # Packages a result depends on beyond the simulator's (which harness_surface lists).
 HARNESS_PACKAGES = (
@@ -148,7 +157,7 @@ def command_line(argv: list[str]) -> str:
 
 # -- the run's fields ------------------------------------------------------------------------------
 def _cell_key(trial_dir: str) -> str:
-    return trial_dir.rsplit("/", 2)[0]
+    return ids.cell_of_key(trial_dir)
 
 
 def policy_identities(results: dict[str, TrialResult], planned: list[str]) -> dict:
@@ -207,9 +216,9 @@ def horizons(run_dir: Path, results: dict[str, TrialResult]) -> dict:
 
 def policy_servers(run_dir: Path) -> dict | str:
     """The managed servers' final state and restarts, as their supervisor published them."""
-    from pytest_gap.policies.supervisor import LOG_DIR, read_state
+    from pytest_gap.policies.supervisor import read_state
 
-    found = read_state(run_dir / LOG_DIR)
+    found = read_state(run_dir / POLICY_LOGS_DIR)
     if found is None:
         return "none"
     return {
@@ -308,13 +317,15 @@ def run_fields(
         "command": command_line(sys.argv),
         "results": {
             "run_dir": str(run_dir),
-            "summary_tsv": "summary.tsv",
-            "summary_json": "summary.json",
-            "episodes": "episodes.parquet",
-            "cells": sorted(f"{c.key}/cell_result.json" for c in cells),
+            "summary_tsv": SUMMARY_TSV,
+            "summary_json": SUMMARY_JSON,
+            "episodes": EPISODES,
+            "cells": sorted(f"{c.key}/{CELL_RESULT}" for c in cells),
             "trials": len(results),
-            "videos": "videos/" if (run_dir / "videos").is_dir() else "none",
-            "policy_logs": "policy_logs/" if (run_dir / "policy_logs").is_dir() else "none",
+            "videos": f"{VIDEOS_DIR}/" if (run_dir / VIDEOS_DIR).is_dir() else "none",
+            "policy_logs": f"{POLICY_LOGS_DIR}/"
+            if (run_dir / POLICY_LOGS_DIR).is_dir()
+            else "none",
         },
     }
 

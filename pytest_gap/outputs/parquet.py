@@ -53,9 +53,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pytest_gap import ids
+from pytest_gap.layout import EPISODES
 from pytest_gap.results import TrialResult
-
-EPISODES = "episodes.parquet"
 
 SCHEMA = pa.schema(
     [
@@ -108,7 +108,7 @@ def episode_row(run_id: str, trial_dir: str, r: TrialResult) -> dict:
         "run_id": run_id,
         "trial_dir": trial_dir,
         "plan_digest": r.plan_digest,
-        "cell_key": trial_dir.rsplit("/", 2)[0],  # <cell key>/task_NN/seed_NNN
+        "cell_key": ids.cell_of_key(trial_dir),
         "mode": r.mode,
         "policy_id": r.policy_id,
         "server_url": r.policy_url,

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gap.layout import SUMMARY_TSV
 from pytest_gap.report import RunSummary, format_tsv
-
-SUMMARY_TSV = "summary.tsv"
 
 
 def write_tsv(run_dir: Path, summary: RunSummary) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gap.layout import VIDEOS_DIR
 from pytest_gap.results import TrialResult
 
 
@@ -19,7 +20,7 @@ def video_name(r: TrialResult) -> str:
 def collate_videos(run_dir: Path, results: list[TrialResult]) -> int:
     """Hard-link every trial video into run_dir/videos/; a re-run trial replaces its old link
     (whose verdict may differ)."""
-    videos = run_dir / "videos"
+    videos = run_dir / VIDEOS_DIR
     count = 0
     for r in results:
         if not r.video or not (run_dir / r.video).is_file():

@@ -37,10 +37,10 @@ from pydantic import BaseModel, ValidationError
 
 from pytest_gap.config.document import BenchmarkConfig
 from pytest_gap.config.policies import PolicyManagerConfig
+from pytest_gap.layout import POLICY_LOGS_DIR
 from pytest_gap.policies.manager import ManagedServer, PolicyManager, PolicyStartError
 from pytest_gap.results import now_iso, write_json
 
-LOG_DIR = "policy_logs"  # <run dir>/policy_logs: server logs, servers.json, restarts.log
 STATE_FILE = "servers.json"
 RESTART_LOG = "restarts.log"
 POLL_S = 0.1  # how often a watcher looks at its server's process
@@ -324,7 +324,7 @@ class ServerWatch:
         entry = config.policies.get(cell.policy_id or "")
         if cell.error or entry is None or entry.url is not None:
             return None
-        watch = cls(run_dir / LOG_DIR, cell.policy_id, config.policy_manager)
+        watch = cls(run_dir / POLICY_LOGS_DIR, cell.policy_id, config.policy_manager)
         return watch if watch.read() is not None else None
 
     def read(self) -> ServerState | None:

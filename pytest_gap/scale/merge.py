@@ -32,18 +32,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from pytest_gap.errors import GapError
+from pytest_gap.layout import MANIFEST, RESULT_FILE, is_stamp
 from pytest_gap.plan import Trial
-from pytest_gap.results import (
-    RESULT_FILE,
-    STAMP_RE,
-    Corrupt,
-    TrialResult,
-    now_iso,
-    read_result,
-    write_json,
-)
+from pytest_gap.results import Corrupt, TrialResult, now_iso, read_result, write_json
 
-MANIFEST = "run_manifest.json"
 SHOWN = 3  # missing trials / duplicates a one-line message names before "(+N more)"
 
 
@@ -118,7 +110,7 @@ def input_dirs(paths: list[Path]) -> list[Path]:
         path = Path(raw).resolve()
         if not path.is_dir():
             raise MergeRefused(f"{raw}: no such run dir; give the shards' run dirs")
-        stamped = [p for p in path.iterdir() if p.is_dir() and STAMP_RE.match(p.name)]
+        stamped = [p for p in path.iterdir() if p.is_dir() and is_stamp(p.name)]
         if (path / MANIFEST).is_file() or not stamped:
             if not any(path.rglob(RESULT_FILE)) and not (path / MANIFEST).is_file():
                 raise MergeRefused(f"{raw}: not a run dir (no result.json, no {MANIFEST} in it)")

@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from pytest_gap.config.llm import LLMConfig
-from pytest_gap.names import inside
+from pytest_gap.layout import inside
 from pytest_gap.plan import Trial
 from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.results import EXIT_TIMEOUT, EarlierAttempt, TrialResult

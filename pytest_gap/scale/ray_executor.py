@@ -35,12 +35,11 @@ from urllib.parse import urlsplit
 
 from pytest_gap.bind import is_loopback
 from pytest_gap.errors import GapError, one_line
-from pytest_gap.names import inside
+from pytest_gap.layout import RESULT_FILE, inside
 from pytest_gap.provenance import record_fields
 from pytest_gap.results import (
     EXIT_CRASH,
     EXIT_TIMEOUT,
-    RESULT_FILE,
     EarlierAttempt,
     TrialIdentity,
     TrialResult,

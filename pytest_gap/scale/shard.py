@@ -26,6 +26,7 @@ from functools import cache
 
 from pydantic import BaseModel, ConfigDict
 
+from pytest_gap import ids
 from pytest_gap.errors import GapError
 from pytest_gap.plan import Cell, Trial
 
@@ -172,7 +173,7 @@ def plan_groups(
 
 def plan_key(label: str, trial: Trial) -> str:
     """A trial's key in a session's plan: its node id when `label` is its YAML's node id."""
-    return f"{label}::{trial.id}"
+    return ids.node_id(label, trial.id)
 
 
 class Shards(BaseModel):

@@ -28,7 +28,6 @@ RUNS_PATH = "/runs/"
 MAX_WORKER_ID = 1_000_000  # far above any fleet; an id is a slot thread's and a record's name
 SplitName = Literal["val_train", "val_unseen", "test"]
 HELD_OUT: SplitName = "test"  # its seeds stay on the server: status names no trial of it
-SMOKE_DIR = "smoke"  # fake-action episodes: recorded here, never folded into a rate
 TOKEN_ENV = "GAP_TOKEN"  # the bearer token, for `gap serve` and clients without --token-file
 RUN_SECRET_ENV = "GAP_RUN_SECRET"  # a run's secret, for `gap eval` without --run-secret-file
 MAX_SECRET_CHARS = 200

@@ -35,13 +35,13 @@ from pytest_gap.config.messages import ConfigError
 from pytest_gap.config.reader import read_yaml
 from pytest_gap.doors import new_secret, same_secret
 from pytest_gap.errors import GapError, one_line
-from pytest_gap.names import inside
+from pytest_gap.layout import RESULT_FILE, SMOKE_DIR, inside
 from pytest_gap.plan import Cell, Trial, all_trials, plan
 from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.producers.templates import template_names
 from pytest_gap.report import RunSummary, fold_run
 from pytest_gap.results import TrialResult, now_iso, read_result, scan_results, write_json
-from pytest_gap.service.protocol import SMOKE_DIR, SplitName, Submit, Submitted
+from pytest_gap.service.protocol import SplitName, Submit, Submitted
 
 log = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
@@ -200,7 +200,7 @@ class ServiceRun:
         self.attempts: dict[str, int] = {}  # runs of a trial the harness could not score
         self.given_up: set[str] = set()
         self.infra_failures = 0
-        self.smoke_episodes = len(list((run_dir / SMOKE_DIR).rglob("result.json")))
+        self.smoke_episodes = len(list((run_dir / SMOKE_DIR).rglob(RESULT_FILE)))
 
     @property
     def run_id(self) -> str:

@@ -33,9 +33,11 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Response
 
+from pytest_gap import ids
 from pytest_gap.bind import LOOPBACK, exposure_notice
 from pytest_gap.doors import bearer, new_secret, refuse_browsers, same_secret
 from pytest_gap.errors import one_line
+from pytest_gap.layout import SMOKE_DIR, SUMMARY_JSON, SUMMARY_TSV
 from pytest_gap.names import is_name
 from pytest_gap.policies.server import PolicyServer
 from pytest_gap.policies.wire import HEALTH_PATH, MAX_QUEUED_FRAMES, packb, unpackb
@@ -46,7 +48,6 @@ from pytest_gap.service.protocol import (
     EPISODES_PATH,
     HELD_OUT,
     RUNS_PATH,
-    SMOKE_DIR,
     Hello,
     RunStatus,
     Submit,
@@ -350,7 +351,7 @@ class EvalServer:
         TrialRun(
             trial,
             run_dir,
-            nodeid=f"{config}::{trial.id}",
+            nodeid=ids.node_id(config, trial.id),
             config=config,
             pool=pool,
             worker=f"service-{worker_id}",
@@ -360,8 +361,8 @@ class EvalServer:
     def _write_summary(self, run: ServiceRun) -> None:
         """summary.tsv/json, and the run's card completed: who ran it, what was saved."""
         summary = run.summary()
-        (run.run_dir / "summary.tsv").write_text(format_tsv(summary.cells))
-        write_json(run.run_dir / "summary.json", summary_document(summary, run.config.echo()))
+        (run.run_dir / SUMMARY_TSV).write_text(format_tsv(summary.cells))
+        write_json(run.run_dir / SUMMARY_JSON, summary_document(summary, run.config.echo()))
         status = self.status(run)
         card = {
             **run.card,

@@ -16,13 +16,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from pytest_gap import intervals
+from pytest_gap import ids, intervals
 from pytest_gap.errors import GapError
+from pytest_gap.layout import RESULT_FILE, SUMMARY_JSON, is_stamp
 from pytest_gap.report import Gate
-from pytest_gap.results import EXIT_TIMEOUT, STAMP_RE, TrialResult, scan_results
+from pytest_gap.results import EXIT_TIMEOUT, TrialResult, scan_results
 
 Outcome = Literal["success", "failed", "errored", "infra", "timeout"]
-SUMMARY = "summary.json"
 DAG_TRACE = "dag_trace.json"
 POLICY_WINDOW = "policy window"  # the event run_policy records per observation -> actions
 
@@ -433,7 +433,7 @@ def _cells_from_records(results: dict[str, TrialResult]) -> list[dict[str, Any]]
     counted from the records alone, so the report still opens."""
     grouped: dict[str, list[TrialResult]] = {}
     for key, r in results.items():
-        grouped.setdefault(key.rsplit("/", 2)[0], []).append(r)
+        grouped.setdefault(ids.cell_of_key(key), []).append(r)
     cells = []
     for key, records in grouped.items():
         first = records[0]
@@ -479,8 +479,8 @@ def check_run_dir(path: Path) -> None:
     """A run dir, or a one-line error naming what was given and what to give."""
     if not path.is_dir():
         raise GapError(f"{path}: not a directory; give a run dir (<output_dir>/<YYYYMMDD_HHMMSS>)")
-    stamps = sorted(p.name for p in path.iterdir() if p.is_dir() and STAMP_RE.match(p.name))
-    if stamps and not (path / SUMMARY).is_file():
+    stamps = sorted(p.name for p in path.iterdir() if p.is_dir() and is_stamp(p.name))
+    if stamps and not (path / SUMMARY_JSON).is_file():
         raise GapError(
             f"{path}: an output dir holding run dirs ({', '.join(stamps[-3:])}); give one run "
             f"dir, e.g. {path / stamps[-1]}"
@@ -501,7 +501,7 @@ def load_report(
     run_dir, out_dir = run_dir.resolve(), out_dir.resolve()
     check_run_dir(run_dir)
     results = scan_results(run_dir)
-    summary_file = confined(run_dir, SUMMARY, "summary")
+    summary_file = confined(run_dir, SUMMARY_JSON, "summary")
     summary = _read_json(summary_file) if summary_file else None
     summary = summary if isinstance(summary, dict) else {}
     if not results and not summary.get("cells"):
@@ -512,7 +512,7 @@ def load_report(
     raw_cells = summary.get("cells")
     if not isinstance(raw_cells, list) or not raw_cells:
         raw_cells = _cells_from_records(results)
-    cells = _cell_views(raw_cells, run_dir / SUMMARY)
+    cells = _cell_views(raw_cells, run_dir / SUMMARY_JSON)
     gate = _gate(summary.get("gate"))
     overview = Overview(
         rows=list(dict.fromkeys(c.row for c in cells)),
@@ -524,7 +524,7 @@ def load_report(
     trials = []
     for key, r in results.items():
         trial_dir = run_dir / key
-        where = f"{trial_dir / 'result.json'}:"
+        where = f"{trial_dir / RESULT_FILE}:"
         trace_dir = confined(run_dir, r.trace or f"{key}/trace", f"{where} trace")
         if trace_dir is not None and trace_dir.name == DAG_TRACE:  # records name the file;
             trace_dir = trace_dir.parent  # the images sit beside it
@@ -538,7 +538,7 @@ def load_report(
         trials.append(
             TrialView(
                 key=key,
-                cell=key.rsplit("/", 2)[0],
+                cell=ids.cell_of_key(key),
                 nodeid=r.nodeid,
                 task_id=r.task_id,
                 seed=r.seed,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 
-from pytest_gap.results import RESULT_FILE, Corrupt, read_result, scan_results
+from pytest_gap.layout import RESULT_FILE
+from pytest_gap.results import Corrupt, read_result, scan_results
 
 
 def test_a_fifo_a_symlink_or_a_huge_file_is_no_record(tmp_path):

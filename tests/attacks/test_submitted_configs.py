@@ -604,7 +604,7 @@ def test_a_wrong_typed_expansion_within_the_limit_is_a_short_message(tmp_path):
 
 
 def test_inside_refuses_every_way_out_of_a_run_dir(tmp_path):
-    from pytest_gap.names import OutsideRunDir, inside
+    from pytest_gap.layout import OutsideRunDir, inside
 
     run = tmp_path / "run"
     (run / "mode").mkdir(parents=True)

@@ -1,0 +1,89 @@
+"""The run directory: every name in it, and the rule that nothing is written outside it.
+
+    <output_dir>/<YYYYMMDD_HHMMSS>/                 a run dir (its stamp: STAMP_FORMAT)
+      summary.json  summary.tsv  episodes.parquet  run_manifest.json  aaa_done_flag.txt
+      videos/  frames/  warmup/  policy_logs/  smoke/ (a service run's fake-action episodes)
+      <cell key>/cell_result.json
+      <cell key>/task_03/workflow/                 what a trial runs (run/produce.py)
+      <cell key>/task_03/seed_007/result.json      one trial (its key: ids.py)
+
+The keys of cells and trials are ids.py's; every other name of a run dir is here, and so is
+`inside`, checked before the harness deletes or writes a path it made from names.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from pytest_gap.errors import GapError, one_line
+
+SUMMARY_JSON = "summary.json"
+SUMMARY_TSV = "summary.tsv"
+EPISODES = "episodes.parquet"
+MANIFEST = "run_manifest.json"
+DONE_FLAG = "aaa_done_flag.txt"  # sorts first: a reader sees at a glance that the run ended
+CELL_RESULT = "cell_result.json"
+RESULT_FILE = "result.json"
+RUNNING_FILE = "running.json"
+VIDEOS_DIR = "videos"
+FRAMES_DIR = "frames"  # <run dir>/frames/<trial slug>.webp: every trial's strip, side by side
+WARMUP_DIR = "warmup"  # policy servers' warm-up inferences, one file per server and process
+POLICY_LOGS_DIR = "policy_logs"  # server logs, servers.json, restarts.log
+SMOKE_DIR = "smoke"  # fake-action episodes: recorded here, never folded into a rate
+STAMP_FORMAT = "%Y%m%d_%H%M%S"
+STAMP_RE = re.compile(r"^\d{8}_\d{6}$")
+
+
+def is_stamp(name: str) -> bool:
+    """Whether a directory name is a run dir's stamp."""
+    return STAMP_RE.match(name) is not None
+
+
+def stamp_of(key: str) -> str | None:
+    """The stamp a results key starts with (an output dir scanned as if it were a run dir)."""
+    first = key.split("/", 1)[0]
+    return first if is_stamp(first) else None
+
+
+def new_stamp() -> str:
+    return time.strftime(STAMP_FORMAT)
+
+
+def latest_run_dir(output_dir: Path) -> Path | None:
+    if not output_dir.is_dir():
+        return None
+    stamped = sorted(p for p in output_dir.iterdir() if p.is_dir() and is_stamp(p.name))
+    return stamped[-1] if stamped else None
+
+
+def resolve_run_dir(output_dir: Path, stamp: str, reuse_latest: bool) -> Path:
+    """The run dir of a session: `stamp`, or the latest existing one when resuming.
+
+    Every process of a session computes this independently and gets the same answer: a
+    resumed run's latest dir predates the session; otherwise all use the session's stamp.
+    """
+    if reuse_latest:
+        latest = latest_run_dir(output_dir)
+        if latest is not None:
+            return latest
+    return output_dir / stamp
+
+
+class OutsideRunDir(GapError, ValueError):
+    """A path the harness was about to delete or write lies outside its run dir."""
+
+
+def inside(root: Path, relative: str | Path) -> Path:
+    """`root / relative`, after checking that it resolves (symlinks and `..` followed) to a path
+    strictly inside `root`; OutsideRunDir otherwise. Called before a trial dir is deleted or
+    written: a name that got past the pattern cannot reach another run's records."""
+    path = root / relative
+    base, target = root.resolve(), path.resolve()
+    if target == base or not target.is_relative_to(base):
+        raise OutsideRunDir(
+            f"{one_line(str(relative), 120)} resolves to {one_line(str(target), 120)}, outside "
+            f"the run dir {base}; nothing was deleted or written there"
+        )
+    return path
