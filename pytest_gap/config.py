@@ -718,7 +718,7 @@ def parse_config(
         problems += _describe_all(exc.errors(), body)
     skills = body.get("skills")
     if isinstance(skills, dict):  # before the workflows are checked: they may call these skills
-        from pytest_gap.skills.packages import package_problems
+        from pytest_gap.skills.catalogue import package_problems
 
         problems += package_problems(skills.get("packages"), base)
     problems += semantic_problems(body, base, table)
