@@ -27,7 +27,10 @@ def load_builtin_skills() -> None:
     # Deferred to the first lookup (see the module's docstring); importing twice is a no-op.
     from pytest_gap.skills import (  # noqa: F401
         articulation,
-        library,
+        basic,
+        grasp,
+        items,
+        place,
         policy,
         push,
         steps,

@@ -16,6 +16,7 @@ from pytest_gap.skills import articulation, motion, perception
 from pytest_gap.skills.calibration import RIM_DOWN
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import Box, wrap_half_turn
+from pytest_gap.skills.gripper import Grasp
 
 RIM_BAND = 0.01  # the ring: points this close to the object's top
 HANDLE_OUT = 0.012  # points this far beyond the ring are not its wall: a handle
@@ -77,8 +78,6 @@ def handle_grasps(ctx: SkillContext, scene_name: str) -> tuple[Box, list] | None
     ring's footprint, the handle left out) and top-down grasps across the handle's bar, the
     grip site RIM_DOWN under the handle's top, the reachable ones (`motion.grip_yaw`) first.
     None when the cameras see no rim or no handle: the caller grips it otherwise."""
-    from pytest_gap.skills.library import Grasp  # the skill's output model; library imports us
-
     points, _ = perception.object_points(ctx, scene_name)
     ring = rim_circle(points)
     if ring is None or 2 * ring[1] <= ctx.env.scene.gripper().max_width:

@@ -22,6 +22,7 @@ from pytest_gap.skills.registry import SkillFailure
 
 POS_GAIN = 15.0
 ROT_GAIN = 2.0
+HOME_XY = (-0.15, 0.0)  # above the near half of the table, the arm's comfortable middle
 SAFE_Z = 0.25  # before anything was seen: above every object of a floor scene (libero_object)
 IK_TOLERANCE = 0.01  # m: an IK residual above this means the pose is out of reach
 IK_TURN_TOLERANCE = 0.05  # rad: and so does an orientation left this far off

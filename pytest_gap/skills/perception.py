@@ -35,6 +35,7 @@ from pytest_gap.skills.geometry import (
 from pytest_gap.skills.registry import SkillFailure
 
 MIN_PIXELS = 8
+BOX_BIAS = 0.005  # boxes from depth run wide by the points on silhouette edges
 LOOK_PX = 256  # the frames skills look at objects in (square)
 # A container's walls are looked at in frames this large: at LOOK_PX a pixel of the front
 # camera spans about 4 mm at the basket, and its width came out 154-161 mm for a true 157 mm
