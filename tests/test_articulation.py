@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
-from pytest_gap.skills import articulation, grasp, perception, place, steps
+from pytest_gap.skills import articulation, door, grasp, perception, place, steps
 from pytest_gap.skills.context import SkillContext, TaskSucceeded
 from pytest_gap.skills.registry import SkillFailure
 
@@ -141,7 +141,7 @@ def test_a_door_left_open_by_a_sweep_is_swept_again_from_where_it_stands(envs, m
     env = envs("libero_10", 9)
     env.reset(0)
     ctx = SkillContext(env)
-    monkeypatch.setattr(articulation, "DOOR_SWEEP_STEPS", 8)
+    monkeypatch.setattr(door, "DOOR_SWEEP_STEPS", 8)
     done = articulation.close_fixture(ctx, "the microwave")
     again = [e for e in ctx.events if e["message"] == "door still open: sweeping again"]
     assert len(again) == 1 and again[0]["angle"] > 0.5  # radians, of 1.58 at first

@@ -312,7 +312,7 @@ def free_spot(
     come; (the spot with the fewest points in the way, False) when none is clear.
 
     `toward`: a point (x, y) to rank by instead of the centre, the spots nearest it first (the
-    robot's base, where the centre is beyond the arm's easy reach: `library._free_spot`)."""
+    robot's base, where the centre is beyond the arm's easy reach: `on_support._free_spot`)."""
     spot, clear, _ = plan_spot(center, reach, occupied, footprint, later, gap, toward)
     return spot, clear
 
@@ -329,7 +329,7 @@ def plan_spot(
     """`free_spot`, and what its plan costs: the sum of the distances (from the centre, or
     from `toward`) of the spot and of those the items to come find after it; infinite when
     the spot is not clear or they find no room. Costs compare footprints turned otherwise
-    (`library._free_spot` turns what it holds to make room)."""
+    (`on_support._free_spot` turns what it holds to make room)."""
     center = np.asarray(center, float)[:2]
     rank_from = center if toward is None else np.asarray(toward, float)[:2]
     reach = np.maximum(np.asarray(reach, float)[:2], 0.0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pytest_gap.skills import articulation, motion, perception
+from pytest_gap.skills import door, fixture_parts, motion, perception
 from pytest_gap.skills.calibration import RIM_DOWN
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import Box, wrap_half_turn
@@ -115,7 +115,7 @@ def heating_region(ctx: SkillContext, fixture: str):
     """The region site inside a fixture with a roof (`<fixture>_heating_region`), and the
     horizontal unit vector out of its open front. Privileged: LIBERO's region site (the
     cameras do not see under the roof) and its frame, whose -y axis points out of the door."""
-    names = [n for n in perception._sites_of(ctx, fixture) if n.endswith("_heating_region")]
+    names = [n for n in perception.sites_of(ctx, fixture) if n.endswith("_heating_region")]
     if not names:
         return None
     site = ctx.env.scene.region(names[0])
@@ -126,8 +126,8 @@ def heating_region(ctx: SkillContext, fixture: str):
 
 
 def door_angle(ctx: SkillContext, fixture: str) -> float | None:
-    """How far the fixture's door stands open (radians from shut; `articulation`'s privileged
+    """How far the fixture's door stands open (radians from shut; `door.door_state`'s privileged
     read of its hinge), None when it has no door."""
-    doors = [p for p in articulation.articulated_parts(ctx) if p.fixture == fixture]
+    doors = [p for p in fixture_parts.articulated_parts(ctx) if p.fixture == fixture]
     doors = [p for p in doors if p.part == "door"]
-    return articulation._door(ctx, doors[0])[3] if doors else None
+    return door.door_state(ctx, doors[0])[3] if doors else None
