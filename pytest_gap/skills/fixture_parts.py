@@ -20,6 +20,7 @@ from pytest_gap.skills.registry import SkillFailure
 LEVELS = ("top", "middle", "bottom")
 
 
+# What open_fixture and close_fixture return (articulation.py).
 class Articulated(BaseModel):
     fixture: str  # scene name, e.g. wooden_cabinet_1
     part: str  # "top drawer", "door"

@@ -13,8 +13,9 @@ and the same failure rule (raise SkillFailure to take a node's `on_error` edge).
 A package that does not import (or registers a skill under a taken name) is one line naming the
 package, the key and the error, never a traceback.
 
-How a package is imported, only: the lookups load the installed ones after the built-in skills
-(catalogue.py), which also checks a config's `skills.packages` (`catalogue.package_problems`).
+This module is how a package is imported. The lookups (catalogue.py) load the installed ones
+after the built-in skills, and `catalogue.package_problems` checks a config's `skills.packages`
+the same way.
 """
 
 from __future__ import annotations
