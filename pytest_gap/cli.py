@@ -76,7 +76,7 @@ def _cmd_verify_harness(args: argparse.Namespace) -> int:
 def _cmd_skills(args: argparse.Namespace) -> int:
     import json
 
-    from pytest_gap.skills.registry import catalogue
+    from pytest_gap.skills.catalogue import catalogue
 
     if args.config:  # its skills.packages join the catalogue (installed packages always do)
         from pytest_gap.config import load_config

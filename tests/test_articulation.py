@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
-from pytest_gap.skills import articulation, library, perception, steps
+from pytest_gap.skills import articulation, door, grasp, perception, place, steps
 from pytest_gap.skills.context import SkillContext, TaskSucceeded
 from pytest_gap.skills.registry import SkillFailure
 
@@ -76,7 +76,7 @@ def test_open_first_pushes_what_a_later_step_picks_out_from_under_the_drawer(env
     v = box.center[0] * across[0] + box.center[1] * across[1]
     assert v > v_hi + 0.03 or v < v_lo - 0.03, (v, v_lo, v_hi)  # beside the drawer now
     assert env.steps <= 200, env.steps  # room left for the pick and the place
-    assert library.pick(ctx, "the bowl").holding
+    assert grasp.pick(ctx, "the bowl").holding
 
 
 def test_a_thing_clear_of_the_drawer_is_not_pushed(envs):
@@ -111,10 +111,10 @@ def test_a_bowl_is_put_into_the_open_drawer_which_is_then_closed(envs, seed):
     )  # "put the black bowl in the bottom drawer of the cabinet and close it"
     env.reset(seed)
     ctx = SkillContext(env)
-    assert library.pick(ctx, "the black bowl").holding
+    assert grasp.pick(ctx, "the black bowl").holding
     bowl = perception.ground_name(ctx, "the black bowl")
     standing = ctx.memory["heights"][bowl]
-    library.place(ctx, "the bottom drawer of the cabinet", relation="in")
+    place.place(ctx, "the bottom drawer of the cabinet", relation="in")
     assert env.goal_status()[1] is True  # ('in', 'akita_black_bowl_1', ..._bottom_region)
     assert 2 * perception.locate_box(ctx, bowl)[0].half_extents[2] < standing + 0.01
     with pytest.raises(TaskSucceeded):
@@ -141,7 +141,7 @@ def test_a_door_left_open_by_a_sweep_is_swept_again_from_where_it_stands(envs, m
     env = envs("libero_10", 9)
     env.reset(0)
     ctx = SkillContext(env)
-    monkeypatch.setattr(articulation, "DOOR_SWEEP_STEPS", 8)
+    monkeypatch.setattr(door, "DOOR_SWEEP_STEPS", 8)
     done = articulation.close_fixture(ctx, "the microwave")
     again = [e for e in ctx.events if e["message"] == "door still open: sweeping again"]
     assert len(again) == 1 and again[0]["angle"] > 0.5  # radians, of 1.58 at first

@@ -10,8 +10,7 @@ import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.sim.variations import resolve
-from pytest_gap.skills import library as skills
-from pytest_gap.skills import perception
+from pytest_gap.skills import grasp, perception, place
 from pytest_gap.skills.context import SkillContext, TaskSucceeded
 from pytest_gap.skills.registry import SkillFailure
 from pytest_gap.workflow.executor import run_workflow
@@ -56,7 +55,7 @@ def test_a_place_naming_nothing_lists_the_objects_and_fixtures(envs):
         SkillFailure,
         match=r"'the microwave' in this scene; it has .*flat stove.*wine rack, wooden cabinet",
     ):
-        skills.place(ctx, container="the microwave", relation="on")
+        place.place(ctx, container="the microwave", relation="on")
 
 
 def test_the_left_and_right_plate_are_the_goals_plates():
@@ -77,7 +76,7 @@ def test_the_book_goes_in_the_caddys_back_compartment_and_a_missing_part_is_name
         obs = env.reset(0)
         ctx = SkillContext(env)
         with pytest.raises(SkillFailure, match="desk_caddy_1 has no 'top' part; it has back,"):
-            skills.place(ctx, container="the top compartment of the caddy")
+            place.place(ctx, container="the top compartment of the caddy")
         result = run_workflow(load_workflow(GRAPH, task_placeholders(obs.prompt)), env)
         assert result.success, (obs.prompt, result.exit_status, result.error)
 
@@ -92,10 +91,10 @@ def test_a_bare_compartment_is_the_one_thing_with_such_a_part():
         with pytest.raises(
             SkillFailure, match=r"has a 'top' compartment; things with compartments: desk_caddy_1$"
         ):
-            skills.place(ctx, container="the top compartment")
-        assert skills.pick(ctx, name="book").holding
+            place.place(ctx, container="the top compartment")
+        assert grasp.pick(ctx, name="book").holding
         with pytest.raises(TaskSucceeded):  # LIBERO's goal: in desk_caddy_1_back_contain_region
-            skills.place(ctx, container="back compartment")
+            place.place(ctx, container="back compartment")
 
 
 def test_the_pudding_goes_to_the_right_of_the_plate_clear_of_the_mug_on_it():
@@ -107,9 +106,9 @@ def test_the_pudding_goes_to_the_right_of_the_plate_clear_of_the_mug_on_it():
     with make_env(variation.suite, 6, EnvOptions()) as env:
         env.reset(0, variation=variation)
         ctx = SkillContext(env)
-        assert skills.pick(ctx, name="white mug").holding
-        skills.place(ctx, container="the plate", relation="on")
+        assert grasp.pick(ctx, name="white mug").holding
+        place.place(ctx, container="the plate", relation="on")
         assert env.completion() == pytest.approx(0.5)
-        assert skills.pick(ctx, name="chocolate pudding").holding
+        assert grasp.pick(ctx, name="chocolate pudding").holding
         with pytest.raises(TaskSucceeded):  # ('on', pudding, plate_right_region) held too
-            skills.place(ctx, container="the plate", relation="right_of")
+            place.place(ctx, container="the plate", relation="right_of")

@@ -18,7 +18,7 @@ from pytest_gap.sim.backend import EnvOptions, FrameStrip, get_backend
 from pytest_gap.sim.libero import make_env
 from pytest_gap.sim.pool import env_pool
 from pytest_gap.sim.video import STRIP_HEIGHT, WEBP_MAX_SIDE, StripWriter, compose_strip
-from pytest_gap.skills.registry import skill_names
+from pytest_gap.skills.catalogue import skill_names
 from tests.fake_session import BACKEND, GIVE_UP, TESTS, write_workflow
 
 pytest_plugins = ["pytester"]

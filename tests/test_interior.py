@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
-from pytest_gap.skills import interior, library
+from pytest_gap.skills import grasp, interior, place
 from pytest_gap.skills.context import SkillContext
 
 
@@ -24,8 +24,8 @@ def test_the_mug_is_picked_by_its_handle_and_put_in_the_microwave(env, seed):
     env.reset(seed)  # "put the yellow and white mug in the microwave and close it"
     ctx = SkillContext(env)
     assert env.goal_status()[0] is False  # ('in', 'white_yellow_mug_1', heating_region)
-    assert library.pick(ctx, "the yellow and white mug").holding  # refused as too wide before
-    library.place(ctx, "the microwave", relation="in")  # raised: no room in a fixture before
+    assert grasp.pick(ctx, "the yellow and white mug").holding  # refused as too wide before
+    place.place(ctx, "the microwave", relation="in")  # raised: no room in a fixture before
     assert env.goal_status()[0] is True
 
 

@@ -321,3 +321,106 @@ def test_trial_and_run_dir_names_are_made_in_ids_and_layout_only():
     assert found == []
     # the check sees what it looks for
     assert _naming_by_hand("pytest_gap.ids") and _naming_by_hand("pytest_gap.layout")
+
+
+# -- inside a package: no import circle, no other module's private name ---------------------------
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of a graph (module -> modules it imports): each strongly connected
+    component of more than one module, sorted (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def _package_circles(package: str) -> list[list[str]]:
+    inside = [m for m in MODULES if _in(m, package) and m != package]
+    return _circles({m: {n for n in imports(m) if n in inside} for m in inside})
+
+
+def _private_uses(source: str, module: str) -> list[str]:
+    """The private names (`_name`, not dunders) of other package modules that `source` (the
+    text of `module`) uses: imported by name (`from pytest_gap.x import _y`) or read off an
+    imported module (`x._y`), lazy imports included."""
+    parts = module.split(".")[:-1]  # the module's package
+    bound: dict[str, str] = {}  # a local name -> the package module it stands for
+    found = []
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound.update({a.asname: a.name for a in node.names if a.asname and a.name in MODULES})
+            continue
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = node.module or ""
+        if node.level:
+            base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+        for a in node.names:
+            if f"{base}.{a.name}" in MODULES:
+                bound[a.asname or a.name] = f"{base}.{a.name}"
+            elif base.startswith("pytest_gap") and base != module and _private(a.name):
+                found.append(f"{module} imports {base}.{a.name}")
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and bound.get(node.value.id, module) != module
+            and _private(node.attr)
+        ):
+            found.append(f"{module} reads {bound[node.value.id]}.{node.attr}")
+    return sorted(set(found))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_the_package_checks_see_circles_and_private_names():
+    """A broken check passes everything: each one finds what it looks for."""
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+    source = (
+        "from pytest_gap.skills import motion\n"
+        "from pytest_gap.skills.gripper import _hidden, CLOSE\n"
+        "def f():\n"
+        "    from pytest_gap.skills import perception as seen\n"
+        "    return motion._secret, seen._sites, motion.__name__, motion.servo\n"
+    )
+    assert _private_uses(source, "pytest_gap.skills.some") == [
+        "pytest_gap.skills.some imports pytest_gap.skills.gripper._hidden",
+        "pytest_gap.skills.some reads pytest_gap.skills.motion._secret",
+        "pytest_gap.skills.some reads pytest_gap.skills.perception._sites",
+    ]
+
+
+def test_skills_has_no_import_circle_and_reads_no_private_name_across_modules():
+    """skills/ is layered (registry, the helpers, the skills, the catalogue on top): no circle,
+    lazy imports included, so no import sits in a function to dodge one; and one module's
+    private helper is not another's (shared ones are public where they belong: gripper.py)."""
+    assert _package_circles("pytest_gap.skills") == []
+    skills = sorted(m for m in MODULES if _in(m, "pytest_gap.skills"))
+    assert [u for m in skills for u in _private_uses(MODULES[m].read_text(), m)] == []

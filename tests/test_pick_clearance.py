@@ -9,8 +9,7 @@ import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.sim.variations import resolve
-from pytest_gap.skills import library as skills
-from pytest_gap.skills import motion, perception
+from pytest_gap.skills import calibration, grasp, gripper, motion, perception, place
 from pytest_gap.skills.context import SkillContext
 
 
@@ -27,9 +26,9 @@ def test_pick_waits_for_the_cartons_in_flight_to_land(env):
     env.reset(1)
     ctx = SkillContext(env)
     assert perception.object_points(ctx, "milk_1")[0][:, 2].min() > 0.7  # in flight
-    assert motion.hold_until_still(ctx, skills.OPEN) > 1
+    assert motion.hold_until_still(ctx, gripper.OPEN) > 1
     assert perception.object_points(ctx, "milk_1")[0][:, 2].min() < 0.5
-    assert motion.hold_until_still(ctx, skills.OPEN) == 2  # at rest: two looks a step apart
+    assert motion.hold_until_still(ctx, gripper.OPEN) == 2  # at rest: two looks a step apart
 
 
 def test_the_cream_cheese_beside_the_milk_is_gripped_clear_of_it(env):
@@ -37,7 +36,7 @@ def test_the_cream_cheese_beside_the_milk_is_gripped_clear_of_it(env):
     fingers came down on the carton's edge, 11 cm over the grasp, every try."""
     env.reset(4)
     ctx = SkillContext(env)
-    picked = skills.pick(ctx, name="cream cheese box")
+    picked = grasp.pick(ctx, name="cream cheese box")
     assert picked.holding and picked.attempts == 1
 
 
@@ -45,11 +44,11 @@ def test_finger_slide_moves_the_grip_along_the_box_away_from_what_stands_beside_
     grip = [0.0, 0.0, 0.44]
     # A carton's wall 4 cm off along the closing axis (world y at yaw 0), x from -0.06 to 0.0.
     wall = np.array([[x, -0.04, z] for x in np.linspace(-0.06, 0.0, 13) for z in (0.46, 0.5)])
-    assert 0.015 < skills.finger_slide(wall, grip, 0.0, 0.025) <= 0.025  # away from it
-    assert skills.finger_slide(wall, grip, 0.0, 0.0) == 0.0  # no room on the box: as it was
+    assert 0.015 < grasp.finger_slide(wall, grip, 0.0, 0.025) <= 0.025  # away from it
+    assert grasp.finger_slide(wall, grip, 0.0, 0.0) == 0.0  # no room on the box: as it was
     low = wall.copy()
     low[:, 2] = 0.43  # below the fingertips: not in the way
-    assert skills.finger_slide(low, grip, 0.0, 0.025) == 0.0
+    assert grasp.finger_slide(low, grip, 0.0, 0.025) == 0.0
 
 
 def test_a_rim_grasp_whose_hand_meets_an_overhang_is_not_clear():
@@ -58,9 +57,9 @@ def test_a_rim_grasp_whose_hand_meets_an_overhang_is_not_clear():
     hand's body it is not."""
     grip, closing = np.zeros(2), np.array([1.0, 0.0])
     shelf = np.array([[0.08, dy, 0.06] for dy in np.linspace(-0.01, 0.01, 5)])
-    assert not skills._hand_clear(shelf, grip, closing, 0.0)
-    assert skills._hand_clear(shelf + np.array([0.0, 0.08, 0.0]), grip, closing, 0.0)
-    assert skills._hand_clear(shelf - np.array([0.0, 0.0, 0.03]), grip, closing, 0.0)
+    assert not grasp._hand_clear(shelf, grip, closing, 0.0)
+    assert grasp._hand_clear(shelf + np.array([0.0, 0.08, 0.0]), grip, closing, 0.0)
+    assert grasp._hand_clear(shelf - np.array([0.0, 0.0, 0.03]), grip, closing, 0.0)
 
 
 def test_a_box_hidden_in_the_basket_after_release_is_placed(env):
@@ -69,8 +68,8 @@ def test_a_box_hidden_in_the_basket_after_release_is_placed(env):
     way home cost 50 of the episode's steps."""
     env.reset(1)
     ctx = SkillContext(env)
-    assert skills.pick(ctx, name="cream cheese box").holding
-    placed = skills.place(ctx, container="basket")
+    assert grasp.pick(ctx, name="cream cheese box").holding
+    placed = place.place(ctx, container="basket")
     assert placed.released and env.goal_status()[0] is True  # ('in', cream_cheese_1, basket)
 
 
@@ -80,11 +79,11 @@ def test_finger_clearance_moves_the_grip_across_when_along_the_box_is_blocked():
     box leaves between them does, when that is 1 cm or more."""
     grip = [0.0, 0.0, 0.91]
     rim = np.array([[x, -0.04, 0.97] for x in np.linspace(-0.1, 0.1, 41)])
-    assert skills.finger_slide(rim, grip, 0.0, 0.025) == 0.0  # along: blocked everywhere
-    slide, shift = skills.finger_clearance(rim, grip, 0.0, 0.025, 0.0135)
+    assert grasp.finger_slide(rim, grip, 0.0, 0.025) == 0.0  # along: blocked everywhere
+    slide, shift = grasp.finger_clearance(rim, grip, 0.0, 0.025, 0.0135)
     # across, away from the rim: world +y, which is -y of the hand at yaw 0
     assert (slide, shift) == (0.0, -0.0135)
-    assert skills.finger_clearance(rim, grip, 0.0, 0.025, 0.005) == (0.0, 0.0)  # no room
+    assert grasp.finger_clearance(rim, grip, 0.0, 0.025, 0.005) == (0.0, 0.0)  # no room
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +105,7 @@ def test_the_cream_cheese_by_a_bigger_bowl_is_gripped_and_put_in_its_middle(goal
 
     variation = resolve("libero_pro", "goal_object")
     goal_env.reset(23, variation=variation)
-    picked = skills.pick(SkillContext(goal_env), name="cream cheese")
+    picked = grasp.pick(SkillContext(goal_env), name="cream cheese")
     assert picked.holding and picked.attempts == 1
     obs = goal_env.reset(22, variation=variation)
     graph = load_workflow("examples/workflows/do_task", task_placeholders(obs.prompt))
@@ -132,13 +131,17 @@ def test_a_rim_grasp_whose_forearm_meets_the_cabinet_is_passed_over(bowl_by_the_
     bowl = perception.ground_name(ctx, "the black bowl on the cookie box")
     box, _ = perception.locate_box(ctx, bowl)
     around = perception.surroundings(ctx, bowl)
-    near_rim = [box.center[0] - min(box.half_extents[:2]) + skills.RIM_IN, box.center[1], box.top]
-    near_rim[2] -= skills.RIM_DOWN
+    near_rim = [
+        box.center[0] - min(box.half_extents[:2]) + calibration.RIM_IN,
+        box.center[1],
+        box.top,
+    ]
+    near_rim[2] -= calibration.RIM_DOWN
     yaw = motion.grip_yaw(ctx, near_rim, np.pi / 2)
     assert yaw is not None and not motion.arm_clear(ctx, near_rim, yaw, around)
 
-    grasps = skills._rim_grasps(ctx, bowl, box)
+    grasps = grasp._rim_grasps(ctx, bowl, box)
     assert grasps and all(g.yaw_fixed for g in grasps)
     assert all(motion.arm_clear(ctx, g.position, g.yaw, around) for g in grasps)
-    picked = skills.pick(ctx, name="the black bowl on the cookie box")
+    picked = grasp.pick(ctx, name="the black bowl on the cookie box")
     assert picked.holding and picked.attempts == 1

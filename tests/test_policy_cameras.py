@@ -14,7 +14,7 @@ import pytest
 
 from pytest_gap.config import BenchmarkConfig, Perception
 from pytest_gap.plan import plan
-from pytest_gap.skills import library
+from pytest_gap.skills import basic
 from pytest_gap.skills.context import PERCEPTION_CAMERAS, SkillContext
 from pytest_gap.skills.registry import SkillFailure
 from pytest_gap.workflow.executor import run_workflow
@@ -42,9 +42,9 @@ def test_every_cell_of_a_config_carries_its_perception_setting():
 
 def test_the_goal_check_is_refused_under_policy_cameras(object_env):
     object_env.reset(0)
-    assert library.check_success(SkillContext(object_env)).success is False
+    assert basic.check_success(SkillContext(object_env)).success is False
     with pytest.raises(SkillFailure, match="goal check is privileged"):
-        library.check_success(SkillContext(object_env, perception="policy_cameras"))
+        basic.check_success(SkillContext(object_env, perception="policy_cameras"))
 
 
 def _cameras_seen(trace_dir: Path) -> set[str]:

@@ -8,8 +8,7 @@ import pytest
 from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.sim.variations import resolve
-from pytest_gap.skills import library as skills
-from pytest_gap.skills import motion, perception
+from pytest_gap.skills import basic, grasp, items, motion, perception
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import quat_xyzw_to_matrix, wrap_half_turn
 from pytest_gap.skills.registry import SkillFailure
@@ -32,7 +31,7 @@ def test_locate_box_contains_each_objects_true_position(env, seed, variation):
     env.reset(seed, variation=resolve(*variation) if variation else None)
     ctx = SkillContext(env)
     for obj in env.scene.objects():
-        found = skills.locate(ctx, obj.category.replace("_", " "))
+        found = basic.locate(ctx, obj.category.replace("_", " "))
         assert found.name == obj.name and found.pixels > 50
         lo, hi = env.scene.world_aabb(obj.name)
         truth = (lo + hi) / 2
@@ -44,17 +43,17 @@ def test_locate_box_contains_each_objects_true_position(env, seed, variation):
 def test_locate_grounds_names_and_fails_clearly(env):
     env.reset(0)
     ctx = SkillContext(env)
-    assert skills.locate(ctx, "The Cream Cheese").name == "cream_cheese_1"
-    assert skills.locate(ctx, "cream_cheese_1").name == "cream_cheese_1"
+    assert basic.locate(ctx, "The Cream Cheese").name == "cream_cheese_1"
+    assert basic.locate(ctx, "cream_cheese_1").name == "cream_cheese_1"
     with pytest.raises(SkillFailure, match="no object called 'banana' in this scene; it has"):
-        skills.locate(ctx, "banana")
+        basic.locate(ctx, "banana")
 
 
 def test_move_to_reaches_the_pose_and_refuses_unreachable_ones(env):
     env.reset(0)
     ctx = SkillContext(env)
     target = [0.05, -0.05, 0.2]
-    moved = skills.move_to(ctx, target, yaw=0.6)
+    moved = basic.move_to(ctx, target, yaw=0.6)
     grip = env.scene.gripper()
     assert moved.reached and np.linalg.norm(grip.eef_pos - target) < MOVE_TOL
     rot = quat_xyzw_to_matrix(grip.hand_quat_xyzw)
@@ -62,7 +61,7 @@ def test_move_to_reaches_the_pose_and_refuses_unreachable_ones(env):
     assert np.arctan2(rot[1, 0], rot[0, 0]) == pytest.approx(0.6, abs=0.05)
     steps = env.steps
     with pytest.raises(SkillFailure, match="out of the arm's reach"):
-        skills.move_to(ctx, [0.9, 0.0, 0.1])
+        basic.move_to(ctx, [0.9, 0.0, 0.1])
     assert env.steps == steps  # refused before moving
 
 
@@ -72,9 +71,9 @@ def test_grip_yaw_turns_the_wrist_the_short_way_within_its_easy_range(env):
     env.reset(0)
     ctx = SkillContext(env)
     there = [0.05, 0.05, 0.15]
-    skills.move_to(ctx, [0.0, 0.0, 0.2], yaw=-1.4)
+    basic.move_to(ctx, [0.0, 0.0, 0.2], yaw=-1.4)
     assert motion.grip_yaw(ctx, there, 1.5) == pytest.approx(1.5 - np.pi)  # 0.24 rad, not 2.9
-    skills.move_to(ctx, [0.0, 0.0, 0.2], yaw=1.9)
+    basic.move_to(ctx, [0.0, 0.0, 0.2], yaw=1.9)
     assert motion.grip_yaw(ctx, there, 2.9) == pytest.approx(2.9 - np.pi)  # not out to 2.9
     assert motion.grip_yaw(ctx, [0.9, 0.0, 0.1], 0.0) is None  # out of reach either way
 
@@ -82,8 +81,8 @@ def test_grip_yaw_turns_the_wrist_the_short_way_within_its_easy_range(env):
 def test_grasp_candidates_close_across_the_narrow_side(env):
     env.reset(0)
     ctx = SkillContext(env)
-    box = skills.locate(ctx, "cream cheese").box  # a flat box, 8 x 4 cm
-    best = skills.grasp_candidates(ctx, box).best
+    box = basic.locate(ctx, "cream cheese").box  # a flat box, 8 x 4 cm
+    best = grasp.grasp_candidates(ctx, box).best
     closing = np.array([np.sin(best.yaw), -np.cos(best.yaw)])  # hand y axis in the table plane
     narrow = np.array([np.cos(box.yaw), np.sin(box.yaw)])
     if box.half_extents[0] >= box.half_extents[1]:
@@ -95,13 +94,13 @@ def test_grasp_candidates_close_across_the_narrow_side(env):
 def test_gripper_and_lift_and_success_check(env):
     env.reset(0)
     ctx = SkillContext(env)
-    closed = skills.close_gripper(ctx)
+    closed = basic.close_gripper(ctx)
     assert not closed.holding and closed.width < 0.004
-    assert skills.open_gripper(ctx).width > 0.07
-    lifted = skills.lift(ctx, height=0.3)
+    assert basic.open_gripper(ctx).width > 0.07
+    lifted = basic.lift(ctx, height=0.3)
     assert lifted.reached and env.scene.gripper().eef_pos[2] == pytest.approx(0.3, abs=0.015)
-    assert skills.check_success(ctx).model_dump() == {"success": False, "completion": 0.0}
-    assert skills.observe(ctx).visible  # something is in view
+    assert basic.check_success(ctx).model_dump() == {"success": False, "completion": 0.0}
+    assert basic.observe(ctx).visible  # something is in view
 
 
 def test_frames_are_rendered_once_per_step(env):
@@ -111,16 +110,16 @@ def test_frames_are_rendered_once_per_step(env):
     first = ctx.render("agentview")
     assert ctx.render("agentview") is first
     assert ctx.render("birdview") is not first
-    skills.lift(ctx, height=0.26)
+    basic.lift(ctx, height=0.26)
     assert ctx.render("agentview") is not first
 
 
 def test_read_task_and_next_item(env):
     env.reset(2, variation=resolve("grocery_packing", "object"))
     ctx = SkillContext(env)
-    task = skills.read_task(ctx)
+    task = items.read_task(ctx)
     assert task.container == "basket" and len(task.items) == 2 + 1 % 4
-    boxes = {i: skills.locate(ctx, i).box for i in task.items}
+    boxes = {i: basic.locate(ctx, i).box for i in task.items}
 
     def order(item):  # tall things first, then cans, then flat things; the widest first
         hx, hy, hz = boxes[item].half_extents
@@ -128,9 +127,9 @@ def test_read_task_and_next_item(env):
 
     expected = sorted(task.items, key=order)
     assert len({order(i)[0] for i in task.items}) == 3  # this task has one of each
-    first = skills.next_item(ctx, task.items, task.container)
+    first = items.next_item(ctx, task.items, task.container)
     assert first.item == expected[0] and first.remaining == len(task.items)
-    second = skills.next_item(ctx, task.items, task.container, max_attempts=1)
+    second = items.next_item(ctx, task.items, task.container, max_attempts=1)
     assert second.item == expected[1]
 
 
@@ -138,8 +137,8 @@ def test_next_item_leaves_an_item_perched_over_the_container(env):
     """Lifting an item that rests on others in the basket drags the basket: never try."""
     env.reset(2, variation=resolve("grocery_packing", "object"))
     ctx = SkillContext(env)
-    task = skills.read_task(ctx)
-    perched = skills.locate(ctx, task.items[0]).name
+    task = items.read_task(ctx)
+    perched = basic.locate(ctx, task.items[0]).name
     basket = env.scene.pose("basket_1").pos
     sim = env.raw.sim
     joint = env.raw.objects_dict[perched].joints[-1]
@@ -148,8 +147,8 @@ def test_next_item_leaves_an_item_perched_over_the_container(env):
     sim.data.set_joint_qpos(joint, qpos)
     sim.forward()
     ctx = SkillContext(env)  # frames are kept per step, and no step was taken
-    picks = [skills.next_item(ctx, task.items, task.container) for _ in range(2 * len(task.items))]
-    assert perched not in {skills.locate(ctx, p.item).name for p in picks if not p.done}
+    picks = [items.next_item(ctx, task.items, task.container) for _ in range(2 * len(task.items))]
+    assert perched not in {basic.locate(ctx, p.item).name for p in picks if not p.done}
     assert picks[-1].done and picks[-1].remaining == len(task.items)
 
 
@@ -172,9 +171,9 @@ def test_next_item_leaves_floor_for_a_can_no_narrower_than_the_can(env):
     room left for a smaller one is too little, and the can ends on top of a carton."""
     env.reset(2, variation=resolve("grocery_packing", "object"))
     ctx = SkillContext(env)
-    task = skills.read_task(ctx)
-    skills.next_item(ctx, task.items, task.container)
-    can = skills.locate(ctx, "alphabet soup").name
+    task = items.read_task(ctx)
+    items.next_item(ctx, task.items, task.container)
+    can = basic.locate(ctx, "alphabet soup").name
     lo, hi = env.scene.world_aabb(can)
     assert min(ctx.memory["to_pack"][can]) >= min((hi - lo)[:2]) / 2 - 0.001
 
@@ -258,9 +257,9 @@ def test_libero_pro_instructions_find_their_objects(variant, task_id):
     with make_env(variation.suite, task_id, EnvOptions(max_steps=50)) as env:
         env.reset(0, variation=variation)
         ctx = SkillContext(env)
-        task = skills.read_task(ctx)
+        task = items.read_task(ctx)
         [(_, target, region)] = env.scene.goal_state()
-        item, container = (skills.locate(ctx, p) for p in (*task.items, task.container))
+        item, container = (basic.locate(ctx, p) for p in (*task.items, task.container))
         assert item.name == target and item.pixels > 50
         assert region.startswith(container.name) and container.pixels > 50
 
@@ -273,11 +272,11 @@ def test_pick_refuses_an_object_wider_than_the_fingers_open_without_moving():
         env.reset(0, variation=variation)
         assert env.scene.gripper().max_width == pytest.approx(0.08)
         ctx = SkillContext(env)
-        (item,) = skills.read_task(ctx).items
+        (item,) = items.read_task(ctx).items
         with pytest.raises(
             SkillFailure, match=r"across its narrower side and the fingers open 0\.080 m"
         ):
-            skills.pick(ctx, item)
+            grasp.pick(ctx, item)
         assert env.steps == 0
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
-from pytest_gap.skills import library as skills
-from pytest_gap.skills import perception
+from pytest_gap.skills import basic, grasp, gripper, perception, place
 from pytest_gap.skills.context import SkillContext, TaskSucceeded
 from pytest_gap.skills.registry import SkillFailure
 from pytest_gap.workflow.executor import run_workflow
@@ -55,7 +54,7 @@ def test_home_travels_above_the_table_and_whatever_stands_on_the_cabinet(envs):
     env = envs(9)  # a bowl on the cabinet top, its rim about 0.28 m over the table
     env.reset(0)
     ctx = SkillContext(env)
-    assert skills.home(ctx).reached
+    assert basic.home(ctx).reached
     tallest = max(env.scene.world_aabb(o.name)[1][2] for o in env.scene.objects())
     assert env.scene.gripper().eef_pos[2] > tallest + 0.05
     assert ctx.memory["support_z"] == pytest.approx(0.9, abs=0.01)  # main_table's top
@@ -66,12 +65,12 @@ def test_a_bowl_wider_than_the_fingers_is_picked_by_its_rim_and_placed_on_the_pl
     obs = env.reset(0)
     ctx = SkillContext(env)
     target = task_placeholders(obs.prompt)["target"]
-    picked = skills.pick(ctx, target)
+    picked = grasp.pick(ctx, target)
     assert picked.holding and picked.lifted_by > 0.05
     assert any(e["message"] == "rim grasp" for e in ctx.events)
     assert env.scene.pose("akita_black_bowl_1").pos[2] > 0.95  # up in the hand, off the table
     with pytest.raises(TaskSucceeded):  # the goal check passed while it was put down
-        skills.place(ctx, "plate", relation="on")
+        place.place(ctx, "plate", relation="on")
 
 
 def test_a_bowl_tipped_on_the_ramekin_is_no_mug_and_is_picked_by_its_rim(envs):
@@ -83,14 +82,14 @@ def test_a_bowl_tipped_on_the_ramekin_is_no_mug_and_is_picked_by_its_rim(envs):
     env = envs(5)
     env.reset(0)  # seed 0: the arc fitted a circle with the rest of the rim outside it
     ctx = SkillContext(env)
-    motion.hold_until_still(ctx, skills.OPEN)
+    motion.hold_until_still(ctx, gripper.OPEN)
     points, _ = perception.object_points(ctx, "akita_black_bowl_1")
     assert interior.rim_circle(points) is None
     assert interior.handle_grasps(ctx, "akita_black_bowl_1") is None
     env.reset(3)  # seed 3: tipped, its narrower side 8.8 cm, wider than the fingers open
     ctx = SkillContext(env)
-    motion.hold_until_still(ctx, skills.OPEN)
-    assert skills._fits_the_fingers(ctx, "akita_black_bowl_1")[1]  # by the rim
+    motion.hold_until_still(ctx, gripper.OPEN)
+    assert grasp._fits_the_fingers(ctx, "akita_black_bowl_1")[1]  # by the rim
     assert any(e["message"] == "a bowl tipped over: gripped by the rim" for e in ctx.events)
 
 

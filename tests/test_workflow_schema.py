@@ -8,7 +8,7 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from pytest_gap.skills.registry import catalogue
+from pytest_gap.skills.catalogue import catalogue
 from pytest_gap.workflow.schema import WorkflowError, load_workflow, validate_workflow
 
 BASE = {
@@ -254,13 +254,14 @@ def test_a_skill_module_imported_anew_re_registers_but_a_name_clash_is_an_error(
     import importlib
     import sys
 
-    from pytest_gap.skills import registry
+    from pytest_gap.skills import catalogue, registry
 
     monkeypatch.setattr(registry, "_SKILLS", dict(registry._SKILLS))
-    registry._load_builtin_skills()
+    catalogue.load_builtin_skills()
     before = set(registry._SKILLS)
-    monkeypatch.delitem(sys.modules, "pytest_gap.skills.library")
-    importlib.import_module("pytest_gap.skills.library")  # registers every skill again
+    for name in ("pytest_gap.skills.basic", "pytest_gap.skills.grasp", "pytest_gap.skills.place"):
+        monkeypatch.delitem(sys.modules, name)
+        importlib.import_module(name)  # registers its skills again
     assert set(registry._SKILLS) == before
 
     def observe(ctx) -> ClashOut:

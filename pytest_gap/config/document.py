@@ -34,7 +34,8 @@ from pytest_gap.config.reader import read_yaml, read_yaml_text
 from pytest_gap.config.remote import remote_problems
 from pytest_gap.modes import BUILTIN, ModeTable
 from pytest_gap.redaction import redact_tree
-from pytest_gap.skills.packages import is_directory_entry, package_problems
+from pytest_gap.skills.catalogue import package_problems
+from pytest_gap.skills.packages import is_directory_entry
 
 # The spec's implicit fallback: a template mode given no policy (no benchmark.policies, no
 # mode_overrides.<mode>.policy_id) runs this preset, booted like any managed entry.

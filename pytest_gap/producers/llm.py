@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from pytest_gap.config.llm import LLMConfig
 from pytest_gap.producers.base import ProduceRequest
 from pytest_gap.producers.chat import ChatClient, redact, resolve_settings
-from pytest_gap.skills.registry import catalogue
+from pytest_gap.skills.catalogue import catalogue
 from pytest_gap.workflow import schema
 from pytest_gap.workflow.schema import (
     WORKFLOW_FILE,

@@ -7,21 +7,17 @@ is "open" (the model's joint and LIBERO's `default_open_ranges`: structure, not 
 the height of each drawer (its BDDL region site, which rides on the drawer). The drawer's
 position and its handle come from depth + segmentation. The microwave door's angle is read
 from its joint (privileged state: the door is one segment with the body).
+
+Here the drawers and the two skills; which joint moves which part, and the joint's frame, are
+fixture_parts.py; the door's sweep is door.py.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
 import numpy as np
-from pydantic import BaseModel
 
-from pytest_gap.skills import motion, perception
+from pytest_gap.skills import motion, perception, push
 from pytest_gap.skills.calibration import (
-    DOOR_CLOSED,
-    DOOR_PUSH_AT,
-    DOOR_PUSH_BEHIND,
     DRAWER_BAND,
     DRAWER_DEPTH,
     DRAWER_FRONT_IN,
@@ -32,23 +28,23 @@ from pytest_gap.skills.calibration import (
     STANDOFF,
 )
 from pytest_gap.skills.context import SkillContext
-from pytest_gap.skills.geometry import Box, rotation_error, wrap_half_turn
+from pytest_gap.skills.door import close_door
+from pytest_gap.skills.fixture_parts import (
+    Articulated,
+    Part,
+    articulated_parts,
+    joint_frame,
+    resolve_part,
+)
+from pytest_gap.skills.geometry import Box, rotation_error
+from pytest_gap.skills.gripper import CLOSE, OPEN
 from pytest_gap.skills.registry import SkillFailure, skill
 
-LEVELS = ("top", "middle", "bottom")
-OPEN, CLOSE, HOLD = -1.0, 1.0, 0.0  # gripper commands; 0 keeps the fingers where they are
 # A drawer counts as opened/closed when its front moved at least this share of the way.
 ENOUGH = 0.8
 # A level hand, fingers closing vertically, reaches this far from its grip site (its body's
 # half width); it passes this much over what stands on its way.
 LEVEL_HAND_REACH, LEVEL_CLEARANCE = 0.1, 0.02
-# The door is swept shut in at most this many steps, pushed this far (radians) ahead of where
-# it stands along its arc; it is stuck when it turned less than DOOR_PROGRESS in
-# `motion.STALL_STEPS` steps.
-DOOR_SWEEP_STEPS, DOOR_LEAD, DOOR_PROGRESS = 200, 0.3, 0.005
-# A door left more than DOOR_AGAIN (radians) open by a sweep is swept again from where it
-# stands, up to DOOR_SWEEPS sweeps in all; one left less open falls to as the hand rises.
-DOOR_SWEEPS, DOOR_AGAIN = 2, 0.1
 # Where an open drawer hangs: from its closed front SWEEP_BEHIND in (the cabinet's face) to
 # SWEEP_REACH out (LIBERO's wooden cabinet: its handle stands 0.158 m further out when
 # opened, measured on libero_goal task 3). A thing to be picked is pushed until its centre
@@ -64,87 +60,9 @@ APPROACH_LEAD = 0.02  # `_approach` aims this far past where it goes
 PULL_PAST = 0.004
 
 
-class Articulated(BaseModel):
-    fixture: str  # scene name, e.g. wooden_cabinet_1
-    part: str  # "top drawer", "door"
-    moved: float  # how far the part moved: metres (drawer) or radians (door)
-    open: bool  # the part's state afterwards, as measured
-
-
-@dataclass(frozen=True)
-class Part:
-    fixture: str
-    part: str  # "top drawer" / "door"
-    joint: str  # the model's joint that moves it
-    region: str | None  # the BDDL region riding on it (a drawer's inside)
-
-    @property
-    def level(self) -> str:
-        return self.part.split()[0]
-
-
-# -- resolving a phrase ---------------------------------------------------------------------------
-def articulated_parts(ctx: SkillContext) -> list[Part]:
-    """Every part of the scene's fixtures that a joint moves: each cabinet drawer
-    (`<fixture>_<level>_level`) and the microwave door (privileged: the model's joint names)."""
-    model = ctx.env.raw.sim.model._model
-    joints = {model.joint(j).name for j in range(model.njnt)}
-    parts = []
-    for obj in ctx.env.scene.objects(include_fixtures=True):
-        if not obj.fixture:
-            continue
-        for level in LEVELS:
-            joint = f"{obj.name}_{level}_level"
-            if joint in joints:
-                parts.append(Part(obj.name, f"{level} drawer", joint, f"{obj.name}_{level}_region"))
-        door = f"{obj.name}_microjoint"
-        if door in joints:
-            parts.append(Part(obj.name, "door", door, None))
-    return parts
-
-
-def resolve_part(ctx: SkillContext, name: str) -> Part:
-    """The part a phrase names: "the middle drawer of the cabinet", "the top drawer", "the
-    microwave" (its door). Fails naming the candidates when it names none, or several."""
-    words = set(re.findall(r"[a-z]+", name.lower()))
-    parts = articulated_parts(ctx)
-
-    def fits(part: Part) -> bool:
-        fixture_words = set(part.fixture.lower().split("_")) - {"1", "2"}
-        named_fixture = words & (fixture_words - {"wooden", "white", "yellow"})
-        colour = words & {"wooden", "white", "yellow"}
-        if colour and not colour <= fixture_words:
-            return False
-        if part.part == "door":
-            return bool(named_fixture) or "door" in words
-        level = part.level
-        drawerish = "drawer" in words or bool(named_fixture)
-        return drawerish and level in words
-
-    found = [p for p in parts if fits(p)]
-    if len(found) != 1:
-        options = ", ".join(f"the {p.part} of {p.fixture}" for p in parts) or "none"
-        why = "names none" if not found else "fits several"
-        raise SkillFailure(f"{name!r} {why} of the scene's articulated parts: {options}")
-    return found[0]
-
-
-# -- the joint's structure (privileged: the model) -------------------------------------------------
-def _joint(ctx: SkillContext, joint: str) -> tuple[np.ndarray, float, int]:
-    """The joint's axis in the world, the sign of its "open" direction (LIBERO's
-    `default_open_ranges` lie on that side of 0), and its qpos address."""
-    model, data = ctx.env.raw.sim.model._model, ctx.env.raw.sim.data._data
-    j = model.joint(joint).id
-    body = model.jnt_bodyid[j]
-    axis = data.xmat[body].reshape(3, 3) @ model.jnt_axis[j]
-    lo, hi = model.jnt_range[j]
-    sign = -1.0 if abs(lo) > abs(hi) else 1.0
-    return axis, sign, int(model.jnt_qposadr[j])
-
-
 def _slide_out(ctx: SkillContext, part: Part) -> np.ndarray:
     """The horizontal unit vector a drawer slides out along."""
-    axis, sign, _ = _joint(ctx, part.joint)
+    axis, sign, _ = joint_frame(ctx, part.joint)
     out = sign * axis
     out[2] = 0.0
     return out / np.linalg.norm(out)
@@ -191,11 +109,6 @@ def _closed_front(ctx: SkillContext, part: Part) -> float | None:
         except SkillFailure:
             continue
     return min(fronts) if fronts else None
-
-
-def _across(out: np.ndarray) -> float:
-    """The hand yaw whose closing axis (hand y; world -y at yaw 0) lies along `out`."""
-    return wrap_half_turn(float(np.arctan2(out[1], out[0])) - np.pi / 2)
 
 
 def _facing(ctx: SkillContext, out: np.ndarray, closing: str, tilt: float = 0.0) -> np.ndarray:
@@ -394,8 +307,6 @@ def clear_sweep(ctx: SkillContext, part: Part, thing: str) -> bool:
     stands there lower than the drawer: to the nearest free spot SWEEP_CLEAR outside it,
     along the slide or across it either way (`push.push_to`). Return whether it was pushed;
     a thing not seen, not under the sweep, or with no free spot found is left (noted)."""
-    from pytest_gap.skills import push  # push -> library -> articulation: import when used
-
     try:
         name = perception.ground_name(ctx, thing)
         points, _ = perception.object_points(ctx, name)
@@ -415,7 +326,7 @@ def clear_sweep(ctx: SkillContext, part: Part, thing: str) -> bool:
     radius = float(np.percentile(np.linalg.norm(low[:, :2] - center, axis=1), 98)) + SPOT_ROOM
 
     # Its centre SWEEP_CLEAR outside: a hand whose long side lies along that edge comes down
-    # clear (`library._rim_grasps` looks for such a grasp).
+    # clear (`grasp._rim_grasps` looks for such a grasp).
     def clear(at, margin: float) -> bool:
         u, v = float(at @ out), float(at @ across)
         return u > u_hi + margin or v > v_hi + margin or v < v_lo - margin
@@ -459,96 +370,8 @@ def close_fixture(ctx: SkillContext, name: str) -> Articulated:
     direction, the drawer's height; for the door its hinge, shape and angle."""
     part = resolve_part(ctx, name)
     if part.part == "door":
-        return _close_door(ctx, part)
+        return close_door(ctx, part)
     return _close_drawer(ctx, part)
-
-
-def _door(ctx: SkillContext, part: Part) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """The door's hinge (a point on its axis), the horizontal unit vector from the hinge to
-    the door's middle, the door's reach from the hinge, and its angle from closed (radians,
-    >= 0). Privileged: the hinge joint and the door's collision geometry (the door is one
-    segment with the microwave's body, so the cameras cannot tell it apart)."""
-    model, data = ctx.env.raw.sim.model._model, ctx.env.raw.sim.data._data
-    j = model.joint(part.joint).id
-    _, _, adr = _joint(ctx, part.joint)
-    hinge = data.xanchor[j].copy()
-    bodies = [b for b in range(model.nbody) if _under(model, b, int(model.jnt_bodyid[j]))]
-    geoms = [g for g in range(model.ngeom) if model.geom_bodyid[g] in bodies]
-    centres = data.geom_xpos[geoms][:, :2] - hinge[:2]
-    reach = float(np.max(np.linalg.norm(centres, axis=1)))
-    middle = centres.mean(axis=0)
-    angle = abs(float(data.qpos[adr]))
-    return hinge, middle / np.linalg.norm(middle), reach, angle
-
-
-def _sweep_door(ctx: SkillContext, part: Part, at, before: float, now: float) -> float:
-    """One sweep of the closed fingers along the door's arc (`at`: the point at an angle
-    turned from where it stood at first, `before`), from just behind where it stands now
-    (`now`) until it is shut or stops turning; the hand goes up after. The door's angle
-    after it."""
-    start = at(before - now, DOOR_PUSH_BEHIND)
-    perception.safe_height(ctx)
-    motion.travel(ctx, start, motion.hand_yaw(ctx), CLOSE)
-    # Pushed where the door is now, a little ahead along its arc: the push stays square to the
-    # door and the hand does not run ahead of it across the front (a fixed schedule of points
-    # left the hand 0.1 m behind, spending the episode's steps on stalls).
-    # Pressed on near shut, the fingers on its edge hold it a little open: once it stops
-    # turning the hand goes up and the door falls to (libero_10 task 9 seeds 0 and 3: it stood
-    # at 0.012 rad for 180 steps, shut as soon as the hand rose).
-    best, best_at = now, 0
-    for i in range(DOOR_SWEEP_STEPS):
-        now = _door(ctx, part)[3]
-        if now <= DOOR_CLOSED or i - best_at > motion.STALL_STEPS:
-            break
-        if now < best - DOOR_PROGRESS:
-            best, best_at = now, i
-        motion.servo(
-            ctx, at(before - now + DOOR_LEAD, 0.0), motion.hand_yaw(ctx), CLOSE, max_steps=1
-        )
-    pos = ctx.env.scene.gripper().eef_pos
-    motion.servo(ctx, [*pos[:2], pos[2] + 0.12], motion.hand_yaw(ctx), CLOSE, max_steps=40)
-    return _door(ctx, part)[3]
-
-
-def _under(model, body: int, root: int) -> bool:
-    while body not in (root, 0):
-        body = int(model.body_parentid[body])
-    return body == root
-
-
-def _close_door(ctx: SkillContext, part: Part) -> Articulated:
-    """Sweep the closed fingers along the door's arc, pushing its free end shut."""
-    axis, sign, _ = _joint(ctx, part.joint)
-    hinge, middle, reach, before = _door(ctx, part)
-    # Opening turns the door by `sign` about `axis`: closing turns it back.
-    turn = -sign * np.sign(axis[2])
-    radius = DOOR_PUSH_AT * reach
-    z = float(hinge[2])
-
-    def at(angle: float, behind: float) -> list[float]:
-        c, s = np.cos(turn * angle), np.sin(turn * angle)
-        d = np.array([c * middle[0] - s * middle[1], s * middle[0] + c * middle[1]])
-        tangent = turn * np.array([-d[1], d[0]])  # where the door's end moves as it closes
-        xy = hinge[:2] + radius * d - behind * tangent
-        return [float(xy[0]), float(xy[1]), z]
-
-    after = before
-    for sweep in range(DOOR_SWEEPS):
-        if sweep:
-            # Stopped short of shut (left 23-27 degrees open, libero_10 task 9): come down
-            # again behind the door where it stands now and sweep on from there.
-            ctx.note("door still open: sweeping again", angle=round(after, 3))
-        after = _sweep_door(ctx, part, at, before, after)
-        if after <= DOOR_AGAIN:
-            break
-    after = _door(ctx, part)[3]
-    ctx.note("door moved", moved=round(before - after, 3), angle=round(after, 3))
-    if after > DOOR_CLOSED:
-        raise SkillFailure(
-            f"the door of {part.fixture} still stands {np.rad2deg(after):.0f} degrees open "
-            f"after turning {np.rad2deg(before - after):.0f} degrees"
-        )
-    return Articulated(fixture=part.fixture, part=part.part, moved=before - after, open=False)
 
 
 # -- the inside of an open drawer, for `place` -----------------------------------------------------

@@ -65,6 +65,7 @@ class SkillContext:
 
     def policy(self, policy_id: str):
         """A connected client for `policy_id` (one per run, closed by `close()`)."""
+        # Here: the websocket client and the wire codecs only for graphs that ask a policy.
         from pytest_gap.errors import InfraFailure
         from pytest_gap.policies.client import connect_policy
         from pytest_gap.policies.wire import metadata_digest

@@ -278,6 +278,22 @@ def _blocked(fixed: np.ndarray, shape: np.ndarray, near: np.ndarray) -> np.ndarr
     return _codes(_sum(_sum(fixed, -shape), near))
 
 
+def _least_blocked(
+    cells: np.ndarray, codes: np.ndarray, fixed: np.ndarray, mine: np.ndarray, near: np.ndarray
+) -> np.ndarray:
+    """The spot (x, y) among `cells` (their `codes`) where the fewest `fixed` cells are in the
+    way of the footprint `mine` kept the gap `near` clear: `plan_spot`'s answer when no spot
+    is clear (the first such spot on a tie)."""
+    # How many fixed cells are in the way of the footprint put at each spot.
+    spread = _sum(mine, near)
+    hit, count = np.unique(
+        _codes((fixed[:, None] - spread[None]).reshape(-1, 2)), return_counts=True
+    )
+    lookup = dict(zip(hit.tolist(), count.tolist(), strict=True))
+    counts = [lookup.get(c, 0) for c in codes.tolist()]
+    return cells[int(np.argmin(counts))] * SPOT_CELL
+
+
 def free_spot(
     center,
     reach,
@@ -296,7 +312,7 @@ def free_spot(
     come; (the spot with the fewest points in the way, False) when none is clear.
 
     `toward`: a point (x, y) to rank by instead of the centre, the spots nearest it first (the
-    robot's base, where the centre is beyond the arm's easy reach: `library._free_spot`)."""
+    robot's base, where the centre is beyond the arm's easy reach: `on_support._free_spot`)."""
     spot, clear, _ = plan_spot(center, reach, occupied, footprint, later, gap, toward)
     return spot, clear
 
@@ -313,7 +329,7 @@ def plan_spot(
     """`free_spot`, and what its plan costs: the sum of the distances (from the centre, or
     from `toward`) of the spot and of those the items to come find after it; infinite when
     the spot is not clear or they find no room. Costs compare footprints turned otherwise
-    (`library._free_spot` turns what it holds to make room)."""
+    (`on_support._free_spot` turns what it holds to make room)."""
     center = np.asarray(center, float)[:2]
     rank_from = center if toward is None else np.asarray(toward, float)[:2]
     reach = np.maximum(np.asarray(reach, float)[:2], 0.0)
@@ -331,14 +347,7 @@ def plan_spot(
     fixed, mine = _cells(occupied), _cells(footprint)
     ok = ~np.isin(codes, _blocked(fixed, mine, near))
     if not ok.any():
-        # How many fixed cells are in the way of the footprint put at each spot.
-        spread = _sum(mine, near)
-        hit, count = np.unique(
-            _codes((fixed[:, None] - spread[None]).reshape(-1, 2)), return_counts=True
-        )
-        lookup = dict(zip(hit.tolist(), count.tolist(), strict=True))
-        counts = [lookup.get(c, 0) for c in codes.tolist()]
-        return cells[int(np.argmin(counts))] * SPOT_CELL, False, np.inf
+        return _least_blocked(cells, codes, fixed, mine, near), False, np.inf
     first = int(np.argmax(ok))
     if not later:
         return cells[first] * SPOT_CELL, True, float(distance[first])

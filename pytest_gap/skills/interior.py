@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from pytest_gap.skills import articulation, motion, perception
+from pytest_gap.skills import door, fixture_parts, motion, perception
 from pytest_gap.skills.calibration import RIM_DOWN
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import Box, wrap_half_turn
+from pytest_gap.skills.gripper import Grasp
 
 RIM_BAND = 0.01  # the ring: points this close to the object's top
 HANDLE_OUT = 0.012  # points this far beyond the ring are not its wall: a handle
@@ -77,8 +78,6 @@ def handle_grasps(ctx: SkillContext, scene_name: str) -> tuple[Box, list] | None
     ring's footprint, the handle left out) and top-down grasps across the handle's bar, the
     grip site RIM_DOWN under the handle's top, the reachable ones (`motion.grip_yaw`) first.
     None when the cameras see no rim or no handle: the caller grips it otherwise."""
-    from pytest_gap.skills.library import Grasp  # the skill's output model; library imports us
-
     points, _ = perception.object_points(ctx, scene_name)
     ring = rim_circle(points)
     if ring is None or 2 * ring[1] <= ctx.env.scene.gripper().max_width:
@@ -116,7 +115,7 @@ def heating_region(ctx: SkillContext, fixture: str):
     """The region site inside a fixture with a roof (`<fixture>_heating_region`), and the
     horizontal unit vector out of its open front. Privileged: LIBERO's region site (the
     cameras do not see under the roof) and its frame, whose -y axis points out of the door."""
-    names = [n for n in perception._sites_of(ctx, fixture) if n.endswith("_heating_region")]
+    names = [n for n in perception.sites_of(ctx, fixture) if n.endswith("_heating_region")]
     if not names:
         return None
     site = ctx.env.scene.region(names[0])
@@ -127,8 +126,8 @@ def heating_region(ctx: SkillContext, fixture: str):
 
 
 def door_angle(ctx: SkillContext, fixture: str) -> float | None:
-    """How far the fixture's door stands open (radians from shut; `articulation`'s privileged
+    """How far the fixture's door stands open (radians from shut; `door.door_state`'s privileged
     read of its hinge), None when it has no door."""
-    doors = [p for p in articulation.articulated_parts(ctx) if p.fixture == fixture]
+    doors = [p for p in fixture_parts.articulated_parts(ctx) if p.fixture == fixture]
     doors = [p for p in doors if p.part == "door"]
-    return articulation._door(ctx, doors[0])[3] if doors else None
+    return door.door_state(ctx, doors[0])[3] if doors else None

@@ -22,6 +22,7 @@ from pytest_gap.skills.registry import SkillFailure
 
 POS_GAIN = 15.0
 ROT_GAIN = 2.0
+HOME_XY = (-0.15, 0.0)  # above the near half of the table, the arm's comfortable middle
 SAFE_Z = 0.25  # before anything was seen: above every object of a floor scene (libero_object)
 IK_TOLERANCE = 0.01  # m: an IK residual above this means the pose is out of reach
 IK_TURN_TOLERANCE = 0.05  # rad: and so does an orientation left this far off
@@ -203,7 +204,7 @@ def home_pose(ctx: SkillContext) -> tuple[np.ndarray, np.ndarray]:
     """The grip site's position and the hand's rotation with the arm at the robot model's home
     joint angles (robosuite's `init_qpos`, which LIBERO's init states start near): forward
     kinematics on a scratch copy of the state. Reads the robot's model, no camera, no object."""
-    import mujoco
+    import mujoco  # here: the skill modules import without a physics engine (config checks)
 
     raw = ctx.env.raw
     robot = raw.robots[0]
@@ -308,7 +309,7 @@ def _posed(
     ctx: SkillContext, position, yaw: float, iterations: int = 200, elbow_margin: float = 0.0
 ):
     """(`solve_ik`'s residual, the scratch MjData with the arm posed by the better solve)."""
-    import mujoco
+    import mujoco  # here: the skill modules import without a physics engine (config checks)
 
     raw = ctx.env.raw
     model = raw.sim.model._model
@@ -345,6 +346,8 @@ def arm_clear(
 def _clear_as_posed(ctx: SkillContext, data, points: np.ndarray, clearance: float) -> bool:
     if not len(points):
         return True
+    # Here: scipy costs import time, and its C modules do not import twice in one process
+    # (pytester's inner sessions, `geometry._sum`).
     from scipy.spatial import cKDTree
 
     vertices = _link_vertices(ctx.env.raw.sim.model._model, data, ctx.env.raw.robots[0])
@@ -379,7 +382,7 @@ def comfortable(ctx: SkillContext, position, yaw: float) -> bool:
 def _ik_residual(
     model, data, robot, position, yaw: float, iterations: int, elbow_margin: float = 0.0
 ) -> float:
-    import mujoco
+    import mujoco  # here: the skill modules import without a physics engine (config checks)
 
     qidx = np.asarray(robot._ref_joint_pos_indexes)
     didx = np.asarray(robot._ref_joint_vel_indexes)

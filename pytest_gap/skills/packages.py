@@ -12,6 +12,10 @@ and the same failure rule (raise SkillFailure to take a node's `on_error` edge).
 
 A package that does not import (or registers a skill under a taken name) is one line naming the
 package, the key and the error, never a traceback.
+
+This module is how a package is imported. The lookups (catalogue.py) load the installed ones
+after the built-in skills, and `catalogue.package_problems` checks a config's `skills.packages`
+the same way.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def load_entry_points() -> None:
     global _entry_points_done
     if _entry_points_done:
         return
-    _entry_points_done = True  # first: a package that imports the registry must not recurse
+    _entry_points_done = True  # first: a package that looks skills up must not recurse
     for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
         try:
             point.load()
@@ -98,24 +102,3 @@ def _import_file(path: Path, where: str) -> None:
     except Exception as exc:
         sys.modules.pop(name, None)
         raise _failed(where, str(path), exc) from None
-
-
-def package_problems(entries: object, base: Path) -> list[str]:
-    """Load a config's `skills.packages`; one problem line per package that did not load
-    (a malformed value is the config model's to report)."""
-    from pytest_gap.skills.registry import skill_names
-
-    problems = []
-    try:
-        skill_names()  # the built-ins first (a package may not take their names), installed ones
-    except SkillPackageError as exc:
-        problems.append(str(exc))
-    if not isinstance(entries, list):
-        return problems
-    for index, entry in enumerate(entries):
-        if isinstance(entry, str) and entry:
-            try:
-                load_package(entry, base, f"skills.packages[{index}]")
-            except SkillPackageError as exc:
-                problems.append(str(exc))
-    return problems

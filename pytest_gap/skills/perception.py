@@ -35,6 +35,7 @@ from pytest_gap.skills.geometry import (
 from pytest_gap.skills.registry import SkillFailure
 
 MIN_PIXELS = 8
+BOX_BIAS = 0.005  # boxes from depth run wide by the points on silhouette edges
 LOOK_PX = 256  # the frames skills look at objects in (square)
 # A container's walls are looked at in frames this large: at LOOK_PX a pixel of the front
 # camera spans about 4 mm at the basket, and its width came out 154-161 mm for a true 157 mm
@@ -110,7 +111,7 @@ def fixture_surface(ctx: SkillContext, fixture: str) -> Box:
     highest flat one (SURFACE_THICKNESS), as the cameras do not tell a burner from the rest of
     a stove. Its height comes from the cameras: the highest of the fixture's points seen over
     the site's footprint (the site may sit a few mm off the visual surface)."""
-    sites = [ctx.env.scene.region(n) for n in _sites_of(ctx, fixture) if "contain" not in n]
+    sites = [ctx.env.scene.region(n) for n in sites_of(ctx, fixture) if "contain" not in n]
     flat = [s for s in sites if s.half_size[2] <= SURFACE_THICKNESS]
     if not flat:
         raise SkillFailure(f"{fixture} has no surface to put things on")
@@ -122,9 +123,9 @@ def fixture_part(ctx: SkillContext, fixture: str, part: str) -> Box:
     `desk_caddy_1_back_contain_region` site, a privileged read as in `fixture_surface`), as a
     flat box over it, its top the highest of the fixture's points seen over the footprint (the
     walls): what is put in goes in from above that."""
-    names = [n for n in _sites_of(ctx, fixture) if n.startswith(f"{fixture}_{part}_")]
+    names = [n for n in sites_of(ctx, fixture) if n.startswith(f"{fixture}_{part}_")]
     if not names:
-        parts = sorted({n[len(fixture) + 1 :].split("_")[0] for n in _sites_of(ctx, fixture)})
+        parts = sorted({n[len(fixture) + 1 :].split("_")[0] for n in sites_of(ctx, fixture)})
         raise SkillFailure(f"{fixture} has no {part!r} part; it has {', '.join(parts) or 'none'}")
     return _site_top(ctx, fixture, ctx.env.scene.region(names[0]), walls=True)
 
@@ -135,7 +136,7 @@ def part_owner(ctx: SkillContext, part: str) -> str:
     privileged read as in `fixture_part`). Fails naming the candidates when none or several
     have it."""
     names = [o.name for o in ctx.env.scene.objects(include_fixtures=True)]
-    owners = [n for n in names if any(s.startswith(f"{n}_{part}_") for s in _sites_of(ctx, n))]
+    owners = [n for n in names if any(s.startswith(f"{n}_{part}_") for s in sites_of(ctx, n))]
     if len(owners) == 1:
         return owners[0]
     if owners:
@@ -143,14 +144,16 @@ def part_owner(ctx: SkillContext, part: str) -> str:
             f"the {part} compartment of which? {', '.join(sorted(owners))} each have one: "
             f"name it ('the {part} compartment of the ...')"
         )
-    with_parts = sorted(n for n in names if any("contain" in s for s in _sites_of(ctx, n)))
+    with_parts = sorted(n for n in names if any("contain" in s for s in sites_of(ctx, n)))
     raise SkillFailure(
         f"nothing in the scene has a {part!r} compartment; "
         f"things with compartments: {', '.join(with_parts) or 'none'}"
     )
 
 
-def _sites_of(ctx: SkillContext, fixture: str) -> list[str]:
+def sites_of(ctx: SkillContext, fixture: str) -> list[str]:
+    """The names of a fixture's region sites (`<fixture>_...` in LIBERO's `object_sites_dict`:
+    a privileged read of the task's regions); none on an env without them."""
     return [n for n in getattr(ctx.env.raw, "object_sites_dict", {}) if n.startswith(f"{fixture}_")]
 
 

@@ -33,9 +33,12 @@ import numpy as np
 from pydantic import BaseModel
 
 from pytest_gap.policies.formats import ReplyError, obs_format
-from pytest_gap.skills import library, motion
+from pytest_gap.skills import motion
+from pytest_gap.skills.basic import Motion, locate, move_to
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import rotation_error
+from pytest_gap.skills.grasp import grasp_candidates
+from pytest_gap.skills.gripper import OPEN
 from pytest_gap.skills.registry import SkillFailure, skill
 
 CLOSE_THRESHOLD = 0.0  # a gripper command above this closes, below opens
@@ -145,7 +148,7 @@ def run_policy(
 
 
 @skill(bring_up=True)
-def bring_up(ctx: SkillContext) -> library.Motion:
+def bring_up(ctx: SkillContext) -> Motion:
     """Ready the arm for a policy without looking: the hand to its home pose (the robot model's
     home joint angles, by forward kinematics: no camera, no object) with the gripper opening.
     As a workflow's first node its steps are not charged to the episode's step budget (the
@@ -160,16 +163,16 @@ def bring_up(ctx: SkillContext) -> library.Motion:
         home = error < HOME_TOLERANCE and turn < HOME_TURN_TOLERANCE
         if home and ctx.env.scene.gripper().width >= opened:
             break
-        motion.hold_step(ctx, target, desired, library.OPEN)
-    return library.Motion(
+        motion.hold_step(ctx, target, desired, OPEN)
+    return Motion(
         reached=error < HOME_TOLERANCE, error=error, position=motion.hand_pose(ctx)[0].tolist()
     )
 
 
 @skill
-def approach(ctx: SkillContext, name: str, clearance: float = 0.08) -> library.Motion:
+def approach(ctx: SkillContext, name: str, clearance: float = 0.08) -> Motion:
     """Bring the open hand `clearance` m above an object, turned for a top-down grasp of it."""
-    located = library.locate(ctx, name)
-    grasp = library.grasp_candidates(ctx, located.box).best
+    located = locate(ctx, name)
+    grasp = grasp_candidates(ctx, located.box).best
     above = [grasp.position[0], grasp.position[1], located.box.top + clearance]
-    return library.move_to(ctx, above, yaw=grasp.yaw, gripper="open")
+    return move_to(ctx, above, yaw=grasp.yaw, gripper="open")

@@ -24,7 +24,7 @@ from pytest_gap.instructions import PhraseError, resolve_phrase
 from pytest_gap.skills import motion, perception
 from pytest_gap.skills.calibration import PUSH_CLEARANCE
 from pytest_gap.skills.context import SkillContext
-from pytest_gap.skills.library import CLOSE, _gripper, _width
+from pytest_gap.skills.gripper import CLOSE, actuate, finger_width
 from pytest_gap.skills.registry import SkillFailure, skill
 
 FRONT_CAMERA = "agentview"
@@ -239,8 +239,8 @@ def _go_behind(ctx: SkillContext, scene_name: str, behind, yaw: float, low: floa
     # Stopped within START_OFF is there: held to a finer tolerance, fingers brushing the
     # table wait out motion.STALL_STEPS (15 steps a push round).
     motion.travel(ctx, start, yaw, CLOSE, safe_z=cruise, tolerance=START_OFF / 2)
-    if _width(ctx) > CLOSED_WIDTH:  # a way too short for them to close on
-        _gripper(ctx, CLOSE, min_steps=4)
+    if finger_width(ctx) > CLOSED_WIDTH:  # a way too short for them to close on
+        actuate(ctx, CLOSE, min_steps=4)
     pos = ctx.env.scene.gripper().eef_pos
     off = float(np.linalg.norm(pos - start))
     if off <= START_OFF:

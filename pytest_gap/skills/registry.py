@@ -1,10 +1,14 @@
-"""The skill registry: typed robot skills a workflow may call, and their catalogue.
+"""The skill registry: how a typed robot skill is registered (`@skill`) and described.
 
 A skill is a function `fn(ctx, **inputs) -> OutputModel`. Its inputs are read from the
 signature (annotations and defaults) and its outputs from the return annotation, a pydantic
 model, so a workflow can be type-checked before anything runs and the catalogue can be handed
 to an LLM as a tool list. Workflows can only name registered skills: a workflow file carries
 no code.
+
+The mechanism only, below every skill module (built-in or a user's package, which import
+`skill` and `SkillFailure` from here). Which skills there are, and looking one up by name, is
+catalogue.py's: it loads the built-in modules and the installed packages first.
 """
 
 from __future__ import annotations
@@ -105,32 +109,14 @@ def _where(fn) -> str:
     return f"{fn.__module__}.{fn.__qualname__}"
 
 
-def _load_builtin_skills() -> None:
-    # Importing the modules registers their skills.
-    import pytest_gap.skills.articulation
-    import pytest_gap.skills.library
-    import pytest_gap.skills.policy
-    import pytest_gap.skills.push
-    import pytest_gap.skills.steps
-    import pytest_gap.skills.switches  # noqa: F401
-    from pytest_gap.skills.packages import load_entry_points
-
-    load_entry_points()  # installed user skill packages (entry point group pytest_gap.skills)
-
-
-def get_skill(name: str) -> SkillSpec | None:
-    _load_builtin_skills()
+def registered(name: str) -> SkillSpec | None:
+    """The skill registered under `name` so far (catalogue.get_skill loads them all first)."""
     return _SKILLS.get(name)
 
 
-def skill_names() -> list[str]:
-    _load_builtin_skills()
+def registered_names() -> list[str]:
+    """The names registered so far, sorted (catalogue.skill_names loads them all first)."""
     return sorted(_SKILLS)
-
-
-def catalogue() -> list[dict[str, Any]]:
-    """Every skill's typed signature, machine-readable (the LLM's tool list)."""
-    return [get_skill(n).describe() for n in skill_names()]
 
 
 # -- types, for checking a workflow's data bindings --------------------------------------------

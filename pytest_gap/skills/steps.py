@@ -19,7 +19,7 @@ from pytest_gap.instructions import (
     parse_reference,
     phrase_candidates,
 )
-from pytest_gap.skills import library, perception
+from pytest_gap.skills import items, perception
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.registry import SkillFailure, skill
 
@@ -98,7 +98,7 @@ def _settled(ctx: SkillContext, step: Step) -> str | None:
     try:
         if (
             step.relation == "in"
-            and library.verify_in_container(ctx, step.object, step.target).inside
+            and items.verify_in_container(ctx, step.object, step.target).inside
         ):
             return f"{step.object} is already in {step.target}"
     except SkillFailure:

@@ -19,7 +19,7 @@ from pytest_gap.skills import motion, perception
 from pytest_gap.skills.calibration import KNOB_ABOVE, KNOB_GRIP_DOWN, KNOB_ON_TURN, KNOB_TURN
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import Box, box_from_points, wrap_half_turn
-from pytest_gap.skills.library import CLOSE, HOME_XY, OPEN, _gripper
+from pytest_gap.skills.gripper import CLOSE, OPEN, actuate
 from pytest_gap.skills.registry import SkillFailure, skill
 
 MIN_KNOB_POINTS = 20
@@ -89,18 +89,18 @@ def _turn(ctx: SkillContext, name: str, on: bool) -> Switched:
     )
     if start is None:
         raise SkillFailure(f"the knob of {fixture} cannot be gripped and turned from here")
-    _gripper(ctx, OPEN, min_steps=4)
+    actuate(ctx, OPEN, min_steps=4)
     above = [*where[:2], before.top + 0.06]
     motion.travel(ctx, above, start, OPEN)
     motion.servo(ctx, where, start, OPEN, max_steps=60)
-    _gripper(ctx, CLOSE)
+    actuate(ctx, CLOSE)
     # Turn in small steps of the wrist about the knob's axis, the grip site held on it.
     for k in range(1, 5):
         motion.servo(ctx, where, start + turn * k / 4, CLOSE, max_steps=40, tolerance=0.01)
-    _gripper(ctx, OPEN)
+    actuate(ctx, OPEN)
     motion.servo(ctx, above, motion.hand_yaw(ctx), OPEN, max_steps=60, tolerance=0.02)
     # Out of the cameras' way: the hand over the knob hides most of the bar from above.
-    motion.servo(ctx, [*HOME_XY, before.top + 0.15], 0.0, OPEN, max_steps=60, tolerance=0.03)
+    motion.servo(ctx, [*motion.HOME_XY, before.top + 0.15], 0.0, OPEN, max_steps=60, tolerance=0.03)
     after = _knob(ctx, fixture)
     turned = wrap_half_turn(after.yaw - before.yaw)
     ctx.note("knob turned", fixture=fixture, turned=round(turned, 3))

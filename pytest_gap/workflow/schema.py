@@ -43,7 +43,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from pytest_gap.errors import GapError
-from pytest_gap.skills.registry import compatible, get_skill, skill_names, type_key, type_label
+from pytest_gap.skills.catalogue import get_skill, skill_names
+from pytest_gap.skills.registry import compatible, type_key, type_label
 
 WORKFLOW_FILE = "workflow.json"
 SCHEMA_VERSION = 1
