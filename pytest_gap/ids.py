@@ -116,6 +116,12 @@ def id_parts_of(trial: str) -> tuple[str, ...]:
     return tuple(trial.split(SEP))
 
 
+def run_label(name: str, family: str, variation: str, task_id: int, seed: int) -> str:
+    """A one-off trial's directory name (`gap run`'s default trace dir): what it runs, then
+    where: `<name>_<family>_<variation>_task03_seed007`."""
+    return "_".join((name, family, variation, task_part(task_id), seed_part(seed)))
+
+
 def slug(
     mode: str,
     policy_id: str | None,

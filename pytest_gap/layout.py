@@ -27,6 +27,7 @@ DONE_FLAG = "aaa_done_flag.txt"  # sorts first: a reader sees at a glance that t
 CELL_RESULT = "cell_result.json"
 RESULT_FILE = "result.json"
 RUNNING_FILE = "running.json"
+ERROR_FILE = "error.txt"  # beside result.json: the traceback of a trial the harness broke
 VIDEOS_DIR = "videos"
 FRAMES_DIR = "frames"  # <run dir>/frames/<trial slug>.webp: every trial's strip, side by side
 WARMUP_DIR = "warmup"  # policy servers' warm-up inferences, one file per server and process

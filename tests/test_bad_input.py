@@ -153,15 +153,15 @@ def test_a_service_down_is_said_once_where_no_cell_recorded_here_carries_it(caps
     then says why, and a reason some cell's line already gives is not repeated."""
     from types import SimpleNamespace
 
-    from pytest_gap.cli import _print_errored_cells
+    from pytest_gap.cli.benchmark import print_errored_cells
 
     why = "the policy servers were not started: preflight: policy ghost at ws://h:1 ..."
     errored = SimpleNamespace(
         error=f"1 of 1 trials errored: {why}", row="policy_only@ghost", column="fake/easy"
     )
-    _print_errored_cells([errored], {"policies": why})
+    print_errored_cells([errored], {"policies": why})
     assert capsys.readouterr().err == f"gap: errored policy_only@ghost fake/easy: {errored.error}\n"
-    _print_errored_cells([], {"policies": why})
+    print_errored_cells([], {"policies": why})
     assert capsys.readouterr().err == f"gap: error: {why}\n"
 
 

@@ -17,6 +17,19 @@ def _gap(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([GAP, *args], capture_output=True, text=True, timeout=120)
 
 
+def test_gap_help_lists_every_command_in_one_order():
+    """The commands live in one module per group (pytest_gap/cli/); `gap --help` still lists
+    them in the order it always has, not by group."""
+    from pytest_gap.cli import HELP_ORDER
+
+    out = _gap("--help")
+    assert out.returncode == 0
+    assert "{" + ",".join(HELP_ORDER) + "}" in out.stdout
+    lines = out.stdout.splitlines()
+    listed = [line.split()[0] for line in lines if line[:4] == "    " and line[4:5].isalpha()]
+    assert listed == list(HELP_ORDER)
+
+
 def test_gap_suites_lists_registry_and_one_suites_tasks():
     listing = _gap("suites")
     assert listing.returncode == 0

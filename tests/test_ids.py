@@ -78,3 +78,8 @@ def test_the_plan_and_the_records_name_a_trial_through_ids():
     assert trial.id == "policy_only@pi05::libero/object::task03::seed007"
     identity = TrialIdentity.of(trial, nodeid=ids.node_id("g.yaml", trial.id), config="g.yaml")
     assert identity.slug == "policy_only__pi05__libero__object__task03__seed007"
+
+
+def test_a_one_off_trial_is_labelled_by_what_it_runs_and_where():
+    label = ids.run_label("pick_place", "libero", "object", 3, 7)
+    assert label == "pick_place_libero_object_task03_seed007"

@@ -424,3 +424,24 @@ def test_skills_has_no_import_circle_and_reads_no_private_name_across_modules():
     assert _package_circles("pytest_gap.skills") == []
     skills = sorted(m for m in MODULES if _in(m, "pytest_gap.skills"))
     assert [u for m in skills for u in _private_uses(MODULES[m].read_text(), m)] == []
+
+
+CLI = "pytest_gap.cli"
+
+
+def test_nothing_imports_the_command_line():
+    """The command line is what a user runs, never a library: what a command and a session
+    both need belongs in a layer below it."""
+    users = sorted(m for m in MODULES if not _in(m, CLI) and any(_in(n, CLI) for n in imports(m)))
+    assert users == []
+
+
+def test_command_groups_stand_alone():
+    """A command group (cli/<group>.py) imports no other group and not the entry module, so
+    each reads, changes and tests on its own; what groups share is in cli/common.py, which
+    imports nothing of the command line."""
+    common = f"{CLI}.common"
+    groups = sorted(m for m in MODULES if _in(m, CLI) and m not in (CLI, f"{CLI}.__main__"))
+    assert common in groups and len(groups) > 2  # the reader found the package
+    found = {m: sorted(n for n in imports(m) if _in(n, CLI) and n != common) for m in groups}
+    assert found == {m: [] for m in groups}

@@ -1,0 +1,325 @@
+"""`gap serve`, `gap submit`, `gap eval`, `gap status`: the evaluation server, and the client
+side that schedules a run on it, attaches a policy to it and asks where it stands.
+
+Each command imports what it runs when it runs (see the package's docstring: the parser stays
+light).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+from pytest_gap.cli.common import bearer_token
+from pytest_gap.errors import GapError
+
+
+def _client_token(args: argparse.Namespace, url: str) -> str | None:
+    """bearer_token, else the token `gap serve` on this machine wrote for the url's port."""
+    from pytest_gap.service.client import local_token
+
+    return bearer_token(args) or local_token(url)
+
+
+def _run_secret(args: argparse.Namespace) -> str | None:
+    """--run-secret-file, else GAP_RUN_SECRET (taken out of the environment), else the secret
+    `gap submit` kept on this machine for the server and run id."""
+    from pathlib import Path
+
+    from pytest_gap.doors import read_secret, take_env
+    from pytest_gap.service.client import stored_run_secret
+    from pytest_gap.service.protocol import RUN_SECRET_ENV
+
+    from_env = take_env(RUN_SECRET_ENV)
+    if args.run_secret_file:
+        return read_secret(Path(args.run_secret_file), f"--run-secret-file {args.run_secret_file}")
+    return from_env or stored_run_secret(args.url, args.run_id)
+
+
+def _serve_token(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """(the server's token, whether it was made here): --token-file or GAP_TOKEN as given,
+    none with --no-token, else a new one."""
+    from pytest_gap.doors import new_secret
+
+    given = bearer_token(args)
+    if args.no_token:
+        if given:
+            raise GapError("--no-token: drop --token-file and GAP_TOKEN, or drop --no-token")
+        return None, False
+    return (given, False) if given else (new_secret(), True)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+    from pathlib import Path
+
+    from pytest_gap.doors import (
+        remove_secret,
+        run_secret_path,
+        server_token_path,
+        take_env,
+        write_secret,
+    )
+    from pytest_gap.service.protocol import RUN_SECRET_ENV
+    from pytest_gap.service.runs import load_splits, register
+    from pytest_gap.service.server import EvalServer
+
+    logging.basicConfig(level=logging.INFO, format="gap serve: %(message)s")
+    logging.getLogger("websockets").setLevel(logging.WARNING)  # not a line per connection
+    splits = load_splits(Path(args.splits)) if args.splits else None
+    if bool(args.config) != bool(args.run_id):
+        raise GapError("gap serve: give --config and --run-id together (the operator's run)")
+    token, made = _serve_token(args)
+    # The operator's run's secret: chosen by whoever started this server (gap online hands it
+    # to the task's owner), else made here and written where `gap eval` looks for it.
+    chosen = take_env(RUN_SECRET_ENV) if args.config else None
+    registered = None
+    if args.config:  # the operator's config: trusted, and by a door no client has
+        registered = register(
+            Path(args.runs_dir).resolve(), args.run_id, Path(args.config), splits, chosen
+        )
+        print(f"gap serve: {registered.message}", flush=True)
+    server = EvalServer(
+        Path(args.runs_dir), host=args.host, port=args.port, token=token, splits=splits
+    )
+    written: list[Path] = []
+
+    async def main() -> None:
+        started = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(server.serve(started))
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():  # it never listened (the port is taken)
+            try:
+                task.result()
+            except OSError as exc:
+                raise GapError(f"--port {args.port}: cannot listen: {exc.strerror}") from None
+        port = started.result()
+        if token is None:
+            logging.warning(
+                "--no-token: anyone who can reach port %d can submit runs and attach to them; "
+                "drop --no-token to have a token made",
+                port,
+            )
+        elif made:  # written once the port is known: a port already taken overwrites nothing
+            written.append(write_secret(server_token_path(port), token))
+            print(f"gap serve: token in {written[-1]} (local gap submit/eval/status read it)")
+        if registered is not None and registered.run_secret and not chosen:
+            where = run_secret_path(args.host, port, args.run_id)
+            write_secret(where, registered.run_secret)
+            print(f"gap serve: run {args.run_id}'s secret in {where}", flush=True)
+        print(f"gap serve: http://{args.host}:{port}/ runs in {server.runs_dir}", flush=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(main())
+    finally:
+        for path in written:  # a stopped server's token opens nothing
+            remove_secret(path, token)
+    return 0
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    """Prints the outcome; the run secret goes to a 0600 file of this user's (its path printed)
+    or, with --json, to stdout alone."""
+    import json
+    from pathlib import Path
+
+    from pytest_gap.service.client import run_secret_file, store_run_secret, submit
+
+    url = f"{args.host}:{args.port}"
+    done = submit(url, Path(args.config), args.run_id, _client_token(args, url))
+    if args.json:
+        print(json.dumps(done.model_dump(mode="json")))
+        return 0
+    if done.run_secret:
+        path = store_run_secret(url, args.run_id, done.run_secret)
+        print(f"{done.message}; run secret in {path} (gap eval on this machine reads it)")
+    else:
+        kept = run_secret_file(url, args.run_id)
+        print(done.message + (f"; run secret in {kept}" if kept.is_file() else ""))
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from pytest_gap.service.client import run_status
+
+    status = run_status(args.url, args.run_id, _client_token(args, args.url))
+    if args.json:
+        print(json.dumps(status.model_dump(mode="json"), indent=1))
+        return 0
+    print(
+        f"run {status.run_id}: {status.state}; {status.saved}/{status.expected} episodes saved, "
+        f"{status.in_progress} in progress, {status.remaining} remaining"
+        + (f", {status.infra_failures} handed out again" if status.infra_failures else "")
+        + (f", {status.given_up} given up (missing)" if status.given_up else "")
+        + (f", {status.smoke_episodes} smoke (not scored)" if status.smoke_episodes else "")
+    )
+    for w in status.workers:
+        doing = f", running {w.current}" if w.current else ""
+        smoke = " [smoke]" if w.smoke else ""
+        print(f"  worker {w.worker_id}{smoke}: {w.state} ({w.host}), {w.episodes_done} done{doing}")
+    if status.gate:
+        print(status.gate)
+    return 0
+
+
+def _run_id(text: str) -> str:
+    from pytest_gap.service.protocol import check_run_id
+
+    try:
+        return check_run_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _worker_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ids = []
+    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give distinct worker ids >= 0, comma-separated (e.g. 0,1)"
+        )
+    return ids
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    """One process per worker id (as EBench's clients): several ids start one `gap eval` each.
+    Exit 0 when the run finished with every episode saved, 1 when episodes are missing."""
+    import subprocess
+
+    from pytest_gap.service.client import FAKE_REPLY, EvalClient, policy_act, run_status
+
+    if args.policy is None and not args.fake_actions:
+        raise GapError(
+            "gap eval: give --policy ws://HOST:PORT (the model server), or --fake-actions"
+        )
+    token, run_secret = _client_token(args, args.url), _run_secret(args)
+    if len(args.worker_ids) > 1:
+        import os
+
+        from pytest_gap.service.protocol import RUN_SECRET_ENV, TOKEN_ENV
+
+        base = [sys.executable, "-m", "pytest_gap.cli", "eval", "--url", args.url]
+        base += ["--run-id", args.run_id, "--protocol", args.protocol]
+        base += ["--policy", args.policy] if args.policy else ["--fake-actions"]
+        # The secrets this process holds go to its workers the way it took them: not argv.
+        secrets_env = {TOKEN_ENV: token or "", RUN_SECRET_ENV: run_secret or ""}
+        env = {**os.environ, **{k: v for k, v in secrets_env.items() if v}}
+        children = [
+            subprocess.Popen([*base, "--worker-ids", str(worker)], env=env)
+            for worker in args.worker_ids
+        ]
+        return max(child.wait() for child in children)
+    (worker,) = args.worker_ids
+    if args.fake_actions:
+        act, metadata = (lambda obs: FAKE_REPLY), {}
+    else:
+        act, metadata = policy_act(args.policy, args.protocol)
+    client = EvalClient(
+        args.url,
+        args.run_id,
+        worker,
+        token=token,
+        smoke=args.fake_actions,
+        metadata=metadata,
+        run_secret=run_secret,
+    )
+    finished = client.run(act)
+    if args.fake_actions:
+        print(
+            f"worker {worker}: smoke episode answered ({client.answered} observations); not scored"
+        )
+        return 0
+    status = run_status(args.url, args.run_id, token)
+    print(
+        f"worker {worker}: answered {client.answered} observations; run {args.run_id} "
+        f"{status.state}, {status.saved}/{status.expected} episodes saved"
+    )
+    if finished.get("saved", 0) < finished.get("expected", 0) and status.saved < status.expected:
+        print(
+            f"gap eval: run {args.run_id} ended with {status.expected - status.saved} episodes "
+            "missing",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def add(subparsers: argparse._SubParsersAction) -> None:
+    """`gap serve`, `gap submit`, `gap eval`, `gap status`."""
+    serve = subparsers.add_parser(
+        "serve", help="the evaluation server: remote policy clients attach"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (loopback only)")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--runs-dir", default="service_runs", help="where runs are kept")
+    serve.add_argument(
+        "--token-file",
+        help="a file holding the bearer token clients must send (default: GAP_TOKEN, else a "
+        "new token written to a 0600 file whose path is printed)",
+    )
+    serve.add_argument(
+        "--no-token", action="store_true", help="no token at all: anyone who reaches the port"
+    )
+    serve.add_argument(
+        "--splits",
+        help="YAML {val_train|val_unseen|test: {seeds: [...], task_ids, max_steps, template}}: "
+        "the server's splits (what a run of one measures)",
+    )
+    serve.add_argument(
+        "--config",
+        help="the operator's own benchmark YAML, scheduled under --run-id before serving "
+        "(trusted as a config file is; submissions are held to the remote profile)",
+    )
+    serve.add_argument("--run-id", type=_run_id, help="the run id of --config")
+    serve.set_defaults(func=_cmd_serve)
+    submit = subparsers.add_parser(
+        "submit", help="schedule a config's trials on an evaluation server"
+    )
+    submit.add_argument("config", help="a benchmark YAML (modes: [policy_only], one policy)")
+    submit.add_argument("--run-id", required=True, type=_run_id)
+    submit.add_argument("--host", default="127.0.0.1")
+    submit.add_argument("--port", type=int, default=8765)
+    submit.add_argument("--token-file")
+    submit.add_argument(
+        "--json", action="store_true", help="print the answer, run secret included, as JSON"
+    )
+    submit.set_defaults(func=_cmd_submit)
+    evaluate = subparsers.add_parser(
+        "eval", help="attach a policy to a run on an evaluation server"
+    )
+    evaluate.add_argument("--url", required=True, help="the evaluation server, http://HOST:PORT")
+    evaluate.add_argument("--run-id", required=True, type=_run_id)
+    evaluate.add_argument(
+        "--worker-ids", type=_worker_ids, default=[0], help="e.g. 0,1: one process each"
+    )
+    evaluate.add_argument("--policy", help="the model server the client asks, ws://HOST:PORT")
+    evaluate.add_argument("--protocol", choices=["openpi", "vla-eval"], default="openpi")
+    evaluate.add_argument(
+        "--fake-actions",
+        action="store_true",
+        help="a connectivity smoke with a fixed action: one episode, never scored",
+    )
+    evaluate.add_argument("--token-file")
+    evaluate.add_argument(
+        "--run-secret-file",
+        help="a file holding the run's secret (default: GAP_RUN_SECRET, else where gap submit "
+        "wrote it on this machine)",
+    )
+    evaluate.set_defaults(func=_cmd_eval)
+    status = subparsers.add_parser("status", help="where a run on an evaluation server stands")
+    status.add_argument("--url", required=True)
+    status.add_argument("--run-id", required=True, type=_run_id)
+    status.add_argument("--token-file")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=_cmd_status)
