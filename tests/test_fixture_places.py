@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
-from pytest_gap.sim.variations import resolve
+from pytest_gap.sim.libero_backend import resolve
 from pytest_gap.skills import library as skills
 from pytest_gap.skills import perception
 from pytest_gap.skills.context import SkillContext, TaskSucceeded

@@ -91,6 +91,30 @@ def _in(module: str, *prefixes: str) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
+def import_circles(modules, edges=imports) -> list[list[str]]:
+    """The import circles among `modules`: each set of two or more of them that import one
+    another, directly or through others of them (a strongly connected component), sorted.
+    `edges(module)` gives a module's direct imports; imports leaving `modules` are not followed."""
+    modules = set(modules)
+
+    def reach(module: str) -> set[str]:
+        seen, todo = set(), [module]
+        while todo:
+            for name in edges(todo.pop()):
+                if name in modules and name not in seen:
+                    seen.add(name)
+                    todo.append(name)
+        return seen
+
+    reached = {m: reach(m) for m in modules}
+    circles = {
+        tuple(sorted({m} | {o for o in reached[m] if m in reached[o]}))
+        for m in modules
+        if m in reached[m]
+    }
+    return sorted(list(c) for c in circles)
+
+
 UPPER = ("pytest_gap.plugin", "pytest_gap.hookspecs", "pytest_gap.outputs", "pytest_gap.cli")
 SESSION = (
     "pytest_gap.benchmark",
@@ -212,6 +236,23 @@ def test_the_rules_read_every_import():
     assert "pytest" in imports("pytest_gap.plugin")
     assert "pytest_gap.config" in reaches("pytest_gap.policies.registry")
     assert _violations([("pytest_gap.sim", ("pytest_gap.errors",))], imports) != []
+
+
+def test_the_circle_finder_finds_circles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": {"f", "a"}}
+    assert import_circles(graph, lambda m: graph[m]) == [["a", "b", "c"], ["d", "e"], ["f"]]
+    assert import_circles(["a", "b"], lambda m: graph[m]) == []  # the way back leaves the set
+
+
+# Packages whose modules import one another in one direction only: a reader can start at the
+# bottom (sim: errors -> backend, suites -> variations, gl -> render -> scene -> libero ->
+# libero_backend) and never meet a module that needs one above it.
+NO_CIRCLES = ("pytest_gap.sim",)
+
+
+@pytest.mark.parametrize("package", NO_CIRCLES)
+def test_no_import_circle_within(package):
+    assert import_circles(m for m in MODULES if _in(m, package)) == []
 
 
 @pytest.mark.parametrize(
