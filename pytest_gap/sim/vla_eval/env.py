@@ -32,7 +32,7 @@ from pytest_gap.sim.backend import (
     scene_digest,
     state_digest,
 )
-from pytest_gap.sim.gl import ensure_gl_backend, import_robosuite_quietly
+from pytest_gap.sim.gl import close_at_exit, ensure_gl_backend, import_robosuite_quietly
 from pytest_gap.sim.libero import fresh_property_samplers
 from pytest_gap.sim.vla_eval.catalogue import LIBERO, NAME, vla_eval_version
 
@@ -141,6 +141,7 @@ class VlaEvalEnv:
             self._seed_env(bench, seed)
             with fresh_property_samplers():  # LIBERO's hard resets leak samplers otherwise
                 await original(task, recorder=recorder)
+            close_at_exit(self)  # the adapter's env (robosuite's GL contexts) exists now
             digests.append(scene_digest(bench._env.env.sim.data._data))
 
         bench.start_episode = start_episode
@@ -184,6 +185,7 @@ class VlaEvalEnv:
             bench = self._benchmark(conn.server_info.get("observation_params") or {})
             task = self._task(bench, seed)
             await bench.start_episode(task)
+            close_at_exit(self)  # the adapter's env (robosuite's GL contexts) exists now
             obs = await bench.get_observation()
             await conn.start_episode({"task": {"warm_up": True}})
             t0 = time.perf_counter()
