@@ -114,8 +114,8 @@ def _last_failure(trace_path: Path) -> tuple[str | None, str | None]:
 
 def _run_task(job: tuple[int, list[int], list[tuple[str, str, str]], str]) -> list[dict]:
     task, seeds, cells, perception = job
+    from pytest_gap.sim.libero_backend import resolve
     from pytest_gap.sim.pool import EnvPool
-    from pytest_gap.sim.variations import resolve
     from pytest_gap.workflow.executor import run_workflow
     from pytest_gap.workflow.schema import load_workflow
     from pytest_gap.workflow.templates import task_placeholders

@@ -25,7 +25,7 @@ def main() -> int:
     from pytest_gap.policies.server import PolicyServer
     from pytest_gap.producers.templates import template_dir
     from pytest_gap.sim.libero import make_env
-    from pytest_gap.sim.variations import resolve
+    from pytest_gap.sim.libero_backend import resolve
     from pytest_gap.workflow.executor import run_workflow
     from pytest_gap.workflow.schema import load_workflow
 

@@ -8,8 +8,9 @@ import pytest
 from pytest_gap.errors import EpisodeError, SimInputError, VariationError
 from pytest_gap.sim.backend import Env
 from pytest_gap.sim.libero import EnvOptions, make_env
+from pytest_gap.sim.libero_backend import resolve
 from pytest_gap.sim.pool import EnvPool
-from pytest_gap.sim.variations import Variation, resolve
+from pytest_gap.sim.variations import Variation
 from tests.helpers import drop_into
 
 NOOP = [0, 0, 0, 0, 0, 0, -1]

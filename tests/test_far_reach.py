@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
-from pytest_gap.sim.variations import resolve
+from pytest_gap.sim.libero_backend import resolve
 from pytest_gap.skills import motion
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.workflow.executor import run_workflow

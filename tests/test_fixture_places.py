@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
-from pytest_gap.sim.variations import resolve
+from pytest_gap.sim.libero_backend import resolve
 from pytest_gap.skills import grasp, perception, place
 from pytest_gap.skills.context import SkillContext, TaskSucceeded
 from pytest_gap.skills.registry import SkillFailure

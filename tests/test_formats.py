@@ -469,7 +469,7 @@ def test_libero_obs_shows_a_perturbed_scene_even_without_settle_steps():
     """The LIBERO view is the scene robosuite last sampled; a variation moves objects after
     that sample, and with no settle step to resample, the view must still show them moved."""
     from pytest_gap.sim.libero import EnvOptions
-    from pytest_gap.sim.variations import resolve
+    from pytest_gap.sim.libero_backend import resolve
 
     with make_env("libero_object", 0, EnvOptions(settle_steps=0)) as env:
         env.reset(0, variation=resolve("posvar", "pos_var"))

@@ -177,3 +177,54 @@ def test_an_env_renders_on_the_egl_device_it_was_built_for():
     assert out["context"] == "EGLDeviceContext" and out["mujoco_display_untouched"]
     assert out["same_image"]
     assert out["error"].startswith("EGL device 7 does not exist: this machine has 1 EGL device(s)")
+
+
+# The inner session's conftest: what interpreter teardown does to a worker's env pool, made
+# certain. After every atexit function ran (MuJoCo's eglTerminate among them), teardown drops
+# module globals, the pool among them, and a garbage collection may come while stderr still
+# prints: whether it does depends on the allocations of the teardown, so `pytest benchmarks/
+# -n 2` printed the tracebacks and a one-trial session mostly did not. Registered before any GL
+# display is made, this runs after their ends, as that teardown does.
+_LATE_TEARDOWN = """
+import atexit
+import gc
+
+from pytest_gap.sim import pool
+
+
+def free_the_pool_late():
+    pool._pool = None  # dropped unclosed, as teardown drops it
+    gc.collect()
+
+
+atexit.register(free_the_pool_late)
+"""
+
+
+def test_a_session_that_rendered_exits_without_tracebacks(pytester):
+    """A session whose trials rendered ends quietly. MuJoCo terminates its EGL display at exit
+    (atexit); a renderer freed after that printed an "Exception ignored in ... __del__"
+    traceback for itself and one for its GL context: about 60 lines at the end of
+    `pytest benchmarks/ -n 2`. sim/gl.py `close_at_exit` closes every renderer before."""
+    import yaml
+
+    write_workflow(pytester.path / "give_up", GIVE_UP)
+    grid = {
+        "families": ["libero"],
+        "variations": ["object"],
+        "modes": ["workflow"],
+        "task_ids": [0],
+        "n_seeds": 1,
+        "output_dir": "runs",
+        "mode_overrides": {"workflow": {"workflow_dir": str(pytester.path / "give_up")}},
+    }
+    # record_video: the env gets a camera, which renders the episode's first frame at reset.
+    config = {"trials": {"record_video": True}, "benchmark": grid}
+    (pytester.path / "grid.yaml").write_text(yaml.safe_dump(config))
+    pytester.makeconftest(_LATE_TEARDOWN)
+    result = pytester.runpytest_subprocess("grid.yaml", "-n", "1", timeout=300)
+    out = result.stdout.str() + "\n" + result.stderr.str()
+    assert result.ret == 1 and "1 failed" in out, out  # give_up fails its one trial
+    assert list((pytester.path / "runs").rglob("video.mp4")), out  # a camera rendered
+    noisy = [ln for ln in out.splitlines() if "Traceback" in ln or "Exception ignored in" in ln]
+    assert noisy == [], out

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pytest_gap.sim.libero import EnvOptions, make_env
-from pytest_gap.sim.variations import resolve
+from pytest_gap.sim.libero_backend import resolve
 from pytest_gap.skills import calibration, grasp, gripper, motion, perception, place
 from pytest_gap.skills.context import SkillContext
 
@@ -98,7 +98,7 @@ def test_the_cream_cheese_by_a_bigger_bowl_is_gripped_and_put_in_its_middle(goal
     closed 1.3 cm high and slipped, twice. Seed 22: one stray point of a neighbour inside the
     bowl made it look occupied; the cheese went 4.4 cm off its middle, and LIBERO's `On`
     wants it within 3 cm."""
-    from pytest_gap.sim.variations import resolve
+    from pytest_gap.sim.libero_backend import resolve
     from pytest_gap.workflow.executor import run_workflow
     from pytest_gap.workflow.schema import load_workflow
     from pytest_gap.workflow.templates import task_placeholders

@@ -7,7 +7,7 @@ import pytest
 
 from pytest_gap.errors import SimInputError
 from pytest_gap.sim.libero import EnvOptions, make_env
-from pytest_gap.sim.variations import resolve
+from pytest_gap.sim.libero_backend import resolve
 from pytest_gap.sim.video import VideoWriter, read_frames
 from tests.helpers import MOVING_VARIATIONS
 

@@ -7,7 +7,7 @@ import pytest
 
 from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.sim.libero import EnvOptions, make_env
-from pytest_gap.sim.variations import resolve
+from pytest_gap.sim.libero_backend import resolve
 from pytest_gap.skills import basic, grasp, items, motion, perception
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import quat_xyzw_to_matrix, wrap_half_turn

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from pytest_gap.errors import SimInputError
-from pytest_gap.sim.variations import GRID_RECT, grid_cells, list_families, resolve
+from pytest_gap.sim.libero_backend import resolve
+from pytest_gap.sim.variations import GRID_RECT, grid_cells, list_families
 from tests.helpers import MOVING_VARIATIONS, poses, positions
 
 SEEDS = (0, 1, 17)
@@ -161,7 +162,7 @@ def test_unknown_family_or_variation_is_a_one_line_error(family, variation, need
 _PROBE = """
 import json, hashlib, sys
 from pytest_gap.sim.libero import make_env
-from pytest_gap.sim.variations import resolve
+from pytest_gap.sim.libero_backend import resolve
 out = {}
 order = [("posvar", "all"), ("posvar", "pos_var"), ("grocery_packing", "permutation")]
 seeds = [0, 51]

@@ -455,3 +455,38 @@ def test_verify_harness_exits_2_without_a_vla_eval(tmp_path, monkeypatch, capsys
     assert gap_main(["verify-harness"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gap verify-harness: vla-eval is not importable") and err.count("\n") == 1
+
+
+# An env whose adapter rendered, left unclosed and collected after the process's atexit
+# functions ran (robosuite's eglTerminate among them): interpreter teardown may do that, and a
+# GL context freed then printed an "Exception ignored in ... __del__" traceback.
+_DROPPED_ENV = """
+import atexit, gc
+atexit.register(gc.collect)  # registered first, so it runs last: after the displays' ends
+from pytest_gap.sim.backend import get_backend
+env = get_backend("vla-eval").make_env("libero_object", 0)
+print(sorted(env.reset(0).images))
+holder = [env]
+holder.append(holder)  # garbage only a collection frees
+del env, holder
+"""
+
+
+def test_a_process_that_rendered_through_vla_eval_exits_quietly():
+    """robosuite's EGL contexts (the adapter's OffScreenRenderEnv) are freed before robosuite
+    terminates their display: the env is closed at exit (sim/gl.py close_at_exit)."""
+    env = {**os.environ, "MUJOCO_GL": "egl"}
+    env.pop("PYOPENGL_PLATFORM", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", _DROPPED_ENV],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[-2] == "['agentview', 'wrist']", proc.stdout
+    out = proc.stdout + proc.stderr
+    noisy = [ln for ln in out.splitlines() if "Traceback" in ln or "Exception ignored in" in ln]
+    assert noisy == [], out

@@ -9,6 +9,9 @@ workers and other children inherit it instead of probing again.
 backend binds every context of a process to one display, chosen from MUJOCO_EGL_DEVICE_ID when
 the first context is made; changing the variable later has no effect, so envs of one process
 that render on different GPUs need contexts on their own displays.
+
+`close_at_exit` closes what holds GL contexts before the process's EGL displays end, so that a
+process (a pytest session, an xdist worker) exits without `__del__` tracebacks.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import weakref
 
 from pytest_gap.errors import RenderBackendError
 
@@ -213,12 +217,51 @@ def make_renderer(model, height: int, width: int, egl_device: int | None = None)
     import mujoco
 
     if egl_device is None or not uses_egl():
-        return mujoco.Renderer(model, height, width)
-    _egl_display(egl_device)  # a missing device is a one-line error, before MuJoCo's
-    module = sys.modules[mujoco.Renderer.__module__].gl_context
-    default = module.GLContext
-    module.GLContext = lambda w, h: EGLDeviceContext(egl_device, w, h)
-    try:
-        return mujoco.Renderer(model, height, width)
-    finally:
-        module.GLContext = default
+        renderer = mujoco.Renderer(model, height, width)
+    else:
+        _egl_display(egl_device)  # a missing device is a one-line error, before MuJoCo's
+        module = sys.modules[mujoco.Renderer.__module__].gl_context
+        default = module.GLContext
+        module.GLContext = lambda w, h: EGLDeviceContext(egl_device, w, h)
+        try:
+            renderer = mujoco.Renderer(model, height, width)
+        finally:
+            module.GLContext = default
+    close_at_exit(renderer)
+    return renderer
+
+
+# -- closing GL objects before their display ends ---------------------------------------------
+# Alive objects whose close() frees GL contexts; weak, so a closed and dropped one leaves.
+_open: weakref.WeakSet = weakref.WeakSet()
+
+
+def close_at_exit(obj) -> None:
+    """Close `obj` (a renderer, an env: anything whose `close()` frees its GL contexts) when the
+    process exits, before any EGL display it renders on is terminated. Call it after `obj` made
+    its first context.
+
+    MuJoCo and robosuite register `eglTerminate(display)` with atexit when they make a
+    display's first context (as `_egl_display` does for ours). A renderer still alive after
+    that is freed by its `__del__` at interpreter shutdown, on a terminated display, and each
+    such free prints an "Exception ignored in ... __del__" traceback (about 60 lines at the end
+    of `pytest benchmarks/ -n 2`). atexit calls its functions last registered first, so the
+    hook that closes them moves to the end of the queue at every call: behind every display
+    made so far, hence run before their ends."""
+    _open.add(obj)
+    atexit.unregister(close_open_objects)
+    atexit.register(close_open_objects)
+
+
+def close_open_objects() -> None:
+    """Close every object given to `close_at_exit` that is still alive (closing twice is a
+    no-op for them); each is closed even when one fails, and the first failure is raised."""
+    failure = None
+    for obj in list(_open):
+        try:
+            obj.close()
+        except Exception as exc:
+            failure = failure or exc
+    _open.clear()
+    if failure is not None:
+        raise failure

@@ -2,15 +2,22 @@
 
 Its catalogue reads the package's BDDL and init-state folders (sim/suites.py) and the families
 of sim/variations.py; neither imports MuJoCo or robosuite, so validating a config stays cheap.
-Envs are `LiberoEnv`s (sim/libero.py), imported only when one is made.
+Envs are `LiberoEnv`s (sim/libero.py), whose module imports MuJoCo and robosuite only when an
+env is made.
+
+The top of the LIBERO stack: it imports suites, variations and libero, and none of them imports
+it (`resolve` lives here, not in variations, for that reason).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pytest_gap.sim import backend
 from pytest_gap.sim.backend import EnvOptions, Family
+from pytest_gap.sim.libero import LiberoEnv
 from pytest_gap.sim.suites import get_suite, get_task, list_suites, unusable_suites
+from pytest_gap.sim.variations import FAMILIES, Variation
 
 
 class LiberoBackend:
@@ -35,8 +42,6 @@ class LiberoBackend:
         return get_task(suite, task_id).n_init_states
 
     def families(self) -> Mapping[str, Family]:
-        from pytest_gap.sim.variations import FAMILIES
-
         return FAMILIES
 
     def make_env(
@@ -46,6 +51,13 @@ class LiberoBackend:
         options: EnvOptions | None = None,
         egl_device: int | None = None,
     ):
-        from pytest_gap.sim.libero import LiberoEnv
-
         return LiberoEnv(get_task(suite, task_id), options, egl_device)
+
+
+def resolve(family: str, variation: str) -> Variation:
+    """The LIBERO Variation of `family/variation` (SimInputError with a hint otherwise): the
+    short form of `backend.resolve_variation(LiberoBackend(), family, variation)` for scripts,
+    notebooks and tests that drive a `LiberoEnv` themselves."""
+    resolved = backend.resolve_variation(LiberoBackend(), family, variation)
+    assert isinstance(resolved, Variation)
+    return resolved

@@ -405,11 +405,3 @@ class Variation(backend.Variation):
 
 def list_families() -> dict[str, list[str]]:
     return {name: family.variations() for name, family in FAMILIES.items()}
-
-
-def resolve(family: str, variation: str) -> Variation:
-    from pytest_gap.sim.libero_backend import LiberoBackend
-
-    resolved = backend.resolve_variation(LiberoBackend(), family, variation)
-    assert isinstance(resolved, Variation)
-    return resolved
