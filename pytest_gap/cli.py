@@ -123,7 +123,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pytest_gap.plan import Cell, Trial
-    from pytest_gap.runner import TrialRun
+    from pytest_gap.run.trial import TrialRun
     from pytest_gap.sim.backend import get_backend, resolve_variation
     from pytest_gap.sim.pool import EnvPool
 

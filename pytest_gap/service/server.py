@@ -5,7 +5,7 @@
 Each attached client gets one simulator slot (its own env pool, on its own thread, since a GL
 context belongs to the thread that made it) and a relay: an in-process policy server on
 loopback whose policy is the client itself. A trial then runs exactly as a pytest `policy_only`
-trial does (runner.TrialRun: the mode's template, run_policy, the goal check, result.json,
+trial does (run/trial.py TrialRun: the mode's template, run_policy, the goal check, result.json,
 trace), with the relay as the policy's server; every observation goes down the client's
 websocket and its reply comes back as the policy's answer. A client that goes away mid-episode
 breaks the relay: the trial is recorded as an infrastructure failure and handed out again.
@@ -345,7 +345,7 @@ class EvalServer:
 
     @staticmethod
     def _run_trial(run, run_dir, trial, pool, url, worker_id) -> None:
-        from pytest_gap.runner import TrialRun
+        from pytest_gap.run.trial import TrialRun
 
         config = run.card["config_name"]
         TrialRun(
