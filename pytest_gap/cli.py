@@ -654,13 +654,8 @@ def _cmd_online_serve(args: argparse.Namespace) -> int:
     import threading
     from pathlib import Path
 
-    from pytest_gap.service.online import (
-        Limits,
-        Platform,
-        load_sets,
-        load_tokens,
-        make_platform_server,
-    )
+    from pytest_gap.service.online import make_platform_server
+    from pytest_gap.service.platform import Limits, Platform, load_sets, load_tokens
 
     logging.basicConfig(level=logging.INFO, format="gap online: %(message)s")
     given = {name: getattr(args, name, None) for name in Limits.model_fields}
