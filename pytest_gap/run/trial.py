@@ -415,7 +415,7 @@ class TrialRun:
 
     def _produce(self, variation, instruction: str) -> Path:
         """The workflow for this trial's instruction, from the mode's producer, once per
-        distinct instruction of a cell x task (producers/base.py `trial_workflow`)."""
+        distinct instruction of a cell x task (run/produce.py `trial_workflow`)."""
         workflow = trial_workflow(
             self.trial, instruction, self.run_dir, generated=variation.generated
         )
