@@ -164,6 +164,20 @@ REACH_RULES += [
     ("pytest_gap.viz", ("pytest", *UPPER)),
     ("pytest_gap.service", ("pytest", *UPPER)),
     ("pytest_gap.progress", ("pytest", *UPPER)),
+    # The trial level runs in a pytest worker, a Ray actor and the evaluation service alike, and
+    # knows none of them (nor the session's preflight, report or Python API).
+    (
+        "pytest_gap.run",
+        (
+            "pytest",
+            *UPPER,
+            "pytest_gap.service",
+            "pytest_gap.scale",
+            "pytest_gap.benchmark",
+            "pytest_gap.preflight",
+            "pytest_gap.report",
+        ),
+    ),
     # Cutting a plan into shards is a pure function of the plan: every machine computes it.
     ("pytest_gap.scale.shard", ("pytest", *UPPER, *SESSION, "pytest_gap.results")),
     ("pytest_gap.scale.merge", ("pytest", *UPPER)),  # its session is merge_session's
@@ -424,3 +438,13 @@ def test_skills_has_no_import_circle_and_reads_no_private_name_across_modules():
     assert _package_circles("pytest_gap.skills") == []
     skills = sorted(m for m in MODULES if _in(m, "pytest_gap.skills"))
     assert [u for m in skills for u in _private_uses(MODULES[m].read_text(), m)] == []
+
+
+def test_run_and_service_have_no_import_circle_and_read_no_private_name_across_modules():
+    """run/ (the trial level) and service/ are split by job: no circle among their modules, lazy
+    imports included, and no module reads another's private helper (a shared one is public
+    where it belongs, as record.py's record fields are)."""
+    for package in ("pytest_gap.run", "pytest_gap.service"):
+        assert _package_circles(package) == [], package
+        modules = sorted(m for m in MODULES if _in(m, package))
+        assert [u for m in modules for u in _private_uses(MODULES[m].read_text(), m)] == []
