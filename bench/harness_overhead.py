@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from pytest_gap.config import load_config
 from pytest_gap.plan import all_trials, plan
-from pytest_gap.runner import TrialRun
+from pytest_gap.run.trial import TrialRun
 from pytest_gap.sim.pool import EnvPool
 
 config_path, run_dir = Path(sys.argv[1]), Path(sys.argv[2])

@@ -35,7 +35,7 @@ from pytest_gap.layout import SUMMARY_JSON
 from pytest_gap.plan import llm_problem, plan
 from pytest_gap.preflight import check_config
 from pytest_gap.report import CellSummary
-from pytest_gap.workers import fit_workers
+from pytest_gap.run.workers import fit_workers
 
 __all__ = [
     "DEFAULT_GATE_THRESHOLD",

@@ -156,7 +156,7 @@ class GapSession:
 
 def _pin(worker: str | None, n_workers: int | None) -> None:
     """Give this process its devices, before anything imports the simulator."""
-    from pytest_gap.devices import pin
+    from pytest_gap.run.devices import pin
 
     try:
         pin(os.environ, worker, n_workers)
@@ -561,7 +561,7 @@ class Controller(_Lead):
         the planned trials, when the session runs benchmark configs only and every one loaded
         (-k and -m select later, at collection: the plan is the bound known now), and a
         warning when they outnumber the cores or the memory."""
-        from pytest_gap.workers import capacity_warning, fit_workers
+        from pytest_gap.run.workers import capacity_warning, fit_workers
 
         option = self.config.option
         tx = list(getattr(option, "tx", None) or [])
@@ -648,7 +648,7 @@ class Controller(_Lead):
         """Record the trial of a worker that died; the report then reaches logreport."""
         if not _is_trial_nodeid(crashitem):
             return
-        from pytest_gap.runner import record_crash
+        from pytest_gap.run.record import record_crash
 
         yaml_part, trial_id = ids.split_node_id(crashitem)
         loaded = self.load(self.config.rootpath / yaml_part)
@@ -989,7 +989,7 @@ class _TimeoutWatchdog:
 
     def _stuck(self) -> None:
         """The trial outlived its signal watchdog by the grace: record it and end the process."""
-        from pytest_gap.runner import record_crash
+        from pytest_gap.run.record import record_crash
 
         item = self.item
         limit = item.trial.cell.timeout_s
@@ -1106,7 +1106,7 @@ class TrialItem(pytest.Item):
         """The trial, re-run once if the managed policy server it needs died under it and was
         restarted (runner.run_supervised)."""
         from pytest_gap.policies.supervisor import ServerWatch
-        from pytest_gap.runner import run_supervised
+        from pytest_gap.run.supervised import run_supervised
 
         watch = ServerWatch.for_cell(run_dir, self.trial.cell, self.loaded.config)
         if watch is None:
@@ -1122,7 +1122,7 @@ class TrialItem(pytest.Item):
         return result
 
     def _run(self, session: GapSession, run_dir: Path, trial, earlier=()) -> TrialResult:
-        from pytest_gap.runner import TrialRun
+        from pytest_gap.run.trial import TrialRun
         from pytest_gap.sim.pool import env_pool
 
         run = TrialRun(

@@ -46,8 +46,12 @@ SURFACE: dict[str, str] = {
     "policies/client.py": "the transport: timeouts, what counts as a server failure",
     "policies/formats.py": "observations to a policy, its reply to actions (obs_format)",
     "policies/endpoint.py": "which format a registry entry gets by default",
-    "runner.py": "the trial: reset, production, execution, what is recorded as its verdict",
-    "run/**/*.py": "the trial level: which workflow a trial runs and how it is produced",
+    # run/ file by file: its devices.py and workers.py decide no outcome (see below)
+    "run/trial.py": "the trial: reset, production, execution, what is recorded as its verdict",
+    "run/produce.py": "which workflow a trial runs and how it is produced",
+    "run/record.py": "what a trial's record says, a dead worker's trial's verdict included",
+    "run/supervised.py": "a trial whose policy server died: when it is re-run, which record stands",
+    "run/watchdog.py": "which waits of a trial are charged to its time limit",
     "templates/**/*.json": "the workflows the template modes run",
     "producers/**/*.py": "how a mode's workflow is written (placeholders, the LLM's prompt)",
     "modes.py": "which producer a mode runs",
@@ -59,8 +63,9 @@ SURFACE: dict[str, str] = {
 #   config, defaults included, is what is hashed);
 # - plugin.py, hookspecs.py, outputs/, report.py, cli/, benchmark.py, results.py: the session
 #   glue, the records and what is written from them; they report outcomes, never decide one;
-# - devices.py, throttle.py, preflight.py, policies/manager.py, policies/registry.py: where and
-#   when a trial runs and which servers are started, not what the trial does;
+# - run/devices.py, run/workers.py, throttle.py, preflight.py, policies/manager.py,
+#   policies/registry.py: where and when a trial runs and which servers are started, not what
+#   the trial does;
 # - policies/server.py, policies/builtin.py: the serving side is the policy under test, whose
 #   identity is the record's policy_digest (its metadata frame), not the harness's;
 # - errors.py, redaction.py, provenance.py, __init__.py: names, masking, this file, the version

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gap.devices import (
+from pytest_gap.errors import GapError
+from pytest_gap.run.devices import (
     egl_device_for_cell,
     parse_devices,
     pin,
     worker_devices,
     worker_index,
 )
-from pytest_gap.errors import GapError
 
 
 def test_workers_share_out_the_devices_or_round_robin_when_there_are_fewer():

@@ -179,7 +179,7 @@ def test_a_trial_its_server_keeps_breaking_is_rerun_once_and_recorded_once(tmp_p
     from pytest_gap.config import parse_config
     from pytest_gap.plan import all_trials, plan
     from pytest_gap.results import TrialIdentity, TrialResult, read_result, write_result
-    from pytest_gap.runner import run_supervised
+    from pytest_gap.run.supervised import run_supervised
 
     config = parse_config(
         {

@@ -28,13 +28,14 @@ from pytest_gap.policies.server import PolicyServer
 from pytest_gap.policies.wire import metadata_digest
 from pytest_gap.provenance import (
     PACKAGE_ROOT,
+    SURFACE,
     compute_surface,
     harness_surface,
     plan_digest,
     surface_files,
 )
 from pytest_gap.results import read_result
-from pytest_gap.runner import record_crash
+from pytest_gap.run.record import record_crash
 from pytest_gap.sim.backend import state_digest
 from tests.fake_session import (
     CHECK_TAIL,
@@ -138,9 +139,12 @@ def test_harness_surface_changes_with_a_covered_file_and_nothing_else(tmp_path):
     packages = {"mujoco": "3.0.0", "numpy": "2.0.0"}
     base = compute_surface(root, packages)
     assert base == compute_surface(PACKAGE_ROOT, packages)  # the copy has the same surface
-    for covered in ("runner.py", "sim/libero.py", "policies/formats.py", "templates/policy_only"):
+    covered_files = ("run/trial.py", "sim/libero.py", "policies/formats.py")
+    for covered in (*covered_files, "templates/policy_only"):
         assert any(f == covered or f.startswith(covered + "/") for f in base.files), covered
     for outside in ("report.py", "plugin.py", "outputs/parquet.py", "policies/server.py"):
+        assert outside not in base.files
+    for outside in ("run/devices.py", "run/workers.py"):  # where a trial runs, not what it does
         assert outside not in base.files
 
     with (root / "report.py").open("a") as out:  # reporting decides no outcome
@@ -153,6 +157,14 @@ def test_harness_surface_changes_with_a_covered_file_and_nothing_else(tmp_path):
     assert changed.digest != base.digest
     assert [f for f in changed.files if changed.files[f] != base.files[f]] == ["sim/libero.py"]
     assert compute_surface(root, {**packages, "mujoco": "3.0.1"}).digest != changed.digest
+
+
+def test_every_module_of_the_trial_level_is_decided_in_or_out_of_the_surface():
+    """run/ is listed file by file (provenance.SURFACE): a module added there is covered or
+    named here as deciding no outcome, never left out by default."""
+    outside = {"__init__.py", "devices.py", "workers.py"}
+    covered = {p.removeprefix("run/") for p in SURFACE if p.startswith("run/")}
+    assert {p.name for p in (PACKAGE_ROOT / "run").glob("*.py")} == covered | outside
 
 
 def test_harness_surface_of_a_backend_names_its_packages_and_its_module(monkeypatch):

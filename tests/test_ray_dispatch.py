@@ -248,7 +248,7 @@ def test_a_node_holds_as_many_actors_as_its_scarcest_resource_allows():
 
 
 def test_an_actor_renders_on_the_gpu_ray_assigned_it():
-    from pytest_gap.devices import egl_device_for_cell
+    from pytest_gap.run.devices import egl_device_for_cell
     from pytest_gap.scale.ray_actor import pin_ray_devices
 
     environ = {"GAP_MUJOCO_EGL_DEVICES": "0,1,2,3"}  # the xdist list, forwarded by mistake

@@ -21,13 +21,8 @@ def _cmd_online_serve(args: argparse.Namespace) -> int:
     import threading
     from pathlib import Path
 
-    from pytest_gap.service.online import (
-        Limits,
-        Platform,
-        load_sets,
-        load_tokens,
-        make_platform_server,
-    )
+    from pytest_gap.service.online import make_platform_server
+    from pytest_gap.service.platform import Limits, Platform, load_sets, load_tokens
 
     logging.basicConfig(level=logging.INFO, format="gap online: %(message)s")
     given = {name: getattr(args, name, None) for name in Limits.model_fields}
@@ -138,7 +133,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     oserve.add_argument("--sets", required=True, help="YAML {benchmark set: config path}")
     oserve.add_argument("--tokens", required=True, help="a file of `TOKEN OWNER` lines")
     oserve.add_argument("--capacity", type=int, default=1, help="evaluation servers at once")
-    for name, kind, text in (  # unset: service.online.Limits' defaults
+    for name, kind, text in (  # unset: service.platform.Limits' defaults
         ("max_tasks_per_owner", positive_int, "tasks queued or ready per token (default 4)"),
         ("max_queued", positive_int, "tasks queued, all owners (default 32)"),
         ("attach_timeout_s", positive_float, "a ready task nobody attaches to ends (300)"),

@@ -37,7 +37,7 @@ def _run_source(args: argparse.Namespace):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    """One trial through the harness's own trial code (runner.TrialRun): the env from the
+    """One trial through the harness's own trial code (run.trial.TrialRun): the env from the
     backend, the workflow from the prebuilt producer (placeholders: the instruction's, then
     --set), execution. Its run dir is temporary; the trace and video go where the flags say.
     Exit 0 on success, 1 on a failed workflow or a harness fault (traceback on stderr), 2 for
@@ -48,7 +48,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from pytest_gap import ids
     from pytest_gap.layout import ERROR_FILE
     from pytest_gap.plan import Cell, Trial
-    from pytest_gap.runner import TrialRun
+    from pytest_gap.run.trial import TrialRun
     from pytest_gap.sim.backend import get_backend, resolve_variation
     from pytest_gap.sim.pool import EnvPool
 

@@ -30,6 +30,6 @@ class LLMConfig(Strict):
     max_concurrent_requests: PositiveInt = 4
     cache_dir: Annotated[Path | None, ServerOnly("a path on the server", NO_LLM)] = None
     # Each request's own bound, and how often a failed one is tried again: producing is not
-    # charged to a trial's watchdog, so these bound a hanging endpoint (runner._produce).
+    # charged to a trial's watchdog, so these bound a hanging endpoint (TrialRun._produce).
     timeout_s: PositiveFloat = 120.0
     max_retries: NonNegativeInt = 5

@@ -8,7 +8,7 @@ Refractal asks its users to warm their servers. Here the harness does it: the fi
 process connects to a server (by url: a managed server restarted on a new port is a new one),
 it first sends that server one inference with the trial's real observation, on its own
 connection, under its own limit (`policies.<id>.warmup_timeout_s`, default 300 s). Nothing of
-it is applied to the scene. The caller charges it to no trial and records it (runner.py: the
+it is applied to the scene. The caller charges it to no trial and records it (run/trial.py: the
 run dir's `warmup/`).
 """
 

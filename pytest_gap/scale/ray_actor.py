@@ -1,5 +1,6 @@
-"""What runs on a Ray node: a long-lived actor that runs trials one at a time (runner.TrialRun),
-as an xdist worker does, into a run dir of its own, and returns each trial's record and files.
+"""What runs on a Ray node: a long-lived actor that runs trials one at a time (TrialRun,
+run/trial.py), as an xdist worker does, into a run dir of its own, and returns each trial's
+record and files.
 
 Knows nothing of pytest and needs no filesystem shared with the controller: a request carries
 everything the trial reads that lives on the controller (the cell's `workflow_dir`, the task's
@@ -102,8 +103,9 @@ def _on_main_thread() -> bool:
 def pin_ray_devices(environ: dict | os._Environ, gpu_ids: list) -> dict[str, str]:
     """The actor's devices are the GPUs Ray assigned it (Ray exports CUDA_VISIBLE_DEVICES):
     MUJOCO_EGL_DEVICE_ID names the first and GAP_MUJOCO_EGL_DEVICES lists them, so the env is
-    built and rendered on the same GPU CUDA sees (devices.py, as an xdist worker is pinned)."""
-    from pytest_gap.devices import DEVICES_VAR
+    built and rendered on the same GPU CUDA sees (run/devices.py, as an xdist worker is
+    pinned)."""
+    from pytest_gap.run.devices import DEVICES_VAR
 
     if not gpu_ids:
         environ.pop(DEVICES_VAR, None)  # no GPU of its own: the process default device
@@ -121,7 +123,8 @@ class _TrialTimeout(BaseException):
 
 class AlarmWatchdog:
     """The trial's time limit on the actor, as pytest-timeout's signal method keeps it in a
-    pytest process: SIGALRM after the budget left, paused while the trial waits (runner.Watchdog).
+    pytest process: SIGALRM after the budget left, paused while the trial waits (the Watchdog
+    protocol of run/watchdog.py).
     A trial stuck where signals do not reach is the controller's to end (dispatch.GRACE_S)."""
 
     def __init__(self, limit_s: float):
@@ -189,7 +192,7 @@ class TrialActor:
         return {"name": self.name, "pid": os.getpid(), "root": str(self.root)}
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        from pytest_gap.runner import TrialRun
+        from pytest_gap.run.trial import TrialRun
         from pytest_gap.sim.pool import env_pool
 
         req = TrialRequest.model_validate(request)

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_gap.devices import DEVICES_VAR
 from pytest_gap.doors import holds_secret
 from pytest_gap.errors import GapError, one_line
+from pytest_gap.run.devices import DEVICES_VAR
 from pytest_gap.scale.dispatch import ActorGone, Slot, TrialBroke
 from pytest_gap.scale.ray_actor import TrialActor
 

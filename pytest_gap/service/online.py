@@ -1,8 +1,7 @@
-"""`gap online serve`: the online platform. It takes evaluation tasks (a model name and a
-benchmark set) from token holders, queues them, and when capacity frees up starts an evaluation
-server for the task (`gap serve` on a free loopback port, the set's config submitted under the
-task id as run id) and hands out its endpoint. A task whose run has finished gives its place to
-the next one.
+"""`gap online serve`: the online platform's HTTP face. The platform (platform.py) takes
+evaluation tasks (a model name and a benchmark set) from token holders, queues them, and when
+capacity frees up starts an evaluation server for the task and hands out its endpoint; this
+module answers the requests that create and read tasks, and bounds what a request may take.
 
 HTTP JSON, bearer tokens (`--tokens FILE`: one `token owner` pair per line): a token sees and
 controls only its owner's tasks (others answer 404); a wrong or missing token answers 401. Tokens
@@ -32,343 +31,22 @@ import contextlib
 import json
 import logging
 import re
-import secrets
 import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
-from typing import Literal
 from urllib.parse import parse_qs, urlsplit
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
-from pytest_gap.bind import LOOPBACK, exposure_notice
-from pytest_gap.config.messages import ConfigError
-from pytest_gap.config.reader import read_yaml
-from pytest_gap.doors import bearer, child_env, new_secret, same_secret
+from pytest_gap.bind import exposure_notice
+from pytest_gap.doors import bearer, same_secret
 from pytest_gap.errors import GapError
-from pytest_gap.policies.manager import free_port
-from pytest_gap.service.protocol import RUN_SECRET_ENV, RUNS_PATH, TOKEN_ENV
+from pytest_gap.service.platform import MAX_LIST, Platform, Refused, TaskRequest
 
 log = logging.getLogger(__name__)
-POLL_S = 1.0  # how often running tasks are asked whether their run finished
 MAX_BODY_BYTES = 64 * 1024  # a task request is a few hundred bytes
-MAX_LIST = 200  # tasks in one GET /tasks answer (`limit` at most this)
 LENGTH_RE = re.compile(r"[0-9]{1,12}")  # int() would take "-1", " 1 ", "+1", "1_0"
-
-TaskState = Literal["queued", "ready", "finished", "failed", "expired"]
-LIVE: tuple[TaskState, ...] = ("queued", "ready")  # what holds (or waits for) a place
-
-
-class Limits(BaseModel):
-    """What one owner, and the network, may take of the platform (`gap online serve` options)."""
-
-    max_tasks_per_owner: int = Field(default=4, ge=1)
-    max_queued: int = Field(default=32, ge=1)
-    attach_timeout_s: float = Field(default=300.0, gt=0)
-    request_timeout_s: float = Field(default=10.0, gt=0)
-    max_connections: int = Field(default=64, ge=1)
-    keep_ended: int = Field(default=100, ge=1)
-
-
-class Refused(GapError):
-    """A task the platform will not take now; `status` is the HTTP answer (429 or 503)."""
-
-    def __init__(self, status: HTTPStatus, message: str):
-        super().__init__(message)
-        self.status = status
-
-
-class TaskRequest(BaseModel):
-    model_name: str = Field(min_length=1, max_length=200)
-    benchmark_set: str = Field(min_length=1, max_length=200)
-    idempotency_key: str | None = Field(default=None, max_length=200)
-
-
-class Task(BaseModel):
-    task_id: str
-    model_name: str
-    benchmark_set: str
-    state: TaskState
-    endpoint: str | None = None  # the evaluation server, once ready
-    run_secret: str | None = None  # what attaching to the task's run needs, once ready
-    created_at: float
-    ready_at: float | None = None
-    finished_at: float | None = None
-    error: str | None = None
-
-
-class _Entry(BaseModel):
-    task: Task
-    owner: str
-    token: str  # the owner's token: its evaluation server asks for it (kept in memory only)
-    key: str  # idempotency key: a retried submit finds the pending task
-    port: int | None = None
-    ready_since: float | None = None  # time.monotonic() when it became ready
-    attached: bool = False  # a client has attached to its evaluation server
-
-
-def load_tokens(path: Path) -> dict[str, str]:
-    """`token owner` per line (# comments, blank lines allowed) -> {token: owner}."""
-    tokens: dict[str, str] = {}
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise GapError(f"--tokens {path}: cannot read it: {exc}") from None
-    for n, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split()
-        if len(parts) != 2:
-            raise GapError(f"--tokens {path}: line {n}: give `TOKEN OWNER` (two words)")
-        tokens[parts[0]] = parts[1]
-    if not tokens:
-        raise GapError(f"--tokens {path}: no token in it; add `TOKEN OWNER` lines")
-    return tokens
-
-
-def load_sets(path: Path) -> dict[str, Path]:
-    """`--sets FILE`: YAML {benchmark set name: config path (relative to the file)}."""
-    try:  # the hardened reader: tags, keys given twice and alias bombs are refused here too
-        data = read_yaml(path)
-    except ConfigError as exc:
-        raise GapError(f"--sets {exc}") from None
-    if not isinstance(data, dict) or not data:
-        raise GapError(f"--sets {path}: give a mapping of benchmark set name -> config path")
-    sets = {str(k): (path.parent / str(v)).resolve() for k, v in data.items()}
-    for name, config in sets.items():
-        if not config.is_file():
-            raise GapError(f"--sets {path}: {name}: no config at {config}")
-    return sets
-
-
-class Platform:
-    def __init__(
-        self,
-        runs_dir: Path,
-        sets: dict[str, Path],
-        tokens: dict[str, str],
-        capacity: int,
-        limits: Limits | None = None,
-    ):
-        if capacity < 1:
-            raise GapError(f"--capacity {capacity}: give at least 1")
-        self.runs_dir, self.sets, self.tokens = runs_dir.resolve(), sets, tokens
-        self.capacity, self.limits = capacity, limits or Limits()
-        self.entries: dict[str, _Entry] = {}
-        self.servers: dict[str, subprocess.Popen] = {}
-        self.lock = threading.Lock()
-        self.starting: set[str] = set()  # task ids whose server is being started
-        self.stopped = threading.Event()
-
-    # -- tasks ----------------------------------------------------------------------------------
-    def create(self, owner: str, token: str, request: TaskRequest) -> tuple[Task, bool]:
-        if request.benchmark_set not in self.sets:
-            have = ", ".join(sorted(self.sets))
-            raise GapError(f"no benchmark set {request.benchmark_set!r} here (it has: {have})")
-        key = request.idempotency_key or f"{request.model_name}\0{request.benchmark_set}"
-        with self.lock:
-            for entry in self.entries.values():
-                live = entry.task.state in LIVE
-                if entry.owner == owner and entry.key == key and live:
-                    return entry.task, False
-            self._admit(owner)
-            self._forget(owner)
-            task_id = f"t{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
-            task = Task(
-                task_id=task_id,
-                model_name=request.model_name,
-                benchmark_set=request.benchmark_set,
-                state="queued",
-                created_at=time.time(),
-            )
-            self.entries[task_id] = _Entry(task=task, owner=owner, key=key, token=token)
-        # started beside the request, not in it: bringing a server up takes seconds to minutes,
-        # and the client's answer (its task, queued) should not wait for that
-        threading.Thread(target=self._schedule, name="gap-online-start", daemon=True).start()
-        return task, True
-
-    def _admit(self, owner: str) -> None:
-        """Refuse a new task over the owner's quota or the platform's queue (lock held): one
-        token holder cannot fill the queue, and no one can grow it without bound."""
-        mine = sum(e.owner == owner and e.task.state in LIVE for e in self.entries.values())
-        if mine >= self.limits.max_tasks_per_owner:
-            raise Refused(
-                HTTPStatus.TOO_MANY_REQUESTS,
-                f"owner {owner} has {mine} tasks queued or ready, the most "
-                f"--max-tasks-per-owner ({self.limits.max_tasks_per_owner}) allows; wait for "
-                "one to end, then submit",
-            )
-        queued = sum(e.task.state == "queued" for e in self.entries.values())
-        if queued >= self.limits.max_queued:
-            raise Refused(
-                HTTPStatus.SERVICE_UNAVAILABLE,
-                f"the platform's queue is full ({queued} tasks queued, --max-queued "
-                f"{self.limits.max_queued}); submit again later",
-            )
-
-    def _forget(self, owner: str) -> None:
-        """Drop the owner's oldest ended tasks beyond `keep_ended` (lock held): the task list,
-        and the platform's memory, stay bounded however long it runs."""
-        ended = [e for e in self.entries.values() if e.owner == owner and e.task.state not in LIVE]
-        ended.sort(key=lambda e: e.task.created_at)
-        for entry in ended[: max(0, len(ended) - self.limits.keep_ended)]:
-            del self.entries[entry.task.task_id]
-
-    def visible(self, owner: str, offset: int = 0, limit: int = MAX_LIST) -> tuple[list[Task], int]:
-        """One page of the owner's tasks, oldest first, and how many it has in all."""
-        with self.lock:
-            tasks = [e.task for e in self.entries.values() if e.owner == owner]
-        return tasks[offset : offset + limit], len(tasks)
-
-    def get(self, owner: str, task_id: str) -> Task | None:
-        with self.lock:
-            entry = self.entries.get(task_id)
-            return entry.task if entry is not None and entry.owner == owner else None
-
-    # -- capacity -------------------------------------------------------------------------------
-    def _schedule(self) -> None:
-        """Start servers for queued tasks, oldest first, while capacity allows."""
-        with self.lock:  # two callers (a submit, the watcher) must not start one task twice
-            running = sum(e.task.state == "ready" for e in self.entries.values())
-            queued = sorted(
-                (
-                    e
-                    for e in self.entries.values()
-                    if e.task.state == "queued" and e.task.task_id not in self.starting
-                ),
-                key=lambda e: e.task.created_at,
-            )
-            chosen = queued[: max(0, self.capacity - running - len(self.starting))]
-            self.starting.update(e.task.task_id for e in chosen)
-        for entry in chosen:
-            try:
-                self._start(entry)
-            finally:
-                with self.lock:
-                    self.starting.discard(entry.task.task_id)
-
-    def _start(self, entry: _Entry) -> None:
-        task = entry.task
-        port = free_port()
-        gap = [sys.executable, "-m", "pytest_gap.cli"]
-        runs = self.runs_dir / task.task_id
-        runs.mkdir(parents=True, exist_ok=True)
-        log_file = open(runs / "serve.log", "ab")  # noqa: SIM115 (the server's whole life)
-        # The task's server takes its owner's token, through the environment: not argv (ps),
-        # not a file in the runs dir.
-        # The set's config is the operator's: the server schedules it at start (`--config`),
-        # trusted, not through the public submit a tenant's config takes; its run secret is
-        # chosen here and handed over the same way as the token.
-        run_secret = new_secret()
-        env = child_env({TOKEN_ENV: entry.token, RUN_SECRET_ENV: run_secret})
-        config = ["--config", str(self.sets[task.benchmark_set]), "--run-id", task.task_id]
-        server = subprocess.Popen(
-            [*gap, "serve", "--port", str(port), "--runs-dir", str(runs), *config],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        log_file.close()
-        endpoint = f"http://{LOOPBACK}:{port}"
-        try:
-            _wait_up(endpoint, server, runs / "serve.log")
-        except (OSError, GapError) as exc:
-            server.kill()
-            detail = str(exc)
-            with self.lock:
-                task.state, task.error = "failed", f"the evaluation server did not start: {detail}"
-            log.warning("task %s failed to start: %s", task.task_id, detail.strip())
-            return
-        with self.lock:
-            self.servers[task.task_id] = server
-            entry.port = port
-            task.state, task.endpoint, task.ready_at = "ready", endpoint, time.time()
-            task.run_secret = run_secret
-            entry.ready_since = time.monotonic()
-        log.info("task %s ready at %s", task.task_id, endpoint)
-
-    def watch(self) -> None:
-        """Until stopped: retire tasks whose run finished (or whose server died, or that no
-        client attached to in time), then schedule."""
-        while not self.stopped.wait(POLL_S):
-            with self.lock:
-                ready = [e for e in self.entries.values() if e.task.state == "ready"]
-            for entry in ready:
-                ended = self._ended(entry)
-                if ended is not None:
-                    self._retire(entry, *ended)
-            self._schedule()
-
-    def _ended(self, entry: _Entry) -> tuple[TaskState, str | None] | None:
-        """How a ready task ended (its state and why), or None while it is still running."""
-        server = self.servers.get(entry.task.task_id)
-        if server is not None and server.poll() is not None:
-            return "failed", f"its evaluation server exited with status {server.returncode}"
-        status = self._run_status(entry)
-        if status.get("state") == "finished":
-            return "finished", None
-        if status.get("workers") or status.get("state") not in (None, "waiting for clients"):
-            entry.attached = True
-        waited = time.monotonic() - (entry.ready_since or time.monotonic())
-        if not entry.attached and waited > self.limits.attach_timeout_s:
-            # a place nobody uses holds up the queue: give it back
-            return "expired", (
-                f"no client attached within {self.limits.attach_timeout_s:g} s of it being "
-                "ready (--attach-timeout-s); submit it again when the client can start"
-            )
-        return None
-
-    def _run_status(self, entry: _Entry) -> dict:
-        """The task's run status from its evaluation server ({} when it does not answer)."""
-        url = f"{entry.task.endpoint}{RUNS_PATH}{entry.task.task_id}"
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {entry.token}"})
-        try:
-            with urllib.request.urlopen(request, timeout=5) as answer:
-                status = json.loads(answer.read())
-        except (OSError, ValueError):
-            return {}
-        return status if isinstance(status, dict) else {}
-
-    def _retire(self, entry: _Entry, state: TaskState, error: str | None) -> None:
-        server = self.servers.pop(entry.task.task_id, None)
-        if server is not None and server.poll() is None:
-            server.terminate()
-            server.wait(timeout=30)
-        with self.lock:
-            entry.task.state = state
-            entry.task.error, entry.task.finished_at = error, time.time()
-        log.info("task %s %s", entry.task.task_id, entry.task.state)
-
-    def stop(self) -> None:
-        self.stopped.set()
-        for server in self.servers.values():
-            if server.poll() is None:
-                server.terminate()
-                server.wait(timeout=30)
-
-
-def _wait_up(endpoint: str, server: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            try:  # its last line says why (a set's config it refused, a port taken)
-                why = (log.read_text(errors="replace").strip().splitlines() or [""])[-1]
-            except OSError:
-                why = ""
-            raise GapError(f"gap serve exited with status {server.returncode}: {why}")
-        try:
-            urllib.request.urlopen(f"{endpoint}/healthz", timeout=1)
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise GapError(f"gap serve did not answer at {endpoint} within {timeout_s:g} s")
 
 
 def _page(query: str) -> tuple[int, int]:
@@ -417,124 +95,130 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def handler_for(platform: Platform) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        # each read and write on the connection; `setup` adds a deadline for the whole request
-        # (a client dripping a byte a second never trips a per-read timeout)
-        timeout = platform.limits.request_timeout_s
-        cut_off = False  # the request deadline passed: reading stopped
+class TaskHandler(BaseHTTPRequestHandler):
+    """One request of the platform's API (the module's docstring), one request per connection
+    (HTTP/1.0). `handler_for` makes the class a server uses: it sets `platform` and `timeout`."""
 
-        def setup(self) -> None:
-            super().setup()
-            self.deadline = threading.Timer(self.timeout, self._cut)
-            self.deadline.daemon = True
-            self.deadline.start()
+    platform: Platform
+    # each read and write on the connection; `setup` adds a deadline for the whole request
+    # (a client dripping a byte a second never trips a per-read timeout)
+    timeout: float
+    cut_off = False  # the request deadline passed: reading stopped
 
-        def _cut(self) -> None:
-            """Stop reading (a blocked read returns end of file); the answer can still go out.
-            One request per connection (HTTP/1.0), so this bounds a connection's thread."""
-            self.cut_off = True
-            with contextlib.suppress(OSError):
-                self.connection.shutdown(socket.SHUT_RD)
+    def setup(self) -> None:
+        super().setup()
+        self.deadline = threading.Timer(self.timeout, self._cut)
+        self.deadline.daemon = True
+        self.deadline.start()
 
-        def finish(self) -> None:
-            self.deadline.cancel()
-            super().finish()
+    def _cut(self) -> None:
+        """Stop reading (a blocked read returns end of file); the answer can still go out.
+        One request per connection (HTTP/1.0), so this bounds a connection's thread."""
+        self.cut_off = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RD)
 
-        def _send(self, status: HTTPStatus, body, headers: dict[str, str] | None = None) -> None:
-            data = (json.dumps(body) + "\n").encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(data)
+    def finish(self) -> None:
+        self.deadline.cancel()
+        super().finish()
 
-        def _error(self, status: HTTPStatus, message: str) -> None:
-            self._send(status, {"error": _one_line(message)})
+    def _send(self, status: HTTPStatus, body, headers: dict[str, str] | None = None) -> None:
+        data = (json.dumps(body) + "\n").encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
 
-        def _owner(self) -> tuple[str, str] | None:
-            """(owner, token) of the request's bearer token; None after answering 401."""
-            token = bearer(self.headers) or ""
-            # constant time per token, on bytes: a timing probe learns nothing about valid
-            # prefixes, and a non-ASCII header is a 401 like any wrong token
-            matches = [o for t, o in platform.tokens.items() if same_secret(token, t)]
-            if not matches:
-                self._error(HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token")
-                return None
-            return matches[0], token
+    def _error(self, status: HTTPStatus, message: str) -> None:
+        self._send(status, {"error": _one_line(message)})
 
-        def do_GET(self) -> None:
-            caller = self._owner()
-            if caller is None:
-                return
-            owner = caller[0]
-            url = urlsplit(self.path)
-            if url.path.rstrip("/") == "/tasks":
-                try:
-                    offset, limit = _page(url.query)
-                except GapError as exc:
-                    return self._error(HTTPStatus.BAD_REQUEST, str(exc))
-                tasks, total = platform.visible(owner, offset, limit)
-                body = [t.model_dump(mode="json") for t in tasks]
-                return self._send(HTTPStatus.OK, body, {"X-Total-Count": str(total)})
-            if url.path.startswith("/tasks/"):
-                task = platform.get(owner, url.path[len("/tasks/") :])
-                if task is None:
-                    return self._error(HTTPStatus.NOT_FOUND, "no such task")
-                return self._send(HTTPStatus.OK, task.model_dump(mode="json"))
-            self._error(HTTPStatus.NOT_FOUND, f"no such path {url.path[:200]}")
+    def _owner(self) -> tuple[str, str] | None:
+        """(owner, token) of the request's bearer token; None after answering 401."""
+        token = bearer(self.headers) or ""
+        # constant time per token, on bytes: a timing probe learns nothing about valid
+        # prefixes, and a non-ASCII header is a 401 like any wrong token
+        matches = [o for t, o in self.platform.tokens.items() if same_secret(token, t)]
+        if not matches:
+            self._error(HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token")
+            return None
+        return matches[0], token
 
-        def do_POST(self) -> None:
-            # once a body is refused unread, the connection cannot carry another request
-            self.close_connection = True
-            caller = self._owner()
-            if caller is None:
-                return
-            owner, token = caller
-            if urlsplit(self.path).path.rstrip("/") != "/tasks":
-                return self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path[:200]}")
+    def do_GET(self) -> None:
+        caller = self._owner()
+        if caller is None:
+            return
+        owner = caller[0]
+        url = urlsplit(self.path)
+        if url.path.rstrip("/") == "/tasks":
             try:
-                body = self._body()
-                request = TaskRequest.model_validate_json(body or b"{}")
-                task, created = platform.create(owner, token, request)
-            except Refused as exc:
-                return self._error(exc.status, str(exc))
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(x) for x in first["loc"]) or "body"
-                return self._error(HTTPStatus.BAD_REQUEST, f"{where}: {first['msg']}")
+                offset, limit = _page(url.query)
             except GapError as exc:
                 return self._error(HTTPStatus.BAD_REQUEST, str(exc))
-            status = HTTPStatus.CREATED if created else HTTPStatus.OK
-            self._send(status, task.model_dump(mode="json"))
+            tasks, total = self.platform.visible(owner, offset, limit)
+            body = [t.model_dump(mode="json") for t in tasks]
+            return self._send(HTTPStatus.OK, body, {"X-Total-Count": str(total)})
+        if url.path.startswith("/tasks/"):
+            task = self.platform.get(owner, url.path[len("/tasks/") :])
+            if task is None:
+                return self._error(HTTPStatus.NOT_FOUND, "no such task")
+            return self._send(HTTPStatus.OK, task.model_dump(mode="json"))
+        self._error(HTTPStatus.NOT_FOUND, f"no such path {url.path[:200]}")
 
-        def _body(self) -> bytes:
-            """The request body, read only after its Content-Length passed; Refused (408) when
-            it does not all arrive within the request timeout."""
-            length = _content_length(self.headers)
-            try:
-                body = self.rfile.read(length)
-            except TimeoutError:
-                body, self.cut_off = b"", True
-            if len(body) < length and self.cut_off:
-                raise Refused(
-                    HTTPStatus.REQUEST_TIMEOUT,
-                    f"body: not all {length} bytes arrived within {self.timeout:g} s; send it "
-                    "whole",
-                )
-            if len(body) < length:
-                raise Refused(
-                    HTTPStatus.BAD_REQUEST,
-                    f"body: {len(body)} of the {length} bytes Content-Length announced",
-                )
-            return body
+    def do_POST(self) -> None:
+        # once a body is refused unread, the connection cannot carry another request
+        self.close_connection = True
+        caller = self._owner()
+        if caller is None:
+            return
+        owner, token = caller
+        if urlsplit(self.path).path.rstrip("/") != "/tasks":
+            return self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path[:200]}")
+        try:
+            body = self._body()
+            request = TaskRequest.model_validate_json(body or b"{}")
+            task, created = self.platform.create(owner, token, request)
+        except Refused as exc:
+            return self._error(exc.status, str(exc))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "body"
+            return self._error(HTTPStatus.BAD_REQUEST, f"{where}: {first['msg']}")
+        except GapError as exc:
+            return self._error(HTTPStatus.BAD_REQUEST, str(exc))
+        status = HTTPStatus.CREATED if created else HTTPStatus.OK
+        self._send(status, task.model_dump(mode="json"))
 
-        def log_message(self, format: str, *args) -> None:
-            pass  # request lines carry no token, but nothing here needs them either
+    def _body(self) -> bytes:
+        """The request body, read only after its Content-Length passed; Refused (408) when
+        it does not all arrive within the request timeout."""
+        length = _content_length(self.headers)
+        try:
+            body = self.rfile.read(length)
+        except TimeoutError:
+            body, self.cut_off = b"", True
+        if len(body) < length and self.cut_off:
+            raise Refused(
+                HTTPStatus.REQUEST_TIMEOUT,
+                f"body: not all {length} bytes arrived within {self.timeout:g} s; send it whole",
+            )
+        if len(body) < length:
+            raise Refused(
+                HTTPStatus.BAD_REQUEST,
+                f"body: {len(body)} of the {length} bytes Content-Length announced",
+            )
+        return body
 
-    return Handler
+    def log_message(self, format: str, *args) -> None:
+        pass  # request lines carry no token, but nothing here needs them either
+
+
+def handler_for(platform: Platform) -> type[BaseHTTPRequestHandler]:
+    """The handler class of `platform`'s server (socketserver makes one instance a request)."""
+    attributes = {"platform": platform, "timeout": platform.limits.request_timeout_s}
+    return type("Handler", (TaskHandler,), attributes)
 
 
 class _BoundedServer(ThreadingHTTPServer):

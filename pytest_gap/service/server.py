@@ -5,7 +5,7 @@
 Each attached client gets one simulator slot (its own env pool, on its own thread, since a GL
 context belongs to the thread that made it) and a relay: an in-process policy server on
 loopback whose policy is the client itself. A trial then runs exactly as a pytest `policy_only`
-trial does (runner.TrialRun: the mode's template, run_policy, the goal check, result.json,
+trial does (run/trial.py TrialRun: the mode's template, run_policy, the goal check, result.json,
 trace), with the relay as the policy's server; every observation goes down the client's
 websocket and its reply comes back as the policy's answer. A client that goes away mid-episode
 breaks the relay: the trial is recorded as an infrastructure failure and handed out again.
@@ -22,6 +22,7 @@ import asyncio
 import json
 import logging
 import threading
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from pathlib import Path
@@ -39,10 +40,12 @@ from pytest_gap.doors import bearer, new_secret, refuse_browsers, same_secret
 from pytest_gap.errors import one_line
 from pytest_gap.layout import SMOKE_DIR, SUMMARY_JSON, SUMMARY_TSV
 from pytest_gap.names import is_name
+from pytest_gap.plan import Trial
 from pytest_gap.policies.server import PolicyServer
 from pytest_gap.policies.wire import HEALTH_PATH, MAX_QUEUED_FRAMES, packb, unpackb
 from pytest_gap.report import format_tsv, summary_document
 from pytest_gap.results import now_iso, write_json
+from pytest_gap.run.trial import TrialRun
 from pytest_gap.service.protocol import (
     CONTROL_PATH,
     EPISODES_PATH,
@@ -54,6 +57,7 @@ from pytest_gap.service.protocol import (
     WorkerStatus,
 )
 from pytest_gap.service.runs import SERVICE_FILE, RunRefused, ServiceRun, Splits, submit
+from pytest_gap.sim.pool import EnvPool
 
 log = logging.getLogger(__name__)
 REPLY_TIMEOUT_S = 300.0  # a client that has not answered an observation by then is gone
@@ -237,36 +241,19 @@ class EvalServer:
         await ws.send(packb({"type": "error", "error": error}))
 
     async def _episodes(self, ws: ServerConnection) -> None:
+        """One attached client: its hello admitted, a slot (thread, env pool) and a relay of its
+        own while it runs episodes; both released however it ends."""
         try:
             hello = Hello.model_validate(unpackb(await ws.recv(), "hello"))
         except (ValidationError, ValueError) as exc:
             why = _first_error(exc) if isinstance(exc, ValidationError) else str(exc)
             return await self._refuse(ws, f"the first frame must be a hello: {why}")
         try:
-            run = self.run(hello.run_id)
+            run = self._admitted(hello)
         except RunRefused as exc:
             return await self._refuse(ws, str(exc))
-        if run is None:
-            return await self._refuse(
-                ws,
-                f"no run {hello.run_id} on this server; `gap submit CONFIG --run-id "
-                f"{hello.run_id}` first",
-            )
-        if not run.admits(hello.run_secret):
-            return await self._refuse(
-                ws,
-                f"run {hello.run_id}: missing or wrong run secret; give the one `gap submit` "
-                "returned (gap eval reads it from where gap submit wrote it, --run-secret-file "
-                "or GAP_RUN_SECRET)",
-            )
         key = (hello.run_id, hello.worker_id)
         live = self.workers.get(key)
-        if live is not None and live.state == "attached":
-            return await self._refuse(
-                ws,
-                f"worker id {hello.worker_id} of run {hello.run_id} is already attached "
-                f"(from {live.host or 'another client'}); give each client its own worker id",
-            )
         status = WorkerStatus(
             worker_id=hello.worker_id,
             state="attached",
@@ -283,70 +270,91 @@ class EvalServer:
         ).start()
         # One thread per slot: its env's GL context lives and dies on it.
         slot = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gap-slot-{hello.worker_id}")
-        from pytest_gap.sim.pool import EnvPool
-
         pool = _OneBuildAtATime(EnvPool(max_envs=1), self._building)
         loop = asyncio.get_running_loop()
+
+        def in_slot(run_dir: Path, trial: Trial) -> asyncio.Future:
+            """Run `trial` into `run_dir` on the slot's thread, the client as its policy."""
+            return loop.run_in_executor(
+                slot, self._run_trial, run, run_dir, trial, pool, policy.url, hello.worker_id
+            )
+
         try:
-            if hello.smoke:
-                trial = run.smoke_trial()
-                await loop.run_in_executor(
-                    slot,
-                    self._run_trial,
-                    run,
-                    run.run_dir / SMOKE_DIR,
-                    trial,
-                    pool,
-                    policy.url,
-                    hello.worker_id,
-                )
-                run.smoke_episodes += 1
-            while not hello.smoke and relay.broken is None:
-                trial = run.claim(hello.worker_id)
-                if trial is None:
-                    if run.ended or not run.in_progress:
-                        break
-                    await asyncio.sleep(IDLE_POLL_S)  # another client's episode may come back
-                    continue
-                status.current = trial.key
-                try:
-                    await loop.run_in_executor(
-                        slot,
-                        self._run_trial,
-                        run,
-                        run.run_dir,
-                        trial,
-                        pool,
-                        policy.url,
-                        hello.worker_id,
-                    )
-                finally:  # whatever happened, the trial is saved or handed out again
-                    run.finish(trial.key)
-                    status.current = None
-                status.episodes_done += trial.key in run.saved
-            if relay.broken is None:
-                if run.ended:
-                    await asyncio.to_thread(self._write_summary, run)
-                await ws.send(
-                    packb(
-                        {
-                            "type": "finished",
-                            "smoke": hello.smoke,
-                            "expected": len(run.trials),
-                            "saved": len(run.saved),
-                        }
-                    )
-                )
+            await self._serve_client(ws, hello, run, status, relay, in_slot)
         finally:
             status.state, status.current = "detached", None
             policy.stop()
             await loop.run_in_executor(slot, pool.close)
             slot.shutdown(wait=False)
 
+    def _admitted(self, hello: Hello) -> ServiceRun:
+        """The run `hello` attaches to; RunRefused, saying why and the fix, when it may not."""
+        run = self.run(hello.run_id)
+        if run is None:
+            raise RunRefused(
+                f"no run {hello.run_id} on this server; `gap submit CONFIG --run-id "
+                f"{hello.run_id}` first"
+            )
+        if not run.admits(hello.run_secret):
+            raise RunRefused(
+                f"run {hello.run_id}: missing or wrong run secret; give the one `gap submit` "
+                "returned (gap eval reads it from where gap submit wrote it, --run-secret-file "
+                "or GAP_RUN_SECRET)"
+            )
+        live = self.workers.get((hello.run_id, hello.worker_id))
+        if live is not None and live.state == "attached":
+            raise RunRefused(
+                f"worker id {hello.worker_id} of run {hello.run_id} is already attached "
+                f"(from {live.host or 'another client'}); give each client its own worker id"
+            )
+        return run
+
+    async def _serve_client(
+        self,
+        ws: ServerConnection,
+        hello: Hello,
+        run: ServiceRun,
+        status: WorkerStatus,
+        relay: Relay,
+        in_slot: Callable[[Path, Trial], Awaitable[None]],
+    ) -> None:
+        """The attached client's episodes: its smoke episode, or the run's trials it claims
+        until none is left or it goes away; then the finished frame (and the run's summary
+        when it ended)."""
+        if hello.smoke:
+            trial = run.smoke_trial()
+            await in_slot(run.run_dir / SMOKE_DIR, trial)
+            run.smoke_episodes += 1
+        while not hello.smoke and relay.broken is None:
+            trial = run.claim(hello.worker_id)
+            if trial is None:
+                if run.ended or not run.in_progress:
+                    break
+                await asyncio.sleep(IDLE_POLL_S)  # another client's episode may come back
+                continue
+            status.current = trial.key
+            try:
+                await in_slot(run.run_dir, trial)
+            finally:  # whatever happened, the trial is saved or handed out again
+                run.finish(trial.key)
+                status.current = None
+            status.episodes_done += trial.key in run.saved
+        if relay.broken is None:
+            if run.ended:
+                await asyncio.to_thread(self._write_summary, run)
+            await ws.send(
+                packb(
+                    {
+                        "type": "finished",
+                        "smoke": hello.smoke,
+                        "expected": len(run.trials),
+                        "saved": len(run.saved),
+                    }
+                )
+            )
+
     @staticmethod
     def _run_trial(run, run_dir, trial, pool, url, worker_id) -> None:
-        from pytest_gap.runner import TrialRun
-
         config = run.card["config_name"]
         TrialRun(
             trial,

@@ -7,10 +7,13 @@ watchdog) is recorded afterwards with `abort()`, keeping the steps and partial c
 reached so far.
 
 Time spent waiting for a `num_workers` slot is not the trial's: the watchdog is paused while
-it waits (`Watchdog`), and running.json's start moves forward by the wait, so a crash is judged
-on the time charged too. A trial that gets no slot within its budget is an errored
+it waits (`Watchdog`, watchdog.py), and running.json's start moves forward by the wait, so a
+crash is judged on the time charged too. A trial that gets no slot within its budget is an errored
 (infrastructure) trial. Producing its workflow (an LLM's answers, or the lock of another
 worker producing it) is not charged either: the LLM client's own timeout and retries bound it.
+
+What a record holds beyond the trial's own timing is spelled out in record.py; a trial whose
+policy server the session supervises runs through supervised.py's `run_supervised`.
 """
 
 from __future__ import annotations
@@ -21,89 +24,50 @@ import os
 import shutil
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from pytest_gap.devices import egl_device_for_cell
 from pytest_gap.errors import GapError, InfraFailure, VideoError
-from pytest_gap.layout import FRAMES_DIR, RUNNING_FILE, WARMUP_DIR, inside
+from pytest_gap.layout import ERROR_FILE, FRAMES_DIR, RUNNING_FILE, inside
 from pytest_gap.plan import Trial
+from pytest_gap.policies.warmup import warm_up, warmed_servers
 from pytest_gap.producers.base import PRODUCED_FILE
-from pytest_gap.provenance import record_fields
-from pytest_gap.redaction import redact_text
 from pytest_gap.results import (
-    EXIT_CRASH,
     EXIT_ERROR,
-    EXIT_TIMEOUT,
     EarlierAttempt,
     TrialIdentity,
     TrialResult,
     now_iso,
-    read_result,
     write_json,
     write_result,
 )
+from pytest_gap.run.devices import egl_device_for_cell
 from pytest_gap.run.produce import produce_for_trial, trial_workflow
+from pytest_gap.run.record import (
+    episode_loop_fields,
+    opening_fields,
+    start_state,
+    workflow_reason,
+    write_warmup,
+)
+from pytest_gap.run.watchdog import NoWatchdog, Watchdog
+from pytest_gap.sim.backend import (
+    EnvOptions,
+    FrameStrip,
+    episode_modes,
+    get_backend,
+    resolve_variation,
+)
+from pytest_gap.skills.policy import privileged_state
 from pytest_gap.throttle import Slot, SlotTimeout
-from pytest_gap.workflow.schema import WORKFLOW_FILE
+from pytest_gap.workflow.executor import RunResult, run_workflow
+from pytest_gap.workflow.schema import WORKFLOW_FILE, load_workflow
 
 if TYPE_CHECKING:
     from pytest_gap.modes import ModeTable
     from pytest_gap.policies.endpoint import PolicyEndpoint
-    from pytest_gap.policies.supervisor import ServerWatch
-    from pytest_gap.workflow.executor import RunResult
 
 VIDEO_FILE = "video.mp4"
-
-
-class Watchdog(Protocol):
-    """The trial's time limit, as whoever enforces it (pytest-timeout, in the plugin) sees it."""
-
-    # When (epoch seconds) the limit began counting, None if it never did: before the trial
-    # executes (pytest-timeout counts the item's setup), so the controller that judges a
-    # killed worker by running.json must count from here, not from `execute`.
-    started: float | None
-
-    def pause(self) -> None:
-        """Stop charging time to the trial (it is about to wait for a slot)."""
-
-    def resume(self) -> None:
-        """Charge time again, with the budget that was left at `pause`."""
-
-    def restart(self) -> None:
-        """A full budget again, counted from now: the trial is re-run (run_supervised)."""
-
-
-class _NoWatchdog:
-    started = None
-
-    def pause(self) -> None:
-        pass
-
-    def resume(self) -> None:
-        pass
-
-    def restart(self) -> None:
-        pass
-
-
-def _start_state(episode) -> dict:
-    """What a record says of the state its episode started from."""
-    return {
-        "init_state": episode.init_state,
-        "init_state_digest": getattr(episode, "init_state_digest", None),
-        "scene_digest": getattr(episode, "scene_digest", None),
-    }
-
-
-def _reason(run) -> str | None:
-    if run.success:
-        return None
-    if run.error:
-        return f"workflow {run.exit_status}: {run.error}"
-    where = f" at {run.end_node}" if run.end_node else ""
-    return f"workflow ended with {run.exit_status}{where}"
 
 
 class TrialRun:
@@ -144,7 +108,7 @@ class TrialRun:
         earlier_attempts: list[EarlierAttempt] | None = None,
     ):
         self.trial, self.run_dir, self.pool = trial, run_dir, pool
-        self.watchdog = watchdog or _NoWatchdog()
+        self.watchdog = watchdog or NoWatchdog()
         self.policies = policies or {}
         self.llm, self.max_validation_retries = llm, max_validation_retries
         self.mode_table = mode_table  # None: the built-in modes
@@ -167,20 +131,12 @@ class TrialRun:
         self._prompts: dict[str, str] = {}
         identity = TrialIdentity.of(trial, nodeid=nodeid, config=config)
         self.frames_path = inside(run_dir, f"{FRAMES_DIR}/{identity.slug}.webp")
-        self._base = {
-            **identity.model_dump(),
-            "worker": worker,
-            "devices": {
-                k: os.environ[k]
-                for k in ("CUDA_VISIBLE_DEVICES", "MUJOCO_EGL_DEVICE_ID")
-                if k in os.environ
-            },
-            "started_at": now_iso(),
-            "earlier_attempts": list(earlier_attempts or []),
-        }
         endpoint = self.policies.get(trial.cell.policy_id or "")
-        self._base |= record_fields(
+        self._base = opening_fields(
+            identity,
             trial.cell.backend,
+            worker=worker,
+            earlier_attempts=list(earlier_attempts or []),
             plan_digest=plan_digest,
             policy_url=endpoint.url if endpoint is not None else None,
         )
@@ -204,36 +160,21 @@ class TrialRun:
         except GapError as exc:  # something a user can fix: one line, no traceback
             return self._finish(exit_code=EXIT_ERROR, error=str(exc))
         except Exception as exc:
-            (self.dir / "error.txt").write_text(traceback.format_exc())
+            (self.dir / ERROR_FILE).write_text(traceback.format_exc())
             return self._finish(
                 exit_code=EXIT_ERROR,
-                error=f"{type(exc).__name__}: {exc} (traceback in {self.trial.key}/error.txt)",
+                error=f"{type(exc).__name__}: {exc} (traceback in {self.trial.key}/{ERROR_FILE})",
                 infra_failure=True,
             )
         return self._finish(**fields)
 
     def _run(self) -> dict:
-        from pytest_gap.sim.backend import (
-            EnvOptions,
-            FrameStrip,
-            episode_modes,
-            get_backend,
-            resolve_variation,
-        )
-        from pytest_gap.workflow.executor import run_workflow
-        from pytest_gap.workflow.schema import load_workflow
-
-        cell, trial = self.trial.cell, self.trial
+        """The trial on its env, by the backend's own episode loop or by the mode's workflow;
+        returns the fields of its record."""
+        cell = self.trial.cell
         backend = get_backend(cell.backend)
         variation = resolve_variation(backend, cell.family, cell.variation)
-        device = egl_device_for_cell(cell.device_offset)  # one of this worker's own devices
-        cameras = ("agentview",) if cell.record_video else ()
-        options = EnvOptions(cameras=cameras, max_steps=cell.max_steps)
-        self.env = env = self.pool.get(
-            cell.suite, trial.task_id, options, egl_device=device, backend=backend
-        )
-        if env.egl_device is not None:
-            self._base["devices"]["env_egl_device"] = str(env.egl_device)
+        env = self._open_env(backend)
         # Only a trial that asks for frames passes `frames`: backends written before it keep
         # working for every other trial.
         recording = (
@@ -243,6 +184,24 @@ class TrialRun:
         )
         if cell.mode in episode_modes(backend):
             return self._run_own_loop(env, recording)
+        return self._run_workflow(env, variation, recording)
+
+    def _open_env(self, backend):
+        """The trial's env from the pool, built for one of this worker's own devices."""
+        cell, trial = self.trial.cell, self.trial
+        device = egl_device_for_cell(cell.device_offset)  # one of this worker's own devices
+        cameras = ("agentview",) if cell.record_video else ()
+        options = EnvOptions(cameras=cameras, max_steps=cell.max_steps)
+        self.env = env = self.pool.get(
+            cell.suite, trial.task_id, options, egl_device=device, backend=backend
+        )
+        if env.egl_device is not None:
+            self._base["devices"]["env_egl_device"] = str(env.egl_device)
+        return env
+
+    def _run_workflow(self, env, variation, recording: dict) -> dict:
+        """Reset the env to the seed, produce the workflow its instruction asks for, run it."""
+        cell, trial = self.trial.cell, self.trial
         video = (self._video or self.dir / VIDEO_FILE) if cell.record_video else None
         t_reset = time.perf_counter()
         obs = env.reset(
@@ -258,16 +217,7 @@ class TrialRun:
         self._eval_t0 = time.perf_counter() - reset_s  # evaluation: reset + run, not production
         prompts = self._prompts
         if not (workflow_dir / WORKFLOW_FILE).is_file():  # the producer wrote no valid graph
-            self.video_frames = env.finish_video()
-            produced = json.loads((workflow_dir / PRODUCED_FILE).read_text())
-            return {
-                **_start_state(env.episode),
-                **prompts,
-                "frames": self._frames_receipt(),
-                "exit_status": "no_workflow",
-                "reason": "the LLM produced no valid workflow: "
-                + "; ".join(produced.get("problems", [])[:3]),
-            }
+            return self._no_workflow(env, workflow_dir)
         trace_dir = (self._trace_dir or self.dir / "trace") if cell.enable_tracing else None
         with self._throttled():
             self.workflow_run = run = run_workflow(
@@ -287,22 +237,41 @@ class TrialRun:
                 "error": run.error,
                 "infra_failure": True,
                 "steps": run.steps,
-                **_start_state(env.episode),
+                **start_state(env.episode),
                 **prompts,
                 "policy_digest": run.policy_digests.get(cell.policy_id or ""),
                 "frames": self._frames_link(),
             }
+        return self._workflow_fields(env, run, video, trace_dir)
+
+    def _no_workflow(self, env, workflow_dir: Path) -> dict:
+        """The record of a trial whose producer wrote no valid graph: the problems it found."""
+        self.video_frames = env.finish_video()
+        produced = json.loads((workflow_dir / PRODUCED_FILE).read_text())
         return {
-            **_start_state(env.episode),
-            **prompts,
-            "policy_digest": run.policy_digests.get(cell.policy_id or ""),
+            **start_state(env.episode),
+            **self._prompts,
+            "frames": self._frames_receipt(),
+            "exit_status": "no_workflow",
+            "reason": "the LLM produced no valid workflow: "
+            + "; ".join(produced.get("problems", [])[:3]),
+        }
+
+    def _workflow_fields(
+        self, env, run: RunResult, video: Path | None, trace_dir: Path | None
+    ) -> dict:
+        """The record of a workflow that ran to its end (success or not)."""
+        return {
+            **start_state(env.episode),
+            **self._prompts,
+            "policy_digest": run.policy_digests.get(self.trial.cell.policy_id or ""),
             "success": run.success,
             "completion": run.completion,
             "reward": 1.0 if run.success else 0.0,
             "steps": run.steps,
             "bringup_steps": run.bringup_steps,
             "exit_status": run.exit_status,
-            "reason": _reason(run),
+            "reason": workflow_reason(run),
             "video": self._relative(video) if video else None,
             "frames": self._frames_receipt(),
             "trace": self._relative(trace_dir / "dag_trace.json") if trace_dir else None,
@@ -360,33 +329,11 @@ class TrialRun:
             outcome = env.run_episode(
                 trial.seed, url=endpoint.url, timeout_s=endpoint.timeout_s, **recording
             )
-        from pytest_gap.policies.wire import metadata_digest
-
-        served = outcome.server_metadata
-        return {
-            "init_state": outcome.init_state,
-            "init_state_digest": outcome.init_state_digest,
-            "scene_digest": outcome.scene_digest,
-            "policy_digest": metadata_digest(served) if served is not None else None,
-            "prompt": outcome.prompt,
-            "env_prompt": outcome.prompt,
-            "success": outcome.success,
-            "completion": outcome.completion,
-            "reward": 1.0 if outcome.success else 0.0,
-            "steps": outcome.steps,
-            # The executor's names: the simulator's goal check passed, or the step limit came.
-            "exit_status": "task_success" if outcome.success else "step_limit",
-            "reason": outcome.reason,
-            "frames": self._frames_receipt(),
-            "backend_info": outcome.info,
-        }
+        return {**episode_loop_fields(outcome), "frames": self._frames_receipt()}
 
     def _warm_policy(self, policy_id: str) -> None:
         """Before this trial first talks to `policy_id`'s server: warm it, once per process
         (policies/warmup.py), with the trial's real observation."""
-        from pytest_gap.policies.warmup import warm_up
-        from pytest_gap.skills.policy import privileged_state
-
         endpoint, env = self.policies[policy_id], self.env
         extra = {"privileged": privileged_state(env)} if endpoint.privileged else None
         prompt = self._prompts.get("prompt") or env.episode.prompt
@@ -397,8 +344,6 @@ class TrialRun:
         charged to no trial: the watchdog is paused, and the time it took is taken off this
         trial's wall, eval and start times. Recorded in the run dir's warmup/, one file per
         server and process. A server that does not answer it is an infrastructure failure."""
-        from pytest_gap.policies.warmup import warmed_servers
-
         if endpoint.url in warmed_servers():
             return
         self.watchdog.pause()
@@ -417,19 +362,13 @@ class TrialRun:
         if self._eval_t0 is not None:
             self._eval_t0 += done.seconds
         self._write_running()
-        write_json(
-            inside(self.run_dir, f"{WARMUP_DIR}/{policy_id}.{os.getpid()}.json"),
-            {
-                "policy_id": policy_id,
-                "url": redact_text(done.url),  # a password or a signed query stays out
-                "seconds": round(done.seconds, 3),
-                "inference_s": round(done.inference_s, 3),
-                "timeout_s": endpoint.warmup_timeout_s,
-                "pid": os.getpid(),
-                "worker": self._base["worker"],
-                "before_trial": self.trial.key,
-                **done.info,
-            },
+        write_warmup(
+            self.run_dir,
+            policy_id,
+            done,
+            timeout_s=endpoint.warmup_timeout_s,
+            worker=self._base["worker"],
+            before_trial=self.trial.key,
         )
 
     def _write_running(self) -> None:
@@ -476,7 +415,7 @@ class TrialRun:
 
     def _produce(self, variation, instruction: str) -> Path:
         """The workflow for this trial's instruction, from the mode's producer, once per
-        distinct instruction of a cell x task (producers/base.py `trial_workflow`)."""
+        distinct instruction of a cell x task (run/produce.py `trial_workflow`)."""
         workflow = trial_workflow(
             self.trial, instruction, self.run_dir, generated=variation.generated
         )
@@ -530,7 +469,7 @@ class TrialRun:
             episode = None
         if episode is not None and episode.seed == self.trial.seed:
             fields |= {
-                **_start_state(episode),
+                **start_state(episode),
                 "prompt": episode.prompt,
                 **self._prompts,
                 "steps": env.steps,
@@ -540,104 +479,3 @@ class TrialRun:
                 env.finish_video()
             fields["frames"] = self._frames_link()
         return self._finish(**fields)
-
-
-def record_crash(
-    trial: Trial,
-    run_dir: Path,
-    *,
-    nodeid: str,
-    config: str,
-    detail: str,
-    plan_digest: str | None = None,
-    policy_url: str | None = None,
-):
-    """The controller's record of a trial whose worker died (the worker wrote nothing).
-
-    A trial that had run past its watchdog limit was killed by the watchdog (124); any other
-    death (segfault, OOM kill) is a crash (137), an infrastructure failure. Its provenance is
-    what the controller knows (no init state digest, no policy digest: the worker had them).
-    """
-    trial_dir = inside(run_dir, trial.key)
-    existing = read_result(trial_dir)
-    if isinstance(existing, TrialResult):
-        return existing  # it finished; the worker died afterwards
-    elapsed, timeout = 0.0, trial.cell.timeout_s
-    try:
-        running = json.loads((trial_dir / RUNNING_FILE).read_text())
-        elapsed = time.time() - running["started"]
-    except (OSError, ValueError, KeyError):
-        pass
-    base = {
-        **TrialIdentity.of(trial, nodeid=nodeid, config=config).model_dump(),
-        **record_fields(trial.cell.backend, plan_digest=plan_digest, policy_url=policy_url),
-        "wall_s": elapsed,
-        "finished_at": now_iso(),
-    }
-    if timeout and elapsed >= timeout:
-        result = TrialResult(
-            **base,
-            exit_code=EXIT_TIMEOUT,
-            reason=f"the watchdog killed its worker after {elapsed:.0f} s (limit {timeout:g} s)",
-        )
-    else:
-        result = TrialResult(
-            **base,
-            exit_code=EXIT_CRASH,
-            error=f"its worker process died after {elapsed:.0f} s: {detail}",
-            infra_failure=True,
-        )
-    write_result(trial_dir, result)
-    return result
-
-
-def run_supervised(
-    trial: Trial,
-    attempt: Callable[[Trial, list[EarlierAttempt]], TrialResult],
-    watch: ServerWatch,
-    watchdog: Watchdog,
-    run_dir: Path,
-) -> tuple[TrialResult, list[str]]:
-    """Run a trial whose policy server the session supervises (policies/supervisor.py).
-
-    `attempt(trial, earlier_attempts)` runs it once and records it. Before it runs, a restart
-    in progress is waited out; a server that is down records the trial as an infrastructure
-    failure that says why, without running it. An infrastructure failure caused by the server
-    dying is already recorded (result.json) when the restart is awaited: the trial is re-run
-    once into the same trial dir, its record listing the broken attempt (`earlier_attempts`),
-    so a trial is never lost nor counted twice. If the server cannot be kept up, the broken
-    record's error says so. Waiting is not charged to the watchdog; a re-run gets a full budget.
-    Returns the final record and notes for the session's output.
-    """
-    watchdog.pause()
-    try:
-        before = watch.before_trial()
-    finally:
-        watchdog.resume()
-    if before.down:
-        down = trial.model_copy(update={"cell": trial.cell.unavailable({"policies": before.down})})
-        return attempt(down, []), []
-    result = attempt(trial, [])
-    notes: list[str] = []
-    for may_rerun in (True, False):  # once at most: a server dying on every trial errors it
-        if not result.infra_failure:
-            break
-        watchdog.pause()
-        try:
-            verdict = watch.after_failure(before)
-        finally:
-            watchdog.resume()
-        if verdict.reason:  # the server cannot be kept up: the record says so
-            result = result.model_copy(update={"error": f"{result.error}; {verdict.reason}"})
-            write_result(inside(run_dir, trial.key), result)
-            break
-        if not (verdict.rerun and may_rerun):  # not a death, or re-run once already
-            break
-        broken = EarlierAttempt.of(result, verdict.because or "its policy server died")
-        notes.append(
-            f"{result.nodeid}: re-run, {verdict.because}; the broken attempt: {result.error}"
-        )
-        before = before.model_copy(update={"deaths": verdict.deaths})
-        watchdog.restart()
-        result = attempt(trial, [broken])
-    return result, notes

@@ -1,0 +1,185 @@
+"""What a trial's records say: the fields TrialRun (trial.py) records, and the records written
+for a trial by someone else. TrialRun decides what happens in a trial; this module spells out
+what of it is recorded.
+
+- `opening_fields(...)`: what a record knows before its trial runs (identity, worker, devices,
+  start, earlier attempts, provenance).
+- `start_state(episode)`: the state a record says its episode started from (a finished trial's
+  record and an aborted one's alike).
+- `workflow_reason(run)`: the one-line reason of a workflow run that did not succeed.
+- `episode_loop_fields(outcome)`: the record of a backend's own episode loop (vla-eval).
+- `write_warmup(...)`: the run dir's record of a policy server's warm-up, charged to no trial.
+- `record_crash(...)`: the controller's record of a trial whose worker died and wrote nothing.
+
+Knows nothing of pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pytest_gap.layout import RUNNING_FILE, WARMUP_DIR, inside
+from pytest_gap.plan import Trial
+from pytest_gap.policies.wire import metadata_digest
+from pytest_gap.provenance import record_fields
+from pytest_gap.redaction import redact_text
+from pytest_gap.results import (
+    EXIT_CRASH,
+    EXIT_TIMEOUT,
+    EarlierAttempt,
+    TrialIdentity,
+    TrialResult,
+    now_iso,
+    read_result,
+    write_json,
+    write_result,
+)
+
+if TYPE_CHECKING:
+    from pytest_gap.sim.backend import EpisodeOutcome, WarmUp
+    from pytest_gap.workflow.executor import RunResult
+
+
+def opening_fields(
+    identity: TrialIdentity,
+    backend: str,
+    *,
+    worker: str | None,
+    earlier_attempts: list[EarlierAttempt],
+    plan_digest: str | None,
+    policy_url: str | None,
+) -> dict:
+    """The fields of a trial's record known before it runs: its identity, the worker and the
+    devices it runs on, when it started, its earlier attempts, its provenance."""
+    base = {
+        **identity.model_dump(),
+        "worker": worker,
+        "devices": {
+            k: os.environ[k]
+            for k in ("CUDA_VISIBLE_DEVICES", "MUJOCO_EGL_DEVICE_ID")
+            if k in os.environ
+        },
+        "started_at": now_iso(),
+        "earlier_attempts": earlier_attempts,
+    }
+    return base | record_fields(backend, plan_digest=plan_digest, policy_url=policy_url)
+
+
+def start_state(episode) -> dict:
+    """What a record says of the state its episode started from."""
+    return {
+        "init_state": episode.init_state,
+        "init_state_digest": getattr(episode, "init_state_digest", None),
+        "scene_digest": getattr(episode, "scene_digest", None),
+    }
+
+
+def workflow_reason(run: RunResult) -> str | None:
+    if run.success:
+        return None
+    if run.error:
+        return f"workflow {run.exit_status}: {run.error}"
+    where = f" at {run.end_node}" if run.end_node else ""
+    return f"workflow ended with {run.exit_status}{where}"
+
+
+def episode_loop_fields(outcome: EpisodeOutcome) -> dict:
+    """The record of a trial run by its backend's own episode loop (sim/backend.py
+    EpisodeLoopEnv), but for its frame strip, which the trial checks."""
+    served = outcome.server_metadata
+    return {
+        "init_state": outcome.init_state,
+        "init_state_digest": outcome.init_state_digest,
+        "scene_digest": outcome.scene_digest,
+        "policy_digest": metadata_digest(served) if served is not None else None,
+        "prompt": outcome.prompt,
+        "env_prompt": outcome.prompt,
+        "success": outcome.success,
+        "completion": outcome.completion,
+        "reward": 1.0 if outcome.success else 0.0,
+        "steps": outcome.steps,
+        # The executor's names: the simulator's goal check passed, or the step limit came.
+        "exit_status": "task_success" if outcome.success else "step_limit",
+        "reason": outcome.reason,
+        "backend_info": outcome.info,
+    }
+
+
+def write_warmup(
+    run_dir: Path,
+    policy_id: str | None,
+    done: WarmUp,
+    *,
+    timeout_s: float,
+    worker: str | None,
+    before_trial: str,
+) -> None:
+    """The record of `policy_id`'s server warm-up in this process: one file per server and
+    process in the run dir's warmup/, since no trial's record carries its time."""
+    write_json(
+        inside(run_dir, f"{WARMUP_DIR}/{policy_id}.{os.getpid()}.json"),
+        {
+            "policy_id": policy_id,
+            "url": redact_text(done.url),  # a password or a signed query stays out
+            "seconds": round(done.seconds, 3),
+            "inference_s": round(done.inference_s, 3),
+            "timeout_s": timeout_s,
+            "pid": os.getpid(),
+            "worker": worker,
+            "before_trial": before_trial,
+            **done.info,
+        },
+    )
+
+
+def record_crash(
+    trial: Trial,
+    run_dir: Path,
+    *,
+    nodeid: str,
+    config: str,
+    detail: str,
+    plan_digest: str | None = None,
+    policy_url: str | None = None,
+):
+    """The controller's record of a trial whose worker died (the worker wrote nothing).
+
+    A trial that had run past its watchdog limit was killed by the watchdog (124); any other
+    death (segfault, OOM kill) is a crash (137), an infrastructure failure. Its provenance is
+    what the controller knows (no init state digest, no policy digest: the worker had them).
+    """
+    trial_dir = inside(run_dir, trial.key)
+    existing = read_result(trial_dir)
+    if isinstance(existing, TrialResult):
+        return existing  # it finished; the worker died afterwards
+    elapsed, timeout = 0.0, trial.cell.timeout_s
+    try:
+        running = json.loads((trial_dir / RUNNING_FILE).read_text())
+        elapsed = time.time() - running["started"]
+    except (OSError, ValueError, KeyError):
+        pass
+    base = {
+        **TrialIdentity.of(trial, nodeid=nodeid, config=config).model_dump(),
+        **record_fields(trial.cell.backend, plan_digest=plan_digest, policy_url=policy_url),
+        "wall_s": elapsed,
+        "finished_at": now_iso(),
+    }
+    if timeout and elapsed >= timeout:
+        result = TrialResult(
+            **base,
+            exit_code=EXIT_TIMEOUT,
+            reason=f"the watchdog killed its worker after {elapsed:.0f} s (limit {timeout:g} s)",
+        )
+    else:
+        result = TrialResult(
+            **base,
+            exit_code=EXIT_CRASH,
+            error=f"its worker process died after {elapsed:.0f} s: {detail}",
+            infra_failure=True,
+        )
+    write_result(trial_dir, result)
+    return result
