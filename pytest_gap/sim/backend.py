@@ -53,12 +53,6 @@ SETTLE_STEPS = 10
 STATE_DIGEST_DECIMALS = 6
 ENTRY_POINT_GROUP = "pytest_gap.backends"
 DEFAULT_BACKEND = "libero"
-# Built-in backends, merged under the entry points: an editable install whose metadata predates
-# a built-in's entry point still finds it.
-BUILTIN_BACKENDS = {
-    "libero": "pytest_gap.sim.libero_backend:LiberoBackend",
-    "vla-eval": "pytest_gap.sim.vla_eval.backend:VlaEvalBackend",
-}
 Predicate = tuple[str, ...]
 
 
@@ -350,11 +344,9 @@ def episode_modes(backend: Backend) -> frozenset[str]:
 
 # -- the registry -----------------------------------------------------------------------------
 def _registered() -> dict[str, str]:
-    """name -> import string, built-ins first, then the `pytest_gap.backends` entry points."""
-    found = dict(BUILTIN_BACKENDS)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found[ep.name] = ep.value
-    return found
+    """name -> import string, from the `pytest_gap.backends` entry points: pytest-gap's own
+    (pyproject.toml) and any installed package's, one list."""
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def known_backends() -> list[str]:
