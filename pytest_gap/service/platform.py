@@ -43,6 +43,7 @@ from pytest_gap.service.protocol import RUN_SECRET_ENV, RUNS_PATH, TOKEN_ENV
 log = logging.getLogger(__name__)
 POLL_S = 1.0  # how often running tasks are asked whether their run finished
 MAX_LIST = 200  # tasks in one GET /tasks answer (`limit` at most this)
+STOP_WAIT_S = 10.0  # how long a stop waits for task servers still starting to see it
 
 TaskState = Literal["queued", "ready", "finished", "failed", "expired"]
 LIVE: tuple[TaskState, ...] = ("queued", "ready")  # what holds (or waits for) a place
@@ -260,18 +261,26 @@ class Platform:
             env=env,
         )
         log_file.close()
+        # Held from its first moment, so a platform stopping now takes this server with it
+        # (`stop`), and one started after the stop began ends here.
+        with self.lock:
+            self.servers[task.task_id] = server
         endpoint = f"http://{LOOPBACK}:{port}"
         try:
-            _wait_up(endpoint, server, runs / "serve.log")
+            if self.stopped.is_set():
+                raise GapError("the platform is stopping")
+            _wait_up(endpoint, server, runs / "serve.log", stopped=self.stopped)
         except (OSError, GapError) as exc:
             server.kill()
+            server.wait()
+            with self.lock:
+                self.servers.pop(task.task_id, None)
             detail = str(exc)
             with self.lock:
                 task.state, task.error = "failed", f"the evaluation server did not start: {detail}"
             log.warning("task %s failed to start: %s", task.task_id, detail.strip())
             return
         with self.lock:
-            self.servers[task.task_id] = server
             entry.port = port
             task.state, task.endpoint, task.ready_at = "ready", endpoint, time.time()
             task.run_secret = run_secret
@@ -331,16 +340,33 @@ class Platform:
         log.info("task %s %s", entry.task.task_id, entry.task.state)
 
     def stop(self) -> None:
+        """Stop scheduling and end every task server, those still starting included (a submit
+        or the watcher may be inside `_start`: it sees `stopped` and ends its own)."""
         self.stopped.set()
-        for server in self.servers.values():
-            if server.poll() is None:
-                server.terminate()
-                server.wait(timeout=30)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while True:
+            with self.lock:
+                servers, busy = list(self.servers.values()), bool(self.starting)
+            for server in servers:
+                if server.poll() is None:
+                    server.terminate()
+                    server.wait(timeout=30)
+            if not busy or time.monotonic() > deadline:
+                return
+            time.sleep(POLL_S)
 
 
-def _wait_up(endpoint: str, server: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
+def _wait_up(
+    endpoint: str,
+    server: subprocess.Popen,
+    log: Path,
+    timeout_s: float = 60,
+    stopped: threading.Event | None = None,
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if stopped is not None and stopped.is_set():
+            raise GapError("the platform is stopping")
         if server.poll() is not None:
             try:  # its last line says why (a set's config it refused, a port taken)
                 why = (log.read_text(errors="replace").strip().splitlines() or [""])[-1]

@@ -44,6 +44,21 @@ def _platform(home: Path, *options: str):
         finally:
             process.terminate()
             process.wait(timeout=60)
+    # a stopped platform leaves no task server behind, one still starting included
+    assert _task_servers(home / "online_runs") == []
+
+
+def _task_servers(runs: Path) -> list[str]:
+    """The command lines of live processes serving a task under `runs`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:  # it ended while we looked
+            continue
+        if any(str(runs).encode() in arg for arg in argv) and b"serve" in argv:
+            found.append(b" ".join(argv).decode(errors="replace"))
+    return found
 
 
 def _gap_online(url: str, command: str, *args: str) -> subprocess.CompletedProcess:
