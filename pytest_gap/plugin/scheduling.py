@@ -33,6 +33,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import pytest
+from xdist.report import report_collection_diff
+
 from pytest_gap import ids
 
 # A worker holds the trial it runs and the one it runs next (xdist needs that next one).
@@ -229,8 +232,6 @@ class ModePhaseScheduling:
         return next(i for i in candidates if self.task[i] == busiest)
 
     def _report_collection_diff(self) -> None:
-        from xdist.report import report_collection_diff
-
         (first, col), *others = self.node2collection.items()
         for node, collection in others:
             msg = report_collection_diff(col, collection, first.gateway.id, node.gateway.id)
@@ -241,6 +242,4 @@ class ModePhaseScheduling:
 
 
 def _collect_report(nodeid: str, msg: str):
-    import pytest
-
     return pytest.CollectReport(nodeid=nodeid, outcome="failed", longrepr=msg, result=[])
