@@ -67,7 +67,7 @@ class Lead:
         self.outcomes: list[Outcome] = []
         self.output_errors: list[str] = []  # summaries that could not be written
         self.reported = False  # the --gap-report-json document is written
-        from pytest_gap import outputs  # the writers: a lead's only
+        from pytest_gap import outputs  # the writers: a lead writes outputs, a worker never
 
         outputs.register(config)
 
