@@ -61,8 +61,9 @@ SURFACE: dict[str, str] = {
 # Not covered, and why (a file not listed in SURFACE decides no outcome):
 # - config/: its defaults decide outcomes, but they are in the plan digest (the validated
 #   config, defaults included, is what is hashed);
-# - plugin.py, hookspecs.py, outputs/, report.py, cli/, benchmark.py, results.py: the session
-#   glue, the records and what is written from them; they report outcomes, never decide one;
+# - plugin/, hookspecs.py, outputs/, report.py, cli/, benchmark.py, results.py,
+#   session_plan.py: the session glue, the records and what is written from them; they report
+#   outcomes, never decide one;
 # - run/devices.py, run/workers.py, throttle.py, preflight.py, policies/manager.py,
 #   policies/registry.py: where and when a trial runs and which servers are started, not what
 #   the trial does;

@@ -115,9 +115,33 @@ def import_circles(modules, edges=imports) -> list[list[str]]:
     return sorted(list(c) for c in circles)
 
 
-UPPER = ("pytest_gap.plugin", "pytest_gap.hookspecs", "pytest_gap.outputs", "pytest_gap.cli")
+# The plugin package (docs/architecture.md): its entry module (`pytest_gap.plugin`, the pytest11
+# entry point), options, the shared session, collection, the item and its watchdog, how an item
+# gets its result, the lead's decisions and lines, the three roles, the xdist schedule.
+PLUGIN = tuple(
+    f"pytest_gap.plugin{m}"
+    for m in (
+        "",
+        ".collect",
+        ".controller",
+        ".decisions",
+        ".execution",
+        ".files",
+        ".item",
+        ".lead",
+        ".options",
+        ".reporter",
+        ".scheduling",
+        ".session",
+        ".single",
+        ".watchdog",
+        ".worker",
+    )
+)
+UPPER = (*PLUGIN, "pytest_gap.hookspecs", "pytest_gap.outputs", "pytest_gap.cli")
 SESSION = (
     "pytest_gap.benchmark",
+    "pytest_gap.session_plan",
     "pytest_gap.preflight",
     "pytest_gap.run",
     "pytest_gap.report",
@@ -286,9 +310,8 @@ def test_only_the_pytest_glue_imports_pytest():
         *sorted(
             m for m in MODULES if m.startswith("pytest_gap.outputs.") and "pytest" in imports(m)
         ),
-        "pytest_gap.plugin",
+        *PLUGIN,  # scheduling.py: xdist's Scheduling protocol (a collection-diff report)
         "pytest_gap.scale.merge_session",  # gap merge: a session over the config, no trial
-        "pytest_gap.scheduling",  # xdist's Scheduling protocol (a collection-diff report)
     ]
 
 
@@ -460,3 +483,38 @@ def test_command_groups_stand_alone():
     assert common in groups and len(groups) > 2  # the reader found the package
     found = {m: sorted(n for n in imports(m) if _in(n, CLI) and n != common) for m in groups}
     assert found == {m: [] for m in groups}
+
+
+def test_the_plugin_package_is_its_modules_with_no_circle_and_no_private_name_across():
+    """plugin/ is layered under its entry module: no circle (lazy and type-only imports
+    included), no module imports the entry (pytest loads it: it imports every role), no module
+    reads another's private name, and nothing below the package imports it (`gap merge` plans
+    through session_plan.py, the Ray executor is handed its trials)."""
+    modules = sorted(m for m in MODULES if _in(m, "pytest_gap.plugin"))
+    assert modules == sorted(PLUGIN)
+    assert import_circles(modules) == []
+    assert [m for m in modules if "pytest_gap.plugin" in imports(m)] == []
+    assert [u for m in modules for u in _private_uses(MODULES[m].read_text(), m)] == []
+    users = sorted(
+        m
+        for m in MODULES
+        if not _in(m, "pytest_gap.plugin") and any(_in(i, "pytest_gap.plugin") for i in imports(m))
+    )
+    assert users == []
+
+
+def test_the_plugin_roles_are_told_apart_by_their_class_not_by_probing():
+    """Each role is its own class (worker.py, controller.py, single.py) and what an item needs of
+    it is under a stash key (session.py): nothing in plugin/ asks a role or the session which
+    one it is by probing its attributes (`getattr(self, "ray", None)`). xdist's own idiom,
+    `hasattr(config, "workerinput")`, says whether this process is a worker."""
+    probed = {"self", "session", "role", "lead"}
+    found = []
+    for module in (m for m in MODULES if _in(m, "pytest_gap.plugin")):
+        for node in ast.walk(ast.parse(MODULES[module].read_text())):
+            probe = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            if probe and node.func.id in ("getattr", "hasattr") and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Name) and first.id in probed:
+                    found.append(f"{module}:{node.lineno}")
+    assert found == []

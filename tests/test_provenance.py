@@ -142,7 +142,7 @@ def test_harness_surface_changes_with_a_covered_file_and_nothing_else(tmp_path):
     covered_files = ("run/trial.py", "sim/libero.py", "policies/formats.py")
     for covered in (*covered_files, "templates/policy_only"):
         assert any(f == covered or f.startswith(covered + "/") for f in base.files), covered
-    for outside in ("report.py", "plugin.py", "outputs/parquet.py", "policies/server.py"):
+    for outside in ("report.py", "plugin/item.py", "outputs/parquet.py", "policies/server.py"):
         assert outside not in base.files
     for outside in ("run/devices.py", "run/workers.py"):  # where a trial runs, not what it does
         assert outside not in base.files

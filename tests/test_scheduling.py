@@ -1,5 +1,5 @@
-"""The benchmark session's xdist scheduler (pytest_gap/scheduling.py): its decisions with fake
-nodes and no processes, as xdist tests its own schedulers; then real sessions on the fake
+"""The benchmark session's xdist scheduler (pytest_gap/plugin/scheduling.py): its decisions with
+fake nodes and no processes, as xdist tests its own schedulers; then real sessions on the fake
 backend (tests/fake_backend.py): modes do not interleave, and a SIGKILLed worker neither hangs
 the session nor loses trials."""
 
@@ -11,7 +11,7 @@ from datetime import datetime
 import pytest
 
 from pytest_gap.ids import task_of
-from pytest_gap.scheduling import ModePhaseScheduling, PhaseGate, phases
+from pytest_gap.plugin.scheduling import ModePhaseScheduling, PhaseGate, phases
 from tests.fake_session import CONFTEST, FakeSession
 
 pytest_plugins = ["pytester"]

@@ -2,7 +2,8 @@
 when they outnumber the machine's cores or its memory (about GB_PER_ENV per simulator env).
 
 `gap benchmark` fits its -n before it starts pytest; the plugin's xdist controller fits a plain
-`pytest CONFIG -n N` (or `-n auto`) before xdist starts its workers (pytest_gap/plugin.py).
+`pytest CONFIG -n N` (or `-n auto`) before xdist starts its workers
+(pytest_gap/plugin/controller.py).
 Pure functions over what the machine reports; nothing here imports pytest or a simulator.
 """
 

@@ -1,10 +1,11 @@
 """The pytest side of `gap merge`: a session over the config that collects nothing.
 
 The merged run must read as one session's run of the plan, so its plan is made the way a
-session makes it (the session's mode table: a conftest's or plugin's modes count) and its
-files are written by the session's own `pytest_gap_write_outputs` writers (every one, a
-project's own included), over every record in the merged dir with the plan's trials as the
-selection, exactly as a session's end does (plugin `_Lead._write_outputs`).
+session makes it (session_plan.py: the session's mode table, so a conftest's or plugin's modes
+count, and its --gap-families/--gap-modes) and its files are written by the session's own
+`pytest_gap_write_outputs` writers (every one, a project's own included), over every record in
+the merged dir with the plan's trials as the selection, exactly as a session's end does (the
+plugin's `Lead.write_outputs`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from pytest_gap.errors import GapError
+from pytest_gap.report import fold_run
+from pytest_gap.results import scan_results
 from pytest_gap.scale.merge import (
     Merge,
     MergeOutcome,
@@ -25,6 +28,7 @@ from pytest_gap.scale.merge import (
     one_plan,
     read_input,
 )
+from pytest_gap.session_plan import SessionPlan, session_mode_table, session_selection
 
 
 def merge(
@@ -79,12 +83,9 @@ class _MergeJob:
         return True
 
     def _merge(self, config: pytest.Config) -> MergeOutcome:
-        from pytest_gap.plugin import SESSION
-        from pytest_gap.report import fold_run
-        from pytest_gap.results import scan_results
-
         merge = self.merge
-        loaded = config.stash[SESSION].load(merge.config_path)
+        table = session_mode_table(config)
+        loaded = SessionPlan(merge.config_path, table, **session_selection(config))
         merge.check_digest(loaded.plan_digest)
         planned = [t for cell in loaded.cells for t in cell.trials()]
         selection = merge.select(planned, self.allow_partial)

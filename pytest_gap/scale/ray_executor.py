@@ -1,9 +1,11 @@
 """The controller's side of `pytest --gap-ray auto|ADDRESS`: trials run on a Ray cluster.
 
-After collection the session's lead connects to the cluster (scale/ray_cluster.py), starts one
-long-lived actor (scale/ray_actor.py) per slot of each live node (a node's CPUs, GPUs and
-memory divided by the config's `trials.ray`), and a dispatcher thread (scale/dispatch.py)
-feeds them the selected trials that have no record yet. Each pytest item then waits for its
+After collection the session's lead (the plugin's single-process role: it hands over the
+selected trials as `Planned`, the actors' `session_setup` and what its policy servers hold)
+connects to the cluster (scale/ray_cluster.py), starts one long-lived actor
+(scale/ray_actor.py) per slot of each live node (a node's CPUs, GPUs and memory divided by the
+config's `trials.ray`), and a dispatcher thread (scale/dispatch.py) feeds them the selected
+trials that have no record yet. Each pytest item then waits for its
 own trial's record instead of running it, so pytest reports in collection order while the
 cluster runs trials in parallel. Records and files come back to the controller, which writes
 the run dir (no shared filesystem needed); the summary is folded from the run dir as in any
@@ -22,7 +24,6 @@ the controller's machine only (ray_cluster.usable_nodes).
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shutil
 import threading
@@ -64,7 +65,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Planned:
-    """One selected trial as the controller knows it (plugin.TrialItem, without pytest)."""
+    """One selected trial as the controller knows it (the plugin's TrialItem, without pytest:
+    the plugin's single-process role makes one per trial it hands the cluster)."""
 
     nodeid: str
     trial: Trial
@@ -380,9 +382,10 @@ def _less(total: dict[str, float], held: dict[str, float]) -> dict[str, float]:
     return {k: v - held.get(k, 0.0) for k, v in total.items()}
 
 
-def session_namespace(lead) -> str:
-    """The Ray namespace of a session's actors (trials and policy servers)."""
-    return f"gap-{lead.stamp}-{os.getpid()}"
+def session_namespace(stamp: str) -> str:
+    """The Ray namespace of a session's actors (trials and policy servers): the session's run
+    dir stamp and its lead's process."""
+    return f"gap-{stamp}-{os.getpid()}"
 
 
 def connect(address: str, namespace: str):
@@ -426,41 +429,6 @@ def session_setup(plugins: list, mode_table) -> ActorSetup:
             sources.append((plugin.__name__, Path(path).read_text()))
     table = cloudpickle.dumps(mode_table) if mode_table is not None else None
     return ActorSetup(plugins=sources, mode_table=table)
-
-
-def start_items(address: str, lead, items: list) -> tuple[RayExecution, str]:
-    """Start `items` (the session's collected items; its trials among them) on the cluster at
-    `address` for `lead` (the plugin's SingleProcess): every trial item but those --gap-resume
-    replays. Returns the execution and a line for the terminal; GapError when it cannot start."""
-    planned = []
-    for item in items:
-        trial, loaded = getattr(item, "trial", None), getattr(item, "loaded", None)
-        if trial is None or loaded is None:
-            continue
-        if lead.resume and item._recorded(loaded.run_dir) is not None:
-            continue  # the item replays its record
-        config = loaded.config
-        planned.append(
-            Planned(
-                nodeid=item.nodeid,
-                trial=trial,
-                config=loaded.path,
-                run_dir=loaded.run_dir,
-                plan_digest=loaded.plan_digest,
-                resources=config.trials.ray,
-                endpoints=functools.partial(lead.endpoints, loaded),
-                benchmark=config,
-                llm=config.llm,
-                max_validation_retries=config.composition.max_validation_retries,
-            )
-        )
-    execution = RayExecution(address, namespace=session_namespace(lead))
-    setup = session_setup(lead.config.pluginmanager.get_plugins(), lead.mode_table)
-    from pytest_gap.scale.ray_policy import held_by_servers
-
-    servers = lead.policies.servers() if lead.policies is not None else []
-    line = execution.start(planned, setup, held_by_servers(servers))
-    return execution, line
 
 
 def _record_bytes(result: TrialResult) -> bytes:

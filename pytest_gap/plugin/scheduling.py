@@ -20,9 +20,9 @@ parallel, each cell still bounded by its own `num_workers` slots (pytest_gap/thr
 xdist's worker runs an item only once it knows the next one (or is shut down), so the last
 trial of a phase on a worker needs a successor queued: the next phase's first trial. That one
 waits, before it starts and off its watchdog, until the controller's `PhaseGate` says every
-earlier phase is complete (`wait_for_phase`, called by the worker's trial item). So the
-schedule is strict: a worker left with nothing of the current phase (fewer trials than workers)
-idles until the next phase opens.
+earlier phase is complete (`wait_for_phase`, called by the worker role's `wait_turn` before
+its trial runs: worker.py). So the schedule is strict: a worker left with nothing of the
+current phase (fewer trials than workers) idles until the next phase opens.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+import pytest
+from xdist.report import report_collection_diff
 
 from pytest_gap import ids
 
@@ -229,8 +232,6 @@ class ModePhaseScheduling:
         return next(i for i in candidates if self.task[i] == busiest)
 
     def _report_collection_diff(self) -> None:
-        from xdist.report import report_collection_diff
-
         (first, col), *others = self.node2collection.items()
         for node, collection in others:
             msg = report_collection_diff(col, collection, first.gateway.id, node.gateway.id)
@@ -241,6 +242,4 @@ class ModePhaseScheduling:
 
 
 def _collect_report(nodeid: str, msg: str):
-    import pytest
-
     return pytest.CollectReport(nodeid=nodeid, outcome="failed", longrepr=msg, result=[])

@@ -1,0 +1,130 @@
+"""What every role of a session shares: its options, its stamp, the configs it loaded.
+
+`GapSession` is kept in the stash under `SESSION` (as pytest's junitxml keeps its LogXML under
+`xml_key`): collection loads configs through it, trial items find their endpoints and mode
+table in it. How this process's trial items get their results (run here, or waited for from a
+Ray cluster) is the role's choice, kept under `TRIALS` (execution.py); the controller of an
+xdist session runs no item and keeps none.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import pytest
+
+from pytest_gap.config.messages import ConfigError
+from pytest_gap.errors import GapError
+from pytest_gap.layout import POLICY_LOGS_DIR, resolve_run_dir
+from pytest_gap.plugin.options import GapOptions
+from pytest_gap.run.devices import pin
+from pytest_gap.session_plan import SessionPlan, session_mode_table
+
+if TYPE_CHECKING:
+    from pytest_gap.modes import ModeTable
+    from pytest_gap.results import TrialResult
+
+
+class LoadedConfig(SessionPlan):
+    """One benchmark YAML as this process sees it: config, plan, run dir."""
+
+    def __init__(self, path: Path, session: GapSession):
+        options = session.options
+        super().__init__(
+            path,
+            session.mode_table,
+            families=options.families,
+            modes=options.modes,
+            frames_every=options.frames_every,
+        )
+        output_dir = options.output_dir or self.config.output_dir
+        self.run_dir = resolve_run_dir(output_dir, session.stamp, options.reuse_latest)
+        self.mark_unavailable(session.unavailable.get(str(path), {}))
+
+
+class GapSession:
+    """What every role shares: the session's options, its stamp, the configs it loaded."""
+
+    def __init__(
+        self,
+        config: pytest.Config,
+        stamp: str,
+        *,
+        unavailable: dict[str, dict[str, str]] | None = None,
+        policy_urls: dict[str, dict[str, str]] | None = None,
+    ):
+        self.config = config
+        self.options = GapOptions.of(config)
+        # From xdist's workerinput, not the environment: a session started inside an xdist
+        # worker (a test of a pytest plugin, a subprocess) inherits PYTEST_XDIST_WORKER.
+        self.worker: str | None = getattr(config, "workerinput", {}).get("workerid")
+        self.stamp = stamp
+        # What the preflight found, per config path: services down {"llm" | "policies": why},
+        # and the urls of the policy servers it started {policy id: url}. The lead finds them;
+        # a worker is handed them.
+        self.unavailable: dict[str, dict[str, str]] = unavailable or {}
+        self.policy_urls: dict[str, dict[str, str]] = policy_urls or {}
+        self._loaded: dict[Path, LoadedConfig] = {}
+        self._mode_table: ModeTable | None = None
+
+    @property
+    def mode_table(self) -> ModeTable:
+        """The session's modes and producers, from every `pytest_gap_modes` and
+        `pytest_gap_producers` implementation; built on first use, when the conftests of the
+        configs' directories are loaded."""
+        if self._mode_table is None:
+            self._mode_table = session_mode_table(self.config)
+        return self._mode_table
+
+    def load(self, path: Path) -> LoadedConfig:
+        path = path.resolve()
+        if path not in self._loaded:
+            loaded = LoadedConfig(path, self)
+            for other in self._loaded.values():
+                if other.run_dir == loaded.run_dir:
+                    raise ConfigError(
+                        str(path),
+                        [
+                            f"output_dir: {other.path} writes to the same run dir "
+                            f"({loaded.run_dir.parent}) in this session; give each config its "
+                            "own output_dir"
+                        ],
+                    )
+            self._loaded[path] = loaded
+        return self._loaded[path]
+
+    def endpoints(self, loaded: LoadedConfig):
+        """The policy endpoints this process's trials of `loaded` talk to: a managed server is
+        where the lead says it is now (a restart moves it to a new port)."""
+        # the policy layer's session side: only a session with trials to run needs it (this
+        # package is loaded by every pytest run of the environment, a test suite's too)
+        from pytest_gap.policies.registry import endpoints_for
+        from pytest_gap.policies.supervisor import live_urls
+
+        started = self.policy_urls.get(str(loaded.path), {})
+        if started:
+            started = {**started, **live_urls(loaded.run_dir / POLICY_LOGS_DIR)}
+        return endpoints_for(loaded.config, started)
+
+
+class TrialSource(Protocol):
+    """How this process's trial items get their results (execution.py): run here, or waited
+    for from the Ray cluster that runs them."""
+
+    def result_of(self, item: pytest.Item) -> tuple[TrialResult, bool]:
+        """The trial's record, and whether it is an earlier session's (--gap-resume)."""
+        ...
+
+
+SESSION = pytest.StashKey[GapSession]()
+TRIALS = pytest.StashKey[TrialSource]()
+
+
+def pin_devices(worker: str | None, n_workers: int | None) -> None:
+    """Give this process its devices, before anything imports the simulator."""
+    try:
+        pin(os.environ, worker, n_workers)
+    except GapError as exc:
+        raise pytest.UsageError(str(exc)) from None
