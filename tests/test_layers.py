@@ -424,3 +424,16 @@ def test_skills_has_no_import_circle_and_reads_no_private_name_across_modules():
     assert _package_circles("pytest_gap.skills") == []
     skills = sorted(m for m in MODULES if _in(m, "pytest_gap.skills"))
     assert [u for m in skills for u in _private_uses(MODULES[m].read_text(), m)] == []
+
+
+# Packages of the session layer split by job (compare/, viz/): their modules import each other,
+# never the package itself (compare/'s __init__ re-exports its modules for the CLI, the viewer
+# and tests, so importing it from inside would run in a circle), and read no private name of
+# another module.
+@pytest.mark.parametrize("package", ["pytest_gap.compare", "pytest_gap.viz"])
+def test_session_packages_have_no_circle_and_read_no_private_name_across_modules(package):
+    inside = sorted(m for m in MODULES if _in(m, package) and m != package)
+    assert len(inside) > 1
+    assert _package_circles(package) == []
+    assert [m for m in inside if package in imports(m)] == []
+    assert [u for m in inside for u in _private_uses(MODULES[m].read_text(), m)] == []
