@@ -57,8 +57,9 @@ SURFACE: dict[str, str] = {
 # Not covered, and why (a file not listed in SURFACE decides no outcome):
 # - config/: its defaults decide outcomes, but they are in the plan digest (the validated
 #   config, defaults included, is what is hashed);
-# - plugin.py, hookspecs.py, outputs/, report.py, cli.py, benchmark.py, results.py: the session
-#   glue, the records and what is written from them; they report outcomes, never decide one;
+# - plugin.py, hookspecs.py, outputs/, report.py, gate.py, cell_summary.py, cli.py, benchmark.py,
+#   results.py: the session glue, the records and what is written from them; they report
+#   outcomes, never decide one;
 # - devices.py, throttle.py, preflight.py, policies/manager.py, policies/registry.py: where and
 #   when a trial runs and which servers are started, not what the trial does;
 # - policies/server.py, policies/builtin.py: the serving side is the policy under test, whose

@@ -97,6 +97,8 @@ SESSION = (
     "pytest_gap.preflight",
     "pytest_gap.runner",
     "pytest_gap.report",
+    "pytest_gap.gate",
+    "pytest_gap.cell_summary",
     "pytest_gap.provenance",
     "pytest_gap.compare",
 )
@@ -181,10 +183,21 @@ IMPORT_RULES = [
     ("pytest_gap.producers", ("pytest", *UPPER, *SESSION)),
     ("pytest_gap.policies", ("pytest", *UPPER, *SESSION)),
     ("pytest_gap.results", ("pytest", *UPPER, *SESSION)),
-    ("pytest_gap.report", ("pytest", *UPPER, "pytest_gap.runner", "pytest_gap.benchmark")),
+    *[
+        (m, ("pytest", *UPPER, "pytest_gap.runner", "pytest_gap.benchmark"))
+        for m in ("pytest_gap.report", "pytest_gap.gate", "pytest_gap.cell_summary")
+    ],
     (
         "pytest_gap.runner",
-        ("pytest", *UPPER, "pytest_gap.benchmark", "pytest_gap.preflight", "pytest_gap.report"),
+        (
+            "pytest",
+            *UPPER,
+            "pytest_gap.benchmark",
+            "pytest_gap.preflight",
+            "pytest_gap.report",
+            "pytest_gap.gate",
+            "pytest_gap.cell_summary",
+        ),
     ),
     ("pytest_gap.preflight", ("pytest", *UPPER, "pytest_gap.runner", "pytest_gap.benchmark")),
     (

@@ -18,8 +18,8 @@ from pydantic import BaseModel
 
 from pytest_gap import ids, intervals
 from pytest_gap.errors import GapError
+from pytest_gap.gate import Gate
 from pytest_gap.layout import RESULT_FILE, SUMMARY_JSON, is_stamp
-from pytest_gap.report import Gate
 from pytest_gap.results import EXIT_TIMEOUT, TrialResult, scan_results
 
 Outcome = Literal["success", "failed", "errored", "infra", "timeout"]
