@@ -52,6 +52,8 @@ SURFACE: dict[str, str] = {
     "producers/**/*.py": "how a mode's workflow is written (placeholders, the LLM's prompt)",
     "modes.py": "which producer a mode runs",
     "instructions.py": "how a task instruction is read into items and a container",
+    "instruction_references.py": "which object a referring phrase names, from where things are",
+    "instruction_stand_ins.py": "which object stands in for one the scene lacks",
     "plan.py": "a config's cells and trials: seeds, task ids, a cell's watchdog limit",
 }
 # Not covered, and why (a file not listed in SURFACE decides no outcome):

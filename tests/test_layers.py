@@ -157,7 +157,12 @@ REACH_RULES = [
                 "pytest_gap.workflow",
             ),
         )
-        for m in ("pytest_gap.instructions", "pytest_gap.instruction_steps")
+        for m in (
+            "pytest_gap.instructions",
+            "pytest_gap.instruction_references",
+            "pytest_gap.instruction_stand_ins",
+            "pytest_gap.instruction_steps",
+        )
     ],
 ]
 # The report viewer and the evaluation service are applications over the session layer: they
