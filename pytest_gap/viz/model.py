@@ -254,42 +254,7 @@ def load_report(
         verdict=gate.verdict if gate else None,
         coverage=gate.coverage.line() if gate and gate.coverage else None,
     )
-    trials = []
-    for key, r in results.items():
-        trial_dir = run_dir / key
-        where = f"{trial_dir / RESULT_FILE}:"
-        trace_dir = confined(run_dir, r.trace or f"{key}/trace", f"{where} trace")
-        if trace_dir is not None and trace_dir.name == DAG_TRACE:  # records name the file;
-            trace_dir = trace_dir.parent  # the images sit beside it
-        agents = (
-            confined(run_dir, f"{r.workflow}/agent_traces", f"{where} workflow")
-            if r.workflow
-            else None
-        )
-        video = confined(run_dir, r.video, f"{where} video")
-        frames = confined(run_dir, r.frames, f"{where} frames")
-        trials.append(
-            TrialView(
-                key=key,
-                cell=ids.cell_of_key(key),
-                nodeid=r.nodeid,
-                task_id=r.task_id,
-                seed=r.seed,
-                init_state=r.init_state,
-                outcome=outcome(r),
-                exit_code=r.exit_code,
-                exit_status=r.exit_status,
-                completion=r.completion,
-                steps=r.steps,
-                wall_s=r.wall_s,
-                reason=r.error if r.errored else r.reason,
-                prompt=r.prompt,
-                video=relative(video, out_dir) if video and video.is_file() else None,
-                frames=relative(frames, out_dir) if frames and frames.is_file() else None,
-                trace=relative(trace_dir, out_dir) if trace_dir and trace_file(trace_dir) else None,
-                agent_traces=relative(agents, out_dir) if agents and agents.is_dir() else None,
-            )
-        )
+    trials = [_trial_view(run_dir, out_dir, key, r) for key, r in results.items()]
     report = Report(
         title=f"{run_dir.parent.name}/{run_dir.name}",
         run_dir=str(run_dir),
@@ -300,6 +265,41 @@ def load_report(
     )
     _inline(report, run_dir, out_dir, inline_budget)
     return report
+
+
+def _trial_view(run_dir: Path, out_dir: Path, key: str, r: TrialResult) -> TrialView:
+    """One trial as the report lists it; every path its record names is confined to
+    `run_dir` and linked relative to `out_dir`."""
+    trial_dir = run_dir / key
+    where = f"{trial_dir / RESULT_FILE}:"
+    trace_dir = confined(run_dir, r.trace or f"{key}/trace", f"{where} trace")
+    if trace_dir is not None and trace_dir.name == DAG_TRACE:  # records name the file;
+        trace_dir = trace_dir.parent  # the images sit beside it
+    agents = (
+        confined(run_dir, f"{r.workflow}/agent_traces", f"{where} workflow") if r.workflow else None
+    )
+    video = confined(run_dir, r.video, f"{where} video")
+    frames = confined(run_dir, r.frames, f"{where} frames")
+    return TrialView(
+        key=key,
+        cell=ids.cell_of_key(key),
+        nodeid=r.nodeid,
+        task_id=r.task_id,
+        seed=r.seed,
+        init_state=r.init_state,
+        outcome=outcome(r),
+        exit_code=r.exit_code,
+        exit_status=r.exit_status,
+        completion=r.completion,
+        steps=r.steps,
+        wall_s=r.wall_s,
+        reason=r.error if r.errored else r.reason,
+        prompt=r.prompt,
+        video=relative(video, out_dir) if video and video.is_file() else None,
+        frames=relative(frames, out_dir) if frames and frames.is_file() else None,
+        trace=relative(trace_dir, out_dir) if trace_dir and trace_file(trace_dir) else None,
+        agent_traces=relative(agents, out_dir) if agents and agents.is_dir() else None,
+    )
 
 
 def _inline(report: Report, run_dir: Path, out_dir: Path, budget: int) -> None:
