@@ -27,14 +27,15 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel
 
+from pytest_gap.cell_summary import CellSummary
 from pytest_gap.config.document import BenchmarkConfig, load_config
 from pytest_gap.config.messages import ConfigError
 from pytest_gap.config.model import DEFAULT_GATE_THRESHOLD, KNOWN_MODES, ModeOverride
 from pytest_gap.errors import GapError
+from pytest_gap.gate import Gate
 from pytest_gap.layout import SUMMARY_JSON
 from pytest_gap.plan import llm_problem, plan
 from pytest_gap.preflight import check_config
-from pytest_gap.report import CellSummary
 from pytest_gap.run.workers import fit_workers
 
 __all__ = [
@@ -265,8 +266,6 @@ def _read_report(path: Path, report_json: Path, exit_code: int) -> dict:
 
 
 def _summary(report: dict, exit_code: int, gate: bool) -> BenchmarkSummary:
-    from pytest_gap.report import Gate
-
     entry = report["configs"][0]
     run_dir = Path(entry["run_dir"])
     summary = json.loads((run_dir / SUMMARY_JSON).read_text())

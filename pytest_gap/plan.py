@@ -207,6 +207,56 @@ def _check_init_states(key: str, ids: list[int], backend, suite: str, what: str)
 def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]:
     block = config.benchmark
     backend = get_backend(block.backend)
+    _check_restrictions(source, block, families, modes)
+    record_video = (
+        block.record_video if block.record_video is not None else config.trials.record_video
+    )
+    known_variations = {name: f.variations() for name, f in backend.families().items()}
+    cells, problems = [], []
+    for mode, override, policy_id, family, variation in _grid_axes(
+        block, table, families, modes, known_variations
+    ):
+        resolved = resolve_variation(backend, family, variation)
+        task_ids, found = _grid_task_ids(
+            source, block, backend, resolved.suite, f"{family}/{variation}", problems
+        )
+        problems += found
+        cells.append(
+            Cell(
+                mode=mode,
+                policy_id=policy_id,
+                backend=block.backend,
+                family=family,
+                variation=variation,
+                suite=resolved.suite,
+                task_ids=tuple(task_ids),
+                seeds=tuple(_grid_seeds(block, override)),
+                workflow_dir=_workflow_source(override),
+                timeout_s=config.trials.task_timeout_secs,
+                max_steps=config.trials.max_steps,
+                num_workers=(override and override.num_workers) or block.num_workers,
+                record_video=record_video,
+                frames_every=config.trials.frames_every or 0,
+                enable_tracing=config.trials.enable_tracing,
+                perception=config.skills.perception,
+                error=_grid_cell_error(
+                    config, table, mode, override, policy_id, episode_modes(backend)
+                ),
+                uses_llm=table.needs_llm(mode),
+                privileged=bool(
+                    policy_id
+                    and policy_id in config.policies
+                    and config.policies[policy_id].privileged_state
+                ),
+            )
+        )
+    if problems:
+        raise ConfigError(source, sorted(set(problems)))
+    return cells
+
+
+def _check_restrictions(source: str, block, families, modes) -> None:
+    """`--families`/`--modes` name only what the config's grid lists; else a ConfigError."""
     problems = []
     for key, chosen, known in (
         ("--families", families, block.families),
@@ -217,11 +267,12 @@ def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]
                 problems.append(f"{key} {name}: not in this config's list ({', '.join(known)})")
     if problems:
         raise ConfigError(source, problems)
-    record_video = (
-        block.record_video if block.record_video is not None else config.trials.record_video
-    )
-    known_variations = {name: f.variations() for name, f in backend.families().items()}
-    cells = []
+
+
+def _grid_axes(block, table: ModeTable, families, modes, known_variations):
+    """The grid's (mode, its override, policy id, family, variation) in plan order: modes,
+    then policies, families and variations, each as the config lists it, restricted by
+    `--families`/`--modes` and the config's `variations`."""
     for mode in block.modes:
         if modes and mode not in modes:
             continue
@@ -233,61 +284,25 @@ def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]
                 for variation in known_variations[family]:
                     if block.variations is not None and variation not in block.variations:
                         continue
-                    resolved = resolve_variation(backend, family, variation)
-                    n_tasks = backend.n_tasks(resolved.suite)
-                    if block.task_ids is not None:
-                        task_ids = block.task_ids
-                        problems += _check_ids(
-                            source,
-                            "benchmark.task_ids",
-                            task_ids,
-                            n_tasks,
-                            f"{family}/{variation}",
-                        )
-                    else:
-                        task_ids = _runnable(
-                            list(range(min(block.n_tasks, n_tasks))), backend, resolved.suite
-                        )
-                    if not problems:
-                        problems += _check_init_states(
-                            "benchmark.task_ids",
-                            task_ids,
-                            backend,
-                            resolved.suite,
-                            f"{family}/{variation}",
-                        )
-                    cells.append(
-                        Cell(
-                            mode=mode,
-                            policy_id=policy_id,
-                            backend=block.backend,
-                            family=family,
-                            variation=variation,
-                            suite=resolved.suite,
-                            task_ids=tuple(task_ids),
-                            seeds=tuple(_grid_seeds(block, override)),
-                            workflow_dir=_workflow_source(override),
-                            timeout_s=config.trials.task_timeout_secs,
-                            max_steps=config.trials.max_steps,
-                            num_workers=(override and override.num_workers) or block.num_workers,
-                            record_video=record_video,
-                            frames_every=config.trials.frames_every or 0,
-                            enable_tracing=config.trials.enable_tracing,
-                            perception=config.skills.perception,
-                            error=_grid_cell_error(
-                                config, table, mode, override, policy_id, episode_modes(backend)
-                            ),
-                            uses_llm=table.needs_llm(mode),
-                            privileged=bool(
-                                policy_id
-                                and policy_id in config.policies
-                                and config.policies[policy_id].privileged_state
-                            ),
-                        )
-                    )
-    if problems:
-        raise ConfigError(source, sorted(set(problems)))
-    return cells
+                    yield mode, override, policy_id, family, variation
+
+
+def _grid_task_ids(
+    source: str, block, backend, suite: str, where: str, problems: list[str]
+) -> tuple[list[int], list[str]]:
+    """A grid cell's task ids (the config's, or its first `n_tasks` that can start an
+    episode) and the problems they have. Init states are checked only while no problem is
+    found, this cell's or an earlier one's (`problems`)."""
+    n_tasks = backend.n_tasks(suite)
+    found = []
+    if block.task_ids is not None:
+        task_ids = block.task_ids
+        found += _check_ids(source, "benchmark.task_ids", task_ids, n_tasks, where)
+    else:
+        task_ids = _runnable(list(range(min(block.n_tasks, n_tasks))), backend, suite)
+    if not problems and not found:
+        found += _check_init_states("benchmark.task_ids", task_ids, backend, suite, where)
+    return task_ids, found
 
 
 def _workflow_source(override) -> Path | None:

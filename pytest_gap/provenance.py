@@ -56,14 +56,16 @@ SURFACE: dict[str, str] = {
     "producers/**/*.py": "how a mode's workflow is written (placeholders, the LLM's prompt)",
     "modes.py": "which producer a mode runs",
     "instructions.py": "how a task instruction is read into items and a container",
+    "instruction_references.py": "which object a referring phrase names, from where things are",
+    "instruction_stand_ins.py": "which object stands in for one the scene lacks",
     "plan.py": "a config's cells and trials: seeds, task ids, a cell's watchdog limit",
 }
 # Not covered, and why (a file not listed in SURFACE decides no outcome):
 # - config/: its defaults decide outcomes, but they are in the plan digest (the validated
 #   config, defaults included, is what is hashed);
-# - plugin/, hookspecs.py, outputs/, report.py, cli/, benchmark.py, results.py,
-#   session_plan.py: the session glue, the records and what is written from them; they report
-#   outcomes, never decide one;
+# - plugin/, hookspecs.py, outputs/, report.py, gate.py, cell_summary.py, cli/, benchmark.py,
+#   results.py, session_plan.py: the session glue, the records and what is written from them;
+#   they report outcomes, never decide one;
 # - run/devices.py, run/workers.py, throttle.py, preflight.py, policies/manager.py,
 #   policies/registry.py: where and when a trial runs and which servers are started, not what
 #   the trial does;

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_gap.instruction_references import parse_reference
 from pytest_gap.instruction_steps import Step, StepsError, normalize, parse_steps
-from pytest_gap.instructions import PhraseError, parse_reference, phrase_candidates
+from pytest_gap.instructions import PhraseError, phrase_candidates
 from pytest_gap.sim import suites
 from pytest_gap.skills.steps import expand
 

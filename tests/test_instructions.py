@@ -8,14 +8,14 @@ import re
 
 import pytest
 
+from pytest_gap.instruction_references import parse_part
+from pytest_gap.instruction_stand_ins import stand_in
 from pytest_gap.instructions import (
     NoSuchObject,
     PhraseError,
     parse_instruction,
-    parse_part,
     phrase_candidates,
     resolve_phrase,
-    stand_in,
 )
 from pytest_gap.sim import suites
 

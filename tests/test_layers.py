@@ -145,6 +145,8 @@ SESSION = (
     "pytest_gap.preflight",
     "pytest_gap.run",
     "pytest_gap.report",
+    "pytest_gap.gate",
+    "pytest_gap.cell_summary",
     "pytest_gap.provenance",
     "pytest_gap.compare",
 )
@@ -203,7 +205,12 @@ REACH_RULES = [
                 "pytest_gap.workflow",
             ),
         )
-        for m in ("pytest_gap.instructions", "pytest_gap.instruction_steps")
+        for m in (
+            "pytest_gap.instructions",
+            "pytest_gap.instruction_references",
+            "pytest_gap.instruction_stand_ins",
+            "pytest_gap.instruction_steps",
+        )
     ],
 ]
 # The report viewer and the evaluation service are applications over the session layer: they
@@ -243,10 +250,21 @@ IMPORT_RULES = [
     ("pytest_gap.producers", ("pytest", *UPPER, *SESSION)),
     ("pytest_gap.policies", ("pytest", *UPPER, *SESSION)),
     ("pytest_gap.results", ("pytest", *UPPER, *SESSION)),
-    ("pytest_gap.report", ("pytest", *UPPER, "pytest_gap.run", "pytest_gap.benchmark")),
+    *[
+        (m, ("pytest", *UPPER, "pytest_gap.run", "pytest_gap.benchmark"))
+        for m in ("pytest_gap.report", "pytest_gap.gate", "pytest_gap.cell_summary")
+    ],
     (
         "pytest_gap.run",
-        ("pytest", *UPPER, "pytest_gap.benchmark", "pytest_gap.preflight", "pytest_gap.report"),
+        (
+            "pytest",
+            *UPPER,
+            "pytest_gap.benchmark",
+            "pytest_gap.preflight",
+            "pytest_gap.report",
+            "pytest_gap.gate",
+            "pytest_gap.cell_summary",
+        ),
     ),
     ("pytest_gap.preflight", ("pytest", *UPPER, "pytest_gap.run", "pytest_gap.benchmark")),
     (
@@ -518,3 +536,16 @@ def test_the_plugin_roles_are_told_apart_by_their_class_not_by_probing():
                 if isinstance(first, ast.Name) and first.id in probed:
                     found.append(f"{module}:{node.lineno}")
     assert found == []
+
+
+# Packages of the session layer split by job (compare/, viz/): their modules import each other,
+# never the package itself (compare/'s __init__ re-exports its modules for the CLI, the viewer
+# and tests, so importing it from inside would run in a circle), and read no private name of
+# another module.
+@pytest.mark.parametrize("package", ["pytest_gap.compare", "pytest_gap.viz"])
+def test_session_packages_have_no_circle_and_read_no_private_name_across_modules(package):
+    inside = sorted(m for m in MODULES if _in(m, package) and m != package)
+    assert len(inside) > 1
+    assert import_circles(inside) == []
+    assert [m for m in inside if package in imports(m)] == []
+    assert [u for m in inside for u in _private_uses(MODULES[m].read_text(), m)] == []

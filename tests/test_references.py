@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gap.instructions import (
-    PhraseError,
+from pytest_gap.instruction_references import (
     Reference,
     Thing,
-    parse_instruction,
     parse_reference,
     resolve_reference,
 )
+from pytest_gap.instructions import PhraseError, parse_instruction
 from pytest_gap.sim.libero import EnvOptions, make_env
 
 

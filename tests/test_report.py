@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from pytest_gap import intervals
+from pytest_gap.cell_summary import reference_counts, summarize_cell
 from pytest_gap.config import parse_config
+from pytest_gap.gate import Gate, evaluate_gate
 from pytest_gap.outputs.done import write_flags
 from pytest_gap.outputs.json import write_summary_json
 from pytest_gap.outputs.videos import collate_videos
@@ -18,13 +20,9 @@ from pytest_gap.report import (
     CI_COLUMNS,
     REF_COLUMNS,
     TSV_COLUMNS,
-    Gate,
     console_table,
-    evaluate_gate,
     fold_run,
     format_tsv,
-    reference_counts,
-    summarize_cell,
     summary_document,
 )
 from pytest_gap.results import TrialResult, read_result, scan_results, write_result

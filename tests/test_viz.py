@@ -21,8 +21,9 @@ from pytest_gap.cli import main
 from pytest_gap.progress import Progress
 from pytest_gap.results import TrialResult
 from pytest_gap.viz.html import render
-from pytest_gap.viz.model import layered_layout, load_report, outcome
+from pytest_gap.viz.model import load_report, outcome
 from pytest_gap.viz.serve import make_server
+from pytest_gap.viz.trace import layered_layout
 from tests.fake_session import BACKEND, IDLE_THEN_CHECK, FakeSession
 
 pytest_plugins = ["pytester"]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gap.report import CellSummary, RunSummary, pivot
+from pytest_gap.cell_summary import CellSummary
+from pytest_gap.report import RunSummary, pivot
 
 PLOTS = "plots"
 SUITES = "suites"  # the family name a suites-mode cell is drawn under

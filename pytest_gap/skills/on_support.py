@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel
 
-from pytest_gap.instructions import SIDE_AXES
+from pytest_gap.instruction_references import SIDE_AXES
 from pytest_gap.skills import motion, perception
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import (
@@ -59,9 +59,9 @@ def beside_yaw(ctx: SkillContext, anchor: str, relation: str) -> float:
 
 def beside_patch(ctx: SkillContext, anchor: str, relation: str, yaw: float | None = None) -> Box:
     """The patch of the surface `anchor` stands on, beside it on the side `relation` names
-    as the front camera sees the table (`instructions.SIDE_AXES`), room for what is held and
-    BESIDE_GAP between: a flat box, its top that surface. `yaw`: the hand's yaw there (what
-    is held turns with it)."""
+    as the front camera sees the table (`instruction_references.SIDE_AXES`), room for what is
+    held and BESIDE_GAP between: a flat box, its top that surface. `yaw`: the hand's yaw there
+    (what is held turns with it)."""
     held = ctx.memory.get("held")
     if not held:
         raise SkillFailure(f"nothing is held to place {relation.replace('_', ' ')} {anchor}")

@@ -12,18 +12,15 @@ import re
 
 import numpy as np
 
-from pytest_gap.instruction_steps import StepsError, parse_steps
-from pytest_gap.instructions import (
-    NoSuchObject,
-    PhraseError,
+from pytest_gap.instruction_references import (
     Thing,
     anchor_names,
     parse_reference,
-    phrase_candidates,
-    resolve_phrase,
     resolve_reference,
-    stand_in,
 )
+from pytest_gap.instruction_stand_ins import stand_in
+from pytest_gap.instruction_steps import StepsError, parse_steps
+from pytest_gap.instructions import NoSuchObject, PhraseError, phrase_candidates, resolve_phrase
 from pytest_gap.skills.calibration import CONTAINER_TURN
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.geometry import (
@@ -57,12 +54,13 @@ def ground_name(ctx: SkillContext, name: str, fixtures: bool = False) -> str:
     """The scene object a user- or LLM-given name refers to (`instructions.resolve_phrase`
     over the scene's names and categories): "the basket" -> red_basket_1, "milk carton" ->
     milk_1. A referring phrase ("the black bowl next to the plate") is resolved from where the
-    cameras see things (`instructions.resolve_reference`), once: the answer is remembered, as
-    the object moves when it is picked. `fixtures`: the scene's fixtures (the stove, the
-    cabinet, the wine rack) may be named too: a place to put something, not a thing to pick.
-    A thing to pick the instruction names but the scene lacks ("the book" where LIBERO-PRO
-    swapped in a bowl) is the object that stands in for it (`instructions.stand_in`, among
-    the movable objects the instruction's other phrases do not name), noted as "stand-in"."""
+    cameras see things (`instruction_references.resolve_reference`), once: the answer is
+    remembered, as the object moves when it is picked. `fixtures`: the scene's fixtures (the
+    stove, the cabinet, the wine rack) may be named too: a place to put something, not a thing
+    to pick. A thing to pick the instruction names but the scene lacks ("the book" where
+    LIBERO-PRO swapped in a bowl) is the object that stands in for it
+    (`instruction_stand_ins.stand_in`, among the movable objects the instruction's other
+    phrases do not name), noted as "stand-in"."""
     resolved = ctx.memory.setdefault("referents", {})
     if name in resolved:
         return resolved[name]
@@ -185,8 +183,8 @@ def _site_top(ctx: SkillContext, fixture: str, site, walls: bool = False) -> Box
 
 
 def seen_things(ctx: SkillContext, reference) -> list:
-    """The reference's candidates and anchors as the cameras see them (`instructions.Thing`):
-    the axis-aligned box around each one's points.
+    """The reference's candidates and anchors as the cameras see them
+    (`instruction_references.Thing`): the axis-aligned box around each one's points.
 
     A candidate's bottom is its lowest point seen: a bowl on a cookie box hides the box from
     the ring around it, and `locate_box` would stand it on the table. An anchor's bottom is

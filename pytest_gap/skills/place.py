@@ -9,7 +9,7 @@ from typing import Literal
 
 import numpy as np
 
-from pytest_gap.instructions import parse_bare_part, parse_part
+from pytest_gap.instruction_references import parse_bare_part, parse_part
 from pytest_gap.skills import articulation, interior, motion, packing, perception
 from pytest_gap.skills.calibration import ENTRY_CLEAR
 from pytest_gap.skills.context import SkillContext

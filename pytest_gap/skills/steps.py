@@ -12,13 +12,9 @@ import re
 
 from pydantic import BaseModel
 
+from pytest_gap.instruction_references import parse_reference
 from pytest_gap.instruction_steps import Step, StepsError, parse_steps
-from pytest_gap.instructions import (
-    PhraseError,
-    names_every_word,
-    parse_reference,
-    phrase_candidates,
-)
+from pytest_gap.instructions import PhraseError, names_every_word, phrase_candidates
 from pytest_gap.skills import items, perception
 from pytest_gap.skills.context import SkillContext
 from pytest_gap.skills.registry import SkillFailure, skill

@@ -7,6 +7,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from pytest_gap.compare import CompareRefused, compare, load_run
 from pytest_gap.viz.model import Report, load_report
 
 REPORT_FILE = "report.html"
@@ -52,8 +53,6 @@ def render(report: Report) -> str:
 
 def compare_json(run_a: Path, run_b: Path) -> dict:
     """`gap compare RUN_A RUN_B --json` as a dict: the comparison, or its refusal reasons."""
-    from pytest_gap.compare import CompareRefused, compare, load_run
-
     try:
         return compare(load_run(run_a), load_run(run_b), None, None).to_json()
     except CompareRefused as exc:

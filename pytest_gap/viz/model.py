@@ -7,10 +7,7 @@ page finds videos, frame strips and perception images beside it (file:// or `--s
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from collections import deque
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,16 +15,22 @@ from pydantic import BaseModel
 
 from pytest_gap import ids, intervals
 from pytest_gap.errors import GapError
+from pytest_gap.gate import Gate
 from pytest_gap.layout import RESULT_FILE, SUMMARY_JSON, is_stamp
-from pytest_gap.report import Gate
 from pytest_gap.results import EXIT_TIMEOUT, TrialResult, scan_results
+from pytest_gap.viz.files import confined, read_json, relative
+from pytest_gap.viz.trace import (
+    DAG_TRACE,
+    AgentTurn,
+    TraceView,
+    read_agents,
+    read_trace,
+    trace_file,
+)
 
 Outcome = Literal["success", "failed", "errored", "infra", "timeout"]
-DAG_TRACE = "dag_trace.json"
-POLICY_WINDOW = "policy window"  # the event run_policy records per observation -> actions
 
 log = logging.getLogger(__name__)
-MAX_READ_BYTES = 64 * 1024 * 1024  # one trace, record or agent file (real ones: kB to a few MB)
 
 
 def outcome(result: TrialResult) -> Outcome:
@@ -107,276 +110,6 @@ class Report(BaseModel):
     agents: dict[str, list[AgentTurn]] = {}  # agent_traces dir -> its turns
     compare: dict[str, Any] | None = None  # `gap compare --json` of (another run, this run)
     serve: bool = False  # traces not inlined are fetched from the server
-
-
-class NodeRun(BaseModel):
-    seq: int
-    status: str
-    duration_ms: float | None
-    start_step: int | None
-    end_step: int | None
-    inputs: Any = None
-    outputs: Any = None
-    error: str | None = None
-    decision: Any = None
-    images: list[str] = []  # what a perception node looked at, relative to the report
-
-
-class GraphNode(BaseModel):
-    id: str
-    type: str
-    skill: str | None
-    status: str
-    runs: list[NodeRun]
-    x: float
-    y: float
-
-
-class GraphEdge(BaseModel):
-    source: str
-    target: str
-    kind: str
-    taken: int
-
-
-class PolicyWindow(BaseModel):
-    window: int
-    step: int | None
-    infer_ms: float | None
-    actions: int | None
-
-
-class TraceView(BaseModel):
-    workflow: str | None
-    result: dict[str, Any]
-    nodes: list[GraphNode]
-    edges: list[GraphEdge]
-    events: list[dict[str, Any]]
-    windows: list[PolicyWindow]
-    width: float
-    height: float
-
-
-class AgentTurn(BaseModel):
-    name: str
-    text: str  # the file as recorded (already redacted when it was written)
-
-
-# -- layout -------------------------------------------------------------------------------------
-NODE_W, NODE_H, GAP_X, GAP_Y = 150.0, 44.0, 30.0, 46.0
-
-
-def layered_layout(node_ids: list[str], edges: list[tuple[str, str]]) -> dict[str, tuple[int, int]]:
-    """(layer, slot) per node: layer is the fewest edges from the first node (the workflow's
-    start), so loops back to a router do not stretch the drawing; nodes no edge reaches go in a
-    last layer of their own."""
-    if not node_ids:
-        return {}
-    following: dict[str, list[str]] = {n: [] for n in node_ids}
-    for source, target in edges:
-        if source in following and target in following:
-            following[source].append(target)
-    depth = {node_ids[0]: 0}
-    queue = deque([node_ids[0]])
-    while queue:
-        node = queue.popleft()
-        for nxt in following[node]:
-            if nxt not in depth:
-                depth[nxt] = depth[node] + 1
-                queue.append(nxt)
-    last = max(depth.values()) + 1
-    slots: dict[int, int] = {}
-    placed = {}
-    for node in node_ids:  # workflow order within a layer keeps the drawing stable
-        layer = depth.get(node, last)
-        placed[node] = (layer, slots.get(layer, 0))
-        slots[layer] = slots.get(layer, 0) + 1
-    return placed
-
-
-# -- reading ------------------------------------------------------------------------------------
-def _read_text(path: Path) -> str | None:
-    """A regular file's text, or None: a FIFO or device would block or never end, and a file
-    past MAX_READ_BYTES would be read whole into memory (a run dir is data, like a socket)."""
-    try:
-        if not path.is_file():
-            return None
-        if path.stat().st_size > MAX_READ_BYTES:
-            log.warning("gap viz: %s is over %d bytes; not read", path, MAX_READ_BYTES)
-            return None
-        return path.read_text(errors="replace")
-    except OSError:
-        return None
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        text = _read_text(path)
-        return json.loads(text) if text is not None else None
-    except ValueError:
-        return None
-
-
-def inside(path: Path, root: Path) -> bool:
-    """Whether `path`, symlinks followed, lies in `root` (itself resolved)."""
-    try:
-        return path.resolve().is_relative_to(root)
-    except (OSError, RuntimeError, ValueError):  # a symlink loop, a NUL byte
-        return False
-
-
-def confined(root: Path, rel: str | None, what: str = "path") -> Path | None:
-    """`root / rel` resolved, when `rel` is a relative path that stays in `root` (the run dir)
-    once `..` and symlinks are followed; else None, with one warning line naming it.
-
-    Paths in result.json are data a run dir (or whoever handed it over) wrote: an absolute one
-    or one that climbs out would make the report read, inline or link any file of the user's
-    (`/etc/passwd`, `../../.ssh`), so it is refused, not resolved."""
-    if not rel:
-        return None
-    root = root.resolve()
-    candidate = Path(rel)
-    if candidate.is_absolute() or not inside(root / candidate, root):
-        log.warning(
-            "gap viz: %s %r is not a path inside the run dir %s; not read or linked (record "
-            "paths relative to the run dir)",
-            what,
-            rel,
-            root,
-        )
-        return None
-    return (root / candidate).resolve()
-
-
-def _files(directory: Path, pattern: str) -> list[Path]:
-    """`directory`'s files matching `pattern` that resolve inside it: a symlink in a trace dir
-    pointing elsewhere is not read."""
-    root = directory.resolve()
-    return sorted(p for p in directory.glob(pattern) if p.is_file() and inside(p, root))
-
-
-def relative(path: Path | None, base: Path) -> str | None:
-    """`path` as the page links it from `base` (POSIX, `..` where needed); None if it is gone."""
-    if path is None or not path.exists():
-        return None
-    return Path(os.path.relpath(path, base)).as_posix()
-
-
-def _policy_windows(events: list[dict[str, Any]]) -> list[PolicyWindow]:
-    return [
-        PolicyWindow(
-            window=int(e.get("window", i + 1)),
-            step=e.get("step"),
-            infer_ms=e.get("infer_ms"),
-            actions=e.get("actions"),
-        )
-        for i, e in enumerate(x for x in events if x.get("message") == POLICY_WINDOW)
-    ]
-
-
-def _dag_file(trace_dir: Path) -> Path | None:
-    found = _files(trace_dir, DAG_TRACE)
-    return found[0] if found else None
-
-
-def trace_images(trace_dir: Path) -> dict[int, list[Path]]:
-    """A trace dir's perception images by the node execution (seq) that looked at them."""
-    images: dict[int, list[Path]] = {}
-    for path in _files(trace_dir / "images", "*.png"):
-        head = path.name.split("_", 1)[0]
-        if head.isdigit():
-            images.setdefault(int(head), []).append(path)
-    return images
-
-
-def read_trace(trace_dir: Path, base: Path) -> TraceView | None:
-    """The workflow graph of one trial as it ran: nodes with their executions (inputs,
-    outputs, router decisions, perception images), edges with how often each was taken, the
-    skill events and the policy's per-window timing. None without a readable dag_trace.json.
-    Only files that resolve inside `trace_dir` are read (the caller confines `trace_dir`)."""
-    dag_file = _dag_file(trace_dir)
-    dag = _read_json(dag_file) if dag_file else None
-    if not isinstance(dag, dict) or not isinstance(dag.get("nodes"), list):
-        return None
-    try:
-        return _trace_view(dag, trace_dir, base)
-    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a field of the wrong type
-        log.warning("gap viz: %s: not a trace this harness wrote (%s); not shown", dag_file, exc)
-        return None
-
-
-def _trace_view(dag: dict[str, Any], trace_dir: Path, base: Path) -> TraceView:
-    io: dict[int, dict[str, Any]] = {}
-    for path in _files(trace_dir / "nodes", "*.json"):
-        record = _read_json(path)
-        if isinstance(record, dict) and isinstance(record.get("seq"), int):
-            io[record["seq"]] = record
-    images = {
-        seq: [relative(p, base) or "" for p in paths]
-        for seq, paths in trace_images(trace_dir).items()
-    }
-    raw_nodes = [n for n in dag["nodes"] if isinstance(n, dict) and "id" in n]
-    raw_edges = [e for e in dag.get("edges", []) if isinstance(e, dict)]
-    edges = [
-        GraphEdge(
-            source=str(e.get("source")),
-            target=str(e.get("target")),
-            kind=str(e.get("kind", "")),
-            taken=int(e.get("taken", 0)),
-        )
-        for e in raw_edges
-    ]
-    ids = [str(n["id"]) for n in raw_nodes]
-    places = layered_layout(ids, [(e.source, e.target) for e in edges])
-    nodes = []
-    for n in raw_nodes:
-        runs = []
-        for ex in n.get("executions", []):
-            seq = ex.get("seq")
-            record = io.get(seq, {})
-            runs.append(
-                NodeRun(
-                    seq=seq if isinstance(seq, int) else 0,
-                    status=str(ex.get("status", "")),
-                    duration_ms=ex.get("duration_ms"),
-                    start_step=ex.get("start_step"),
-                    end_step=ex.get("end_step"),
-                    inputs=record.get("inputs"),
-                    outputs=record.get("outputs"),
-                    error=record.get("error") or ex.get("error"),
-                    decision=ex.get("decision"),
-                    images=images.get(seq, []) if isinstance(seq, int) else [],
-                )
-            )
-        layer, slot = places[str(n["id"])]
-        nodes.append(
-            GraphNode(
-                id=str(n["id"]),
-                type=str(n.get("type", "")),
-                skill=n.get("skill"),
-                status=str(n.get("status", "")),
-                runs=runs,
-                x=GAP_X + slot * (NODE_W + GAP_X),
-                y=GAP_Y / 2 + layer * (NODE_H + GAP_Y),
-            )
-        )
-    events = [e for e in dag.get("events", []) if isinstance(e, dict)]
-    return TraceView(
-        workflow=dag.get("workflow"),
-        result=dag.get("result") if isinstance(dag.get("result"), dict) else {},
-        nodes=nodes,
-        edges=edges,
-        events=events,
-        windows=_policy_windows(events),
-        width=max((n.x for n in nodes), default=0.0) + NODE_W + GAP_X,
-        height=max((n.y for n in nodes), default=0.0) + NODE_H + GAP_Y / 2,
-    )
-
-
-def read_agents(directory: Path) -> list[AgentTurn]:
-    """The LLM agents' recorded prompts and answers, in the order they were written."""
-    texts = ((p, _read_text(p)) for p in _files(directory, "*.json"))
-    return [AgentTurn(name=p.stem, text=text) for p, text in texts if text is not None]
 
 
 def _cell_view(cell: dict[str, Any]) -> CellView:
@@ -502,7 +235,7 @@ def load_report(
     check_run_dir(run_dir)
     results = scan_results(run_dir)
     summary_file = confined(run_dir, SUMMARY_JSON, "summary")
-    summary = _read_json(summary_file) if summary_file else None
+    summary = read_json(summary_file) if summary_file else None
     summary = summary if isinstance(summary, dict) else {}
     if not results and not summary.get("cells"):
         raise GapError(
@@ -521,42 +254,7 @@ def load_report(
         verdict=gate.verdict if gate else None,
         coverage=gate.coverage.line() if gate and gate.coverage else None,
     )
-    trials = []
-    for key, r in results.items():
-        trial_dir = run_dir / key
-        where = f"{trial_dir / RESULT_FILE}:"
-        trace_dir = confined(run_dir, r.trace or f"{key}/trace", f"{where} trace")
-        if trace_dir is not None and trace_dir.name == DAG_TRACE:  # records name the file;
-            trace_dir = trace_dir.parent  # the images sit beside it
-        agents = (
-            confined(run_dir, f"{r.workflow}/agent_traces", f"{where} workflow")
-            if r.workflow
-            else None
-        )
-        video = confined(run_dir, r.video, f"{where} video")
-        frames = confined(run_dir, r.frames, f"{where} frames")
-        trials.append(
-            TrialView(
-                key=key,
-                cell=ids.cell_of_key(key),
-                nodeid=r.nodeid,
-                task_id=r.task_id,
-                seed=r.seed,
-                init_state=r.init_state,
-                outcome=outcome(r),
-                exit_code=r.exit_code,
-                exit_status=r.exit_status,
-                completion=r.completion,
-                steps=r.steps,
-                wall_s=r.wall_s,
-                reason=r.error if r.errored else r.reason,
-                prompt=r.prompt,
-                video=relative(video, out_dir) if video and video.is_file() else None,
-                frames=relative(frames, out_dir) if frames and frames.is_file() else None,
-                trace=relative(trace_dir, out_dir) if trace_dir and _dag_file(trace_dir) else None,
-                agent_traces=relative(agents, out_dir) if agents and agents.is_dir() else None,
-            )
-        )
+    trials = [_trial_view(run_dir, out_dir, key, r) for key, r in results.items()]
     report = Report(
         title=f"{run_dir.parent.name}/{run_dir.name}",
         run_dir=str(run_dir),
@@ -567,6 +265,41 @@ def load_report(
     )
     _inline(report, run_dir, out_dir, inline_budget)
     return report
+
+
+def _trial_view(run_dir: Path, out_dir: Path, key: str, r: TrialResult) -> TrialView:
+    """One trial as the report lists it; every path its record names is confined to
+    `run_dir` and linked relative to `out_dir`."""
+    trial_dir = run_dir / key
+    where = f"{trial_dir / RESULT_FILE}:"
+    trace_dir = confined(run_dir, r.trace or f"{key}/trace", f"{where} trace")
+    if trace_dir is not None and trace_dir.name == DAG_TRACE:  # records name the file;
+        trace_dir = trace_dir.parent  # the images sit beside it
+    agents = (
+        confined(run_dir, f"{r.workflow}/agent_traces", f"{where} workflow") if r.workflow else None
+    )
+    video = confined(run_dir, r.video, f"{where} video")
+    frames = confined(run_dir, r.frames, f"{where} frames")
+    return TrialView(
+        key=key,
+        cell=ids.cell_of_key(key),
+        nodeid=r.nodeid,
+        task_id=r.task_id,
+        seed=r.seed,
+        init_state=r.init_state,
+        outcome=outcome(r),
+        exit_code=r.exit_code,
+        exit_status=r.exit_status,
+        completion=r.completion,
+        steps=r.steps,
+        wall_s=r.wall_s,
+        reason=r.error if r.errored else r.reason,
+        prompt=r.prompt,
+        video=relative(video, out_dir) if video and video.is_file() else None,
+        frames=relative(frames, out_dir) if frames and frames.is_file() else None,
+        trace=relative(trace_dir, out_dir) if trace_dir and trace_file(trace_dir) else None,
+        agent_traces=relative(agents, out_dir) if agents and agents.is_dir() else None,
+    )
 
 
 def _inline(report: Report, run_dir: Path, out_dir: Path, budget: int) -> None:
@@ -595,6 +328,3 @@ def _gate(gate: Any) -> Gate | None:
         return Gate.model_validate(gate) if isinstance(gate, dict) else None
     except ValueError:
         return None
-
-
-Report.model_rebuild()

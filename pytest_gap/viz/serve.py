@@ -20,8 +20,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from pytest_gap.viz.html import render
-from pytest_gap.viz.model import Report, inside, load_report, read_trace, relative, trace_images
+from pytest_gap.viz.files import inside, relative
+from pytest_gap.viz.html import compare_json, render
+from pytest_gap.viz.model import Report, load_report
+from pytest_gap.viz.trace import read_trace, trace_images
 
 HOST = "127.0.0.1"  # loopback only: a run dir may hold prompts and traces not meant to leave
 PAGE_PATHS = frozenset({"/", "/index.html", "/report.html"})
@@ -32,7 +34,7 @@ REQUEST_TIMEOUT_S = 30.0  # a connection that sends nothing does not hold a thre
 def linked_files(report: Report, root: Path) -> dict[str, Path]:
     """URL path -> file, for every file the page links: each trial's video and frame strip and
     the perception images of its trace. The report's paths are already confined to `root`
-    (model.confined); this is the whole of what the server hands out besides the page."""
+    (files.confined); this is the whole of what the server hands out besides the page."""
     files: dict[str, Path] = {}
     for trial in report.trials:
         for link in (trial.video, trial.frames):
@@ -117,8 +119,6 @@ class _Handler(BaseHTTPRequestHandler):
 
 def make_server(run_dir: Path, port: int = 0, against: Path | None = None) -> ThreadingHTTPServer:
     """A server for `run_dir` on loopback (port 0: any free port); call serve_forever()."""
-    from pytest_gap.viz.html import compare_json
-
     root = run_dir.resolve()
     report = load_report(root, root, inline_budget=0, serve=True)
     if against is not None:

@@ -12,7 +12,7 @@ import contextlib
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
@@ -187,6 +187,16 @@ def run_workflow(
         ctx.close()
 
 
+class _Ending(NamedTuple):
+    """How a run ended: its exit status, the node it ended at, the error, whether
+    infrastructure failed."""
+
+    exit_status: str
+    end_node: str | None = None
+    error: str | None = None
+    infra: bool = False
+
+
 def _run(workflow: Workflow, env: Env, ctx: SkillContext, trace_dir) -> RunResult:
     trace = TraceRecorder(workflow, trace_dir)
     t0 = time.perf_counter()
@@ -194,95 +204,30 @@ def _run(workflow: Workflow, env: Env, ctx: SkillContext, trace_dir) -> RunResul
     visits: dict[str, int] = {}
     executions = 0
     current = workflow.start
-    exit_status, end_node, error, infra = ERROR, None, None, False
 
     while True:
         node = workflow.nodes[current]
-        if executions >= workflow.limits.max_node_executions:
-            exit_status = NODE_LIMIT
-            error = (
-                f"max_node_executions {workflow.limits.max_node_executions} reached at {current}"
-            )
-            break
-        visits[current] = visits.get(current, 0) + 1
-        if not isinstance(node, EndNode) and visits[current] > node.max_visits:
-            exit_status, error = LOOP_CAP, f"node {current} exceeded max_visits {node.max_visits}"
+        ending = _over_limit(workflow, node, current, executions, visits)
+        if ending is not None:
             break
         executions += 1
-        trace.start(current, env.steps)
-        ctx.images.clear()
-        resolved: Any = None
-        try:
-            if isinstance(node, ToolNode):
-                with _charging(ctx, node, first=executions == 1):
-                    resolved, outputs[current] = _call(ctx, node, outputs)
-                trace.finish(
-                    current,
-                    "ok",
-                    env.steps,
-                    inputs=resolved,
-                    outputs=outputs[current],
-                    images=list(ctx.images),
-                )
-                nxt = node.next
-            elif isinstance(node, RouterNode):
-                nxt, decision = node.default, {"route": "default", "next": node.default}
-                for i, route in enumerate(node.routes):
-                    if evaluate(route.when, outputs):
-                        nxt, decision = route.next, {"route": i, "next": route.next}
-                        break
-                trace.finish(current, "ok", env.steps, decision=decision)
-            else:
-                for call in node.recovery:
-                    _call(ctx, call, outputs)
-                trace.finish(current, "ok", env.steps)
-                exit_status = END_SUCCESS if node.status == "success" else END_FAILURE
-                end_node = current
-                break
-        except TaskSucceeded:
-            trace.finish(current, "ok", env.steps, inputs=resolved, images=list(ctx.images))
-            trace.event("task_success", node=current, step=env.steps)
-            exit_status, end_node = TASK_SUCCESS, current
+        step = _execute(ctx, env, trace, node, current, outputs, first=executions == 1)
+        if isinstance(step, _Ending):
+            ending = step
             break
-        except StepLimitReached as exc:
-            trace.finish(current, "error", env.steps, inputs=resolved, error=str(exc))
-            exit_status, error = STEP_LIMIT, str(exc)
-            break
-        except (SkillFailure, _RefMissing) as exc:
-            message = f"{current}: {exc}"
-            trace.finish(
-                current, "error", env.steps, inputs=resolved, error=message, images=list(ctx.images)
-            )
-            on_error = getattr(node, "on_error", None)
-            if on_error is None:
-                exit_status, error = ERROR, message
-                break
-            trace.event("on_error", node=current, next=on_error, error=str(exc))
-            nxt = on_error
-        except InfraFailure as exc:
-            message = f"{current}: {exc}"
-            trace.finish(current, "error", env.steps, inputs=resolved, error=message)
-            exit_status, error, infra = INFRA_ERROR, message, True
-            break
-        except Exception as exc:  # a bug or a simulator fault: recorded, never raised
-            message = f"{current}: {type(exc).__name__}: {exc}"
-            trace.finish(current, "error", env.steps, inputs=resolved, error=message)
-            trace.event("exception", node=current, traceback=traceback.format_exc(limit=8))
-            exit_status, error = ERROR, message
-            break
-        trace.edge(current, nxt)
-        current = nxt
+        trace.edge(current, step)
+        current = step
 
     for event in ctx.events:
         trace.event("skill", **event)
-    success = exit_status == TASK_SUCCESS or env.success()
+    success = ending.exit_status == TASK_SUCCESS or env.success()
     result = RunResult(
         success=success,
         completion=1.0 if success else env.completion(),
-        exit_status=exit_status,
-        end_node=end_node,
-        error=error,
-        infra_failure=infra,
+        exit_status=ending.exit_status,
+        end_node=ending.end_node,
+        error=ending.error,
+        infra_failure=ending.infra,
         policy_digests=dict(ctx.served),
         outputs=outputs,
         duration_s=round(time.perf_counter() - t0, 3),
@@ -292,3 +237,92 @@ def _run(workflow: Workflow, env: Env, ctx: SkillContext, trace_dir) -> RunResul
     )
     path = trace.write(result.model_dump(exclude={"outputs", "trace_path"}))
     return result.model_copy(update={"trace_path": str(path) if path else None})
+
+
+def _over_limit(
+    workflow: Workflow,
+    node: ToolNode | RouterNode | EndNode,
+    current: str,
+    executions: int,
+    visits: dict[str, int],
+) -> _Ending | None:
+    """The run's end when entering `current` would pass a safety limit: the workflow's
+    `max_node_executions`, or the node's `max_visits` (counted here, in `visits`)."""
+    if executions >= workflow.limits.max_node_executions:
+        return _Ending(
+            NODE_LIMIT,
+            error=f"max_node_executions {workflow.limits.max_node_executions} reached at {current}",
+        )
+    visits[current] = visits.get(current, 0) + 1
+    if not isinstance(node, EndNode) and visits[current] > node.max_visits:
+        return _Ending(LOOP_CAP, error=f"node {current} exceeded max_visits {node.max_visits}")
+    return None
+
+
+def _execute(
+    ctx: SkillContext,
+    env: Env,
+    trace: TraceRecorder,
+    node: ToolNode | RouterNode | EndNode,
+    current: str,
+    outputs: dict[str, Any],
+    *,
+    first: bool,
+) -> str | _Ending:
+    """Run one node and trace it: the id of the node to go to next, or how the run ended. A
+    skill failure goes on along the node's `on_error` edge where it has one; nothing raised in
+    a node leaves here (a bug or a simulator fault ends the run as an error)."""
+    trace.start(current, env.steps)
+    ctx.images.clear()
+    resolved: Any = None
+    try:
+        if isinstance(node, ToolNode):
+            with _charging(ctx, node, first=first):
+                resolved, outputs[current] = _call(ctx, node, outputs)
+            trace.finish(
+                current,
+                "ok",
+                env.steps,
+                inputs=resolved,
+                outputs=outputs[current],
+                images=list(ctx.images),
+            )
+            return node.next
+        if isinstance(node, RouterNode):
+            nxt, decision = node.default, {"route": "default", "next": node.default}
+            for i, route in enumerate(node.routes):
+                if evaluate(route.when, outputs):
+                    nxt, decision = route.next, {"route": i, "next": route.next}
+                    break
+            trace.finish(current, "ok", env.steps, decision=decision)
+            return nxt
+        for call in node.recovery:
+            _call(ctx, call, outputs)
+        trace.finish(current, "ok", env.steps)
+        return _Ending(END_SUCCESS if node.status == "success" else END_FAILURE, end_node=current)
+    except TaskSucceeded:
+        trace.finish(current, "ok", env.steps, inputs=resolved, images=list(ctx.images))
+        trace.event("task_success", node=current, step=env.steps)
+        return _Ending(TASK_SUCCESS, end_node=current)
+    except StepLimitReached as exc:
+        trace.finish(current, "error", env.steps, inputs=resolved, error=str(exc))
+        return _Ending(STEP_LIMIT, error=str(exc))
+    except (SkillFailure, _RefMissing) as exc:
+        message = f"{current}: {exc}"
+        trace.finish(
+            current, "error", env.steps, inputs=resolved, error=message, images=list(ctx.images)
+        )
+        on_error = getattr(node, "on_error", None)
+        if on_error is None:
+            return _Ending(ERROR, error=message)
+        trace.event("on_error", node=current, next=on_error, error=str(exc))
+        return on_error
+    except InfraFailure as exc:
+        message = f"{current}: {exc}"
+        trace.finish(current, "error", env.steps, inputs=resolved, error=message)
+        return _Ending(INFRA_ERROR, error=message, infra=True)
+    except Exception as exc:  # a bug or a simulator fault: recorded, never raised
+        message = f"{current}: {type(exc).__name__}: {exc}"
+        trace.finish(current, "error", env.steps, inputs=resolved, error=message)
+        trace.event("exception", node=current, traceback=traceback.format_exc(limit=8))
+        return _Ending(ERROR, error=message)

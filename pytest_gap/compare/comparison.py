@@ -1,0 +1,102 @@
+"""The comparison itself: row B of one run dir against row A of it or of another, refused
+with every reason at once (`CompareRefused`) or answered with a verdict and an exit code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from pytest_gap.compare.pairing import RunDir, Side, base_row, pair, select
+from pytest_gap.compare.refusals import refusals
+from pytest_gap.compare.stats import ALPHA, RowStats, statistics
+from pytest_gap.errors import GapError
+
+
+class CompareRefused(GapError):
+    """The comparison cannot be made; `reasons` holds one line per reason."""
+
+    def __init__(self, reasons: list[str]):
+        super().__init__("; ".join(reasons))
+        self.reasons = reasons
+
+
+class Comparison(BaseModel):
+    a: Side
+    b: Side
+    alpha: float
+    cells: list[RowStats]
+    pooled: RowStats
+    only_a: int
+    only_b: int
+    notes: list[str]
+
+    @property
+    def worse(self) -> list[RowStats]:
+        return [r for r in [*self.cells, self.pooled] if r.verdict == "B worse"]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.worse else 0
+
+    def verdict(self) -> str:
+        if self.worse:
+            where = ", ".join(f"{r.cell} (p_holm={r.p_holm:.3g})" for r in self.worse)
+            return f"B is significantly worse than A (Holm, alpha {self.alpha}): {where}"
+        return f"B is not significantly worse than A anywhere (Holm, alpha {self.alpha})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "a": {"run": self.a.run, "row": self.a.row},
+            "b": {"run": self.b.run, "row": self.b.row},
+            "alpha": self.alpha,
+            "cells": [c.model_dump() for c in self.cells],
+            "pooled": self.pooled.model_dump(),
+            "unpaired": {"a": self.only_a, "b": self.only_b},
+            "notes": self.notes,
+            "verdict": self.verdict(),
+            "exit_code": self.exit_code,
+        }
+
+
+def compare(
+    run_a: RunDir,
+    run_b: RunDir | None,
+    row_a: str | None,
+    row_b: str | None,
+    *,
+    allow_harness_mismatch: bool = False,
+    alpha: float = ALPHA,
+) -> Comparison:
+    """Compare row B with row A: of one run (`run_b` None) or of two. Raises CompareRefused."""
+    if run_b is None and (row_a is None or row_b is None):
+        raise GapError(
+            f"{run_a.path}: comparing two rows of one run needs both --a ROW and --b ROW "
+            "(or give two run dirs)"
+        )
+    a = select(run_a, row_a, "--a")
+    b = select(run_b or run_a, row_b, "--b")
+    if run_b is None and base_row(a.row) == base_row(b.row):
+        raise GapError(f"--a and --b name the same row {a.row}; name two rows of the run")
+    pairing = pair(a, b)
+    reasons, notes = refusals(pairing, run_a, run_b, allow_harness_mismatch=allow_harness_mismatch)
+    if reasons:
+        raise CompareRefused(reasons)
+    cells, pooled = statistics(pairing.pairs, alpha)
+    for name, count in (("A", pairing.only_a), ("B", pairing.only_b)):
+        if count:
+            other = "B" if name == "A" else "A"
+            notes.append(f"{count} trials of {name} have no partner in {other}: not compared")
+    for row in [*cells, pooled]:
+        if row.n_tasks == 1 and row.n_pairs > 1 and row.cell != "pooled":
+            notes.append(f"{row.cell}: one task, so its interval resamples seeds, not tasks")
+    return Comparison(
+        a=a,
+        b=b,
+        alpha=alpha,
+        cells=cells,
+        pooled=pooled,
+        only_a=pairing.only_a,
+        only_b=pairing.only_b,
+        notes=notes,
+    )

@@ -1,0 +1,183 @@
+"""The session's verdict on a config (`evaluate_gate`): fails on no scored trial, an errored
+cell or a planned trial with no record (`coverage`), else the gate rule decides. Pure
+functions over cell rows (cell_summary.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, model_validator
+
+from pytest_gap import intervals
+from pytest_gap.cell_summary import CellSummary, pooled_reference, reference_rate
+from pytest_gap.config.model import GateRule
+from pytest_gap.plan import Cell
+from pytest_gap.results import TrialResult
+
+MISSING_SHOWN = 3  # missing trial ids the gate line names before "(+N more)"
+
+Verdict = Literal["PASS", "FAIL", "INCONCLUSIVE"]
+
+
+class Coverage(BaseModel):
+    """The session's plan against the run dir's records.
+
+    Planned: the trials the session selected, plus any trial an earlier session recorded in the
+    run dir (the summary folds it, and `--lf` or `--gap-resume` did not need to run it again).
+    Deselected: the config's other trials (`-k`, `-m`, `--gap-families`, `--gap-modes`).
+    Missing: planned trials with no record (the session stopped early, or an item failed before
+    its trial recorded), in plan order."""
+
+    planned: int
+    recorded: int
+    deselected: int
+    missing: list[str]
+
+    def line(self) -> str:
+        line = f"recorded {self.recorded}/{self.planned} planned"
+        return line + (f", {self.deselected} deselected" if self.deselected else "")
+
+
+DEBUG_RUN_NOTE = "[debug run: in-process (GAP_PARALLEL_INPROC=1), not for scoring]"
+
+
+class Gate(BaseModel):
+    """The session's verdict on a config. `passed` is `verdict == "PASS"`: INCONCLUSIVE (only
+    under `gate_rule: wilson`) does not pass, and exits 1 like FAIL."""
+
+    passed: bool
+    verdict: Verdict
+    rule: GateRule = "point"
+    success_rate: float
+    completion_rate: float
+    threshold: float
+    n_trials: int
+    n_success: int
+    reasons: list[str]
+    success_ci_low: float | None = None  # pooled over every scored trial
+    success_ci_high: float | None = None
+    completion_ci_low: float | None = None
+    completion_ci_high: float | None = None
+    # The pooled reference loops' rate (`reference_counts`), beside the rate the gate reads;
+    # it decides nothing. None with no trial run (and in gates recorded before it existed).
+    ref_success_rate: float | None = None
+    ref_n_trials: int = 0
+    ref_success_ci_low: float | None = None
+    ref_success_ci_high: float | None = None
+    to_decide: int | None = None  # INCONCLUSIVE: further trials at the rate that would decide
+    coverage: Coverage | None = None  # None outside a session (no selection to check)
+    # Recorded by an in-process debug session (GAP_PARALLEL_INPROC=1): not for scoring.
+    debug: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _verdict_of_passed(cls, data):
+        """A gate recorded before verdicts existed: its verdict is what `passed` said."""
+        if isinstance(data, dict) and "verdict" not in data and "passed" in data:
+            data = {**data, "verdict": "PASS" if data["passed"] else "FAIL"}
+        return data
+
+    def line(self) -> str:
+        values = f"success_rate={self.success_rate:.3f}"
+        if self.rule == "wilson" and self.success_ci_low is not None:
+            values += f" ci95=[{self.success_ci_low:.3f},{self.success_ci_high:.3f}]"
+        values += f" threshold={self.threshold:.3f}"
+        if self.rule != "point":
+            values += f" rule={self.rule}"
+        reasons = f" ({'; '.join(self.reasons)})" if self.reasons else ""
+        # Coverage last: what is read (and matched) first stays the spec's `gate V: rate threshold`
+        coverage = f"; {self.coverage.line()}" if self.coverage is not None else ""
+        debug = f" {DEBUG_RUN_NOTE}" if self.debug else ""
+        return f"gate {self.verdict}: {values}{reasons}{coverage}{debug}"
+
+
+def _missing_reason(missing: list[str]) -> str:
+    shown = ", ".join(missing[:MISSING_SHOWN])
+    more = f", ... (+{len(missing) - MISSING_SHOWN} more)" if len(missing) > MISSING_SHOWN else ""
+    count = "1 planned trial has" if len(missing) == 1 else f"{len(missing)} planned trials have"
+    return f"{count} no record; missing: {shown}{more}"
+
+
+def evaluate_gate(
+    cells: list[CellSummary],
+    threshold: float,
+    rule: GateRule = "point",
+    coverage: Coverage | None = None,
+    completion_groups: list[list[float]] | None = None,
+) -> Gate:
+    """The gate over `cells`. It fails on no scored trial, an errored cell, or (given
+    `coverage`) a planned trial with no record; otherwise `rule` decides: `point` passes when
+    the pooled success rate reaches `threshold`; `wilson` passes when the rate's 95% Wilson
+    interval lies at or above it, fails when the interval lies below, and is INCONCLUSIVE
+    between, naming the further trials at the observed rate that would decide it.
+    `completion_groups` (scored trials' completions, one list per cell x task) give the pooled
+    completion interval."""
+    n_trials = sum(c.n_trials for c in cells)
+    n_success = sum(c.n_success for c in cells)
+    rate = n_success / n_trials if n_trials else 0.0
+    completion = (
+        sum((c.completion_rate or 0.0) * c.n_trials for c in cells) / n_trials if n_trials else 0.0
+    )
+    reasons = []
+    if n_trials == 0:
+        reasons.append("no trial was scored")
+    errored = [c.column if c.suite_name else f"{c.row} {c.column}" for c in cells if c.error]
+    if errored:
+        reasons.append(f"errored cells: {', '.join(errored)}")
+    if coverage is not None and coverage.missing:
+        reasons.append(_missing_reason(coverage.missing))
+    success_ci = intervals.wilson(n_success, n_trials)
+    completion_ci = intervals.cluster_bootstrap(completion_groups or [])
+    verdict: Verdict = "FAIL" if reasons else "PASS"
+    to_decide = None
+    if rule == "point" and n_trials and rate < threshold:
+        reasons.append(f"success rate below threshold ({n_success}/{n_trials})")
+        verdict = "FAIL"
+    elif rule == "wilson" and n_trials and success_ci[0] < threshold:
+        if success_ci[1] < threshold:
+            reasons.append(f"interval below threshold ({n_success}/{n_trials})")
+            verdict = "FAIL"
+        else:
+            to_decide = intervals.trials_to_decide(n_success, n_trials, threshold)
+            more = (
+                f"about {to_decide} more trials at {rate:.3f} would decide it"
+                if to_decide is not None
+                else f"no number of further trials at {rate:.3f} decides it"
+            )
+            reasons.append(f"interval straddles the threshold ({n_success}/{n_trials}); {more}")
+            verdict = "FAIL" if verdict == "FAIL" else "INCONCLUSIVE"
+    return Gate(
+        passed=verdict == "PASS",
+        verdict=verdict,
+        rule=rule,
+        success_rate=rate,
+        completion_rate=completion,
+        threshold=threshold,
+        n_trials=n_trials,
+        n_success=n_success,
+        reasons=reasons,
+        success_ci_low=success_ci[0] if success_ci else None,
+        success_ci_high=success_ci[1] if success_ci else None,
+        completion_ci_low=completion_ci[0] if completion_ci else None,
+        completion_ci_high=completion_ci[1] if completion_ci else None,
+        **reference_rate(*pooled_reference(cells)),
+        to_decide=to_decide,
+        coverage=coverage,
+    )
+
+
+def coverage(cells: list[Cell], results: dict[str, TrialResult], selected: set[str]) -> Coverage:
+    """The session's coverage (see `Coverage`): `selected` holds the trial ids it selected."""
+    planned = recorded = deselected = 0
+    missing: list[str] = []
+    for trial in (t for cell in cells for t in cell.trials()):
+        has_record = trial.key in results
+        if not has_record and trial.id not in selected:
+            deselected += 1
+            continue
+        planned += 1
+        recorded += has_record
+        if not has_record:
+            missing.append(trial.id)
+    return Coverage(planned=planned, recorded=recorded, deselected=deselected, missing=missing)
