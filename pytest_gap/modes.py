@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pkgutil
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -47,6 +47,10 @@ class Mode(BaseModel):
     template: str | None = None
     # A grid that leaves out `modes:` runs the default modes (the benchmark's ablation).
     default: bool = False
+    # The mode a suites entry runs: "given" for an entry that names its workflow_dir,
+    # "generated" for one that does not (the last row of the table that says so wins, so a
+    # plugin's row can take a built-in's place). None: no suites entry runs it.
+    suites: Literal["given", "generated"] | None = None
     description: str = ""
 
 
@@ -55,6 +59,7 @@ BUILTIN_MODES: tuple[Mode, ...] = (
         name="llm_generation",
         producer="llm",
         default=True,
+        suites="generated",
         description="an LLM writes the whole workflow per task, zero-shot",
     ),
     Mode(
@@ -76,6 +81,7 @@ BUILTIN_MODES: tuple[Mode, ...] = (
     Mode(
         name="workflow",
         producer="prebuilt",
+        suites="given",
         description="a workflow directory of your own, run as written",
     ),
 )
@@ -147,6 +153,17 @@ class ModeTable:
     def defaults(self) -> tuple[str, ...]:
         """The modes a grid runs when its `modes:` is left out."""
         return tuple(name for name, mode in self._modes.items() if mode.default)
+
+    def suites_mode(self, given: bool) -> str:
+        """The mode of a suites entry that names its workflow_dir (`given`) or does not."""
+        role = "given" if given else "generated"
+        found = [name for name, mode in self._modes.items() if mode.suites == role]
+        if not found:
+            raise GapError(
+                f"no mode runs a suites entry {'with' if given else 'without'} a workflow_dir "
+                f"(modes: {', '.join(self._modes)}); give a row suites={role!r}"
+            )
+        return found[-1]
 
     def producer(self, name: str) -> Producer:
         """The producer the mode `name` uses (imported on first use)."""

@@ -416,7 +416,7 @@ def _suite_cells(config: BenchmarkConfig, source: str, table: ModeTable) -> list
         n_seeds = entry.trials_per_generation or config.trials.trials_per_generation
         workers = entry.num_workers or config.trials.num_workers
         timeout = entry.timeout_secs
-        mode = "workflow" if entry.workflow_dir else "llm_generation"
+        mode = table.suites_mode(given=entry.workflow_dir is not None)
         cells.append(
             Cell(
                 mode=mode,
@@ -438,7 +438,7 @@ def _suite_cells(config: BenchmarkConfig, source: str, table: ModeTable) -> list
                 perception=config.skills.perception,
                 task_prompts=entry.task_prompts,
                 objects=entry.objects,
-                error=None if entry.workflow_dir else llm_problem(config),
+                error=llm_problem(config) if table.needs_llm(mode) else None,
                 uses_llm=table.needs_llm(mode),
                 workflow_policies=_workflow_policies(entry.workflow_dir, config.policies),
             )

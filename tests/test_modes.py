@@ -26,6 +26,7 @@ pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
+PICK_PLACE = TESTS.parent / "examples/workflows/pick_place"
 POLICIES = {"pi05": {"url": "ws://h:1"}, "molmo": {"url": "ws://h:2"}}
 
 
@@ -53,6 +54,30 @@ def test_the_built_in_rows():
     assert not BUILTIN.needs_workflow("llm_generation") and BUILTIN.needs_workflow("workflow")
     # The table is not global state: there is nothing to register into.
     assert not hasattr(modes, "register_mode") and not hasattr(modes, "_MODES")
+
+
+def test_a_suites_entry_asks_the_table_which_mode_runs_it():
+    """A suites config has no modes: key: an entry with a workflow_dir runs the table's
+    `suites="given"` row, one without its `suites="generated"` row; a plugin's row takes the
+    built-in's place, and its producer decides whether the cell needs the LLM."""
+    assert BUILTIN.suites_mode(given=True) == "workflow"
+    assert BUILTIN.suites_mode(given=False) == "llm_generation"
+    data = {
+        "suites": [
+            {"suite_name": "libero_object", "task_ids": [0], "workflow_dir": str(PICK_PLACE)},
+            {"suite_name": "libero_object", "task_ids": [1]},
+        ]
+    }
+    assert [c.mode for c in plan(parse_config(data, "s.yaml"))] == ["workflow", "llm_generation"]
+    sketch = Mode(name="sketch", producer="prebuilt", suites="generated")
+    table = _table(sketch)
+    assert table.suites_mode(given=False) == "sketch"
+    cells = plan(parse_config(data, "s.yaml", mode_table=table), mode_table=table)
+    assert [c.mode for c in cells] == ["workflow", "sketch"]
+    assert cells[1].error is None and not cells[1].uses_llm  # a prebuilt producer: no LLM
+    bare = ModeTable([m for m in BUILTIN_MODES if m.suites != "given"], BUILTIN_PRODUCERS)
+    with pytest.raises(GapError, match="no mode runs a suites entry with a workflow_dir"):
+        bare.suites_mode(given=True)
 
 
 def test_a_plugin_row_drives_validation_the_policy_axis_and_cell_errors():
