@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import yaml
 
-from pytest_gap.config import ConfigError, ObsFormatName, PolicyEntry, parse_config
+from pytest_gap.config import ConfigError, PolicyEntry, parse_config
+from pytest_gap.policies.endpoint import ObsFormatName
 from pytest_gap.policies.formats import (
     FORMATS,
     OpenpiLiberoFormat,
