@@ -157,8 +157,8 @@ def vla_eval(episode: Episode, url: str) -> Outcome:
 def replay_server(actions: np.ndarray):
     """`gap policy serve replay --protocol vla-eval --actions FILE` (vla-eval's own model server
     around the replay policy), started and stopped as a session starts a managed entry
-    (policies/manager.py); yields its url."""
-    from pytest_gap.policies.manager import PolicyManager
+    (servers/manager.py); yields its url."""
+    from pytest_gap.servers.manager import PolicyManager
 
     with tempfile.TemporaryDirectory() as tmp:
         actions_file = Path(tmp) / "actions.npy"

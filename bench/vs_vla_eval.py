@@ -180,8 +180,8 @@ def run_side(config_path: Path, out_path: Path, warmup: bool) -> None:
     from pytest_gap.config import load_config
     from pytest_gap.plan import all_trials, plan
     from pytest_gap.policies.client import PolicyClient, VlaEvalClient
-    from pytest_gap.policies.registry import endpoints_for
     from pytest_gap.run.trial import TrialRun
+    from pytest_gap.servers.registry import endpoints_for
     from pytest_gap.sim.libero import LiberoEnv
     from pytest_gap.sim.pool import EnvPool
     from pytest_gap.sim.render import SceneRenderer

@@ -35,8 +35,8 @@ from pytest_gap.errors import GapError
 from pytest_gap.gate import Gate
 from pytest_gap.layout import SUMMARY_JSON
 from pytest_gap.plan import llm_problem, plan
-from pytest_gap.preflight import check_config
 from pytest_gap.run.workers import fit_workers
+from pytest_gap.servers.preflight import check_config
 
 __all__ = [
     "DEFAULT_GATE_THRESHOLD",

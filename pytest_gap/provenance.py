@@ -66,8 +66,8 @@ SURFACE: dict[str, str] = {
 # - plugin/, hookspecs.py, outputs/, report.py, gate.py, cell_summary.py, cli/, benchmark.py,
 #   results.py, session_plan.py: the session glue, the records and what is written from them;
 #   they report outcomes, never decide one;
-# - run/devices.py, run/workers.py, throttle.py, preflight.py, policies/manager.py,
-#   policies/registry.py: where and when a trial runs and which servers are started, not what
+# - run/devices.py, run/workers.py, throttle.py, preflight.py, servers/manager.py,
+#   servers/registry.py: where and when a trial runs and which servers are started, not what
 #   the trial does;
 # - policies/server.py, policies/builtin.py: the serving side is the policy under test, whose
 #   identity is the record's policy_digest (its metadata frame), not the harness's;

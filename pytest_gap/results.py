@@ -81,7 +81,7 @@ class TrialIdentity(BaseModel):
 
 class EarlierAttempt(BaseModel):
     """An attempt of a trial that its policy server's death broke (an infrastructure failure),
-    replaced by the re-run after the server's restart (policies/supervisor.py)."""
+    replaced by the re-run after the server's restart (servers/supervisor.py)."""
 
     error: str | None = None
     exit_code: int = EXIT_ERROR

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gap.policies.manager import PolicyUnreachable, free_port, preflight
 from pytest_gap.run.workers import capacity_warning, fit_workers
+from pytest_gap.servers.manager import PolicyUnreachable, free_port, preflight
 from tests.fake_session import BACKEND, TESTS, FakeSession
 
 GAP = str(Path(sys.executable).with_name("gap"))

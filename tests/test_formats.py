@@ -28,7 +28,7 @@ from pytest_gap.policies.formats import (
     _vla_quat_to_axisangle,
     resize_with_pad,
 )
-from pytest_gap.policies.manager import OPENPI_LIBERO_CONFIGS, PRESETS
+from pytest_gap.servers.manager import OPENPI_LIBERO_CONFIGS, PRESETS
 from pytest_gap.sim.libero import fresh_property_samplers, make_env
 
 pytest_plugins = ["pytester"]
@@ -409,7 +409,7 @@ def test_an_entrys_obs_format_defaults_by_who_wrote_the_server(entry, expected):
 
 def test_endpoints_carry_the_format_and_the_started_servers_url():
     from pytest_gap.policies.endpoint import PolicyEndpoint
-    from pytest_gap.policies.registry import endpoints_for
+    from pytest_gap.servers.registry import endpoints_for
 
     config = parse_config(
         {

@@ -142,7 +142,7 @@ UPPER = (*PLUGIN, "pytest_gap.hookspecs", "pytest_gap.outputs", "pytest_gap.cli"
 SESSION = (
     "pytest_gap.benchmark",
     "pytest_gap.session_plan",
-    "pytest_gap.preflight",
+    "pytest_gap.servers.preflight",
     "pytest_gap.run",
     "pytest_gap.report",
     "pytest_gap.gate",
@@ -229,7 +229,7 @@ REACH_RULES += [
             "pytest_gap.service",
             "pytest_gap.scale",
             "pytest_gap.benchmark",
-            "pytest_gap.preflight",
+            "pytest_gap.servers.preflight",
             "pytest_gap.report",
         ),
     ),
@@ -248,7 +248,9 @@ IMPORT_RULES = [
     ("pytest_gap.plan", ("pytest", *UPPER, *SESSION, "pytest_gap.results")),
     ("pytest_gap.modes", ("pytest", *UPPER, *SESSION, "pytest_gap.config", "pytest_gap.plan")),
     ("pytest_gap.producers", ("pytest", *UPPER, *SESSION)),
-    ("pytest_gap.policies", ("pytest", *UPPER, *SESSION)),
+    # The wire level knows nothing of the session level's servers (servers/ imports it).
+    ("pytest_gap.policies", ("pytest", *UPPER, *SESSION, "pytest_gap.servers")),
+    ("pytest_gap.servers", ("pytest", *UPPER, "pytest_gap.run", "pytest_gap.benchmark")),
     ("pytest_gap.results", ("pytest", *UPPER, *SESSION)),
     *[
         (m, ("pytest", *UPPER, "pytest_gap.run", "pytest_gap.benchmark"))
@@ -260,13 +262,13 @@ IMPORT_RULES = [
             "pytest",
             *UPPER,
             "pytest_gap.benchmark",
-            "pytest_gap.preflight",
+            "pytest_gap.servers.preflight",
             "pytest_gap.report",
             "pytest_gap.gate",
             "pytest_gap.cell_summary",
         ),
     ),
-    ("pytest_gap.preflight", ("pytest", *UPPER, "pytest_gap.run", "pytest_gap.benchmark")),
+    ("pytest_gap.servers.preflight", ("pytest", *UPPER, "pytest_gap.run", "pytest_gap.benchmark")),
     (
         "pytest_gap.outputs",
         ("pytest_gap.plugin", "pytest_gap.cli", "pytest_gap.run", "pytest_gap.benchmark"),
@@ -290,7 +292,7 @@ def test_the_rules_read_every_import():
     assert "pytest_gap.producers.base" in imports("pytest_gap.modes")  # TYPE_CHECKING
     assert "pytest_gap.policies.endpoint" in imports("pytest_gap.skills.context")
     assert "pytest" in imports("pytest_gap.plugin")
-    assert "pytest_gap.config.document" in reaches("pytest_gap.policies.registry")
+    assert "pytest_gap.config.document" in reaches("pytest_gap.servers.registry")
     assert _violations([("pytest_gap.sim", ("pytest_gap.errors",))], imports) != []
 
 

@@ -385,7 +385,7 @@ def test_a_refused_key_or_unknown_model_stops_the_session_before_any_trial(pytes
 def test_an_llm_that_is_down_errors_only_the_cells_that_need_it(tmp_path):
     from pytest_gap.config import load_config
     from pytest_gap.plan import plan
-    from pytest_gap.preflight import check_llms
+    from pytest_gap.servers.preflight import check_llms
 
     with ChatDouble(refuse=(503, "overloaded")) as double:
         _llm_grid(tmp_path / "grid.yaml", {"model": "m", "endpoint": double.url})

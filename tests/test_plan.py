@@ -8,7 +8,7 @@ import pytest
 
 from pytest_gap.config import ConfigError, parse_config
 from pytest_gap.plan import all_trials, plan
-from pytest_gap.policies.registry import needed
+from pytest_gap.servers.registry import needed
 
 ROOT = Path(__file__).resolve().parent.parent
 PICK_PLACE = str(ROOT / "examples/workflows/pick_place")

@@ -15,7 +15,7 @@ import pytest
 
 from pytest_gap.config import PolicyEntry, PolicyManagerConfig
 from pytest_gap.policies.client import PolicyClient
-from pytest_gap.policies.manager import (
+from pytest_gap.servers.manager import (
     OPENPI_DIR_VAR,
     PolicyConfigError,
     PolicyManager,
@@ -109,7 +109,7 @@ def test_a_killed_harness_takes_its_servers_with_it(tmp_path):
     script = (
         "import sys, time\n"
         "from pytest_gap.config import PolicyEntry\n"
-        "from pytest_gap.policies.manager import PolicyManager\n"
+        "from pytest_gap.servers.manager import PolicyManager\n"
         f"m = PolicyManager()\n"
         f"m.start_all({{'hold': PolicyEntry(command={SERVE_HOLD.command!r})}})\n"
         "print(m.servers['hold'].process.pid, flush=True)\n"

@@ -244,7 +244,7 @@ def test_ctrl_c_stops_the_managed_servers(pytester):
     import subprocess
     import time
 
-    from pytest_gap.policies.manager import port_open
+    from pytest_gap.servers.manager import port_open
 
     _grid(
         pytester,

@@ -23,8 +23,8 @@ from pytest_gap.cli import main
 from pytest_gap.errors import GapError
 from pytest_gap.policies.builtin import ReplayPolicy
 from pytest_gap.policies.client import connect_policy
-from pytest_gap.policies.manager import free_port
 from pytest_gap.policies.server import PolicyServer
+from pytest_gap.servers.manager import free_port
 
 # openpi-client 0.1.2 connects the way websockets 17.1 deprecated; that is its warning, not ours.
 OPENPI_CONNECT = pytest.mark.filterwarnings(

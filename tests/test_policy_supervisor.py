@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pytest_gap.config import PolicyEntry, PolicyManagerConfig
 from pytest_gap.policies.client import PolicyClient
-from pytest_gap.policies.manager import PolicyManager
-from pytest_gap.policies.supervisor import (
+from pytest_gap.servers.manager import PolicyManager
+from pytest_gap.servers.supervisor import (
     RESTART_LOG,
     Before,
     ServerWatch,

@@ -279,10 +279,10 @@ def test_trials_of_a_loopback_policy_server_keep_their_actors_on_this_machine():
 
 def test_trial_actors_are_not_planned_into_what_the_sessions_policy_servers_hold():
     from pytest_gap.config import RayResources
-    from pytest_gap.policies.manager import ManagedServer
     from pytest_gap.scale.ray_cluster import slots_of
     from pytest_gap.scale.ray_executor import _less
     from pytest_gap.scale.ray_policy import RayServerProcess, held_by_servers
+    from pytest_gap.servers.manager import ManagedServer
 
     def placed(node: str, resources: RayResources, returncode=None) -> ManagedServer:
         process = RayServerProcess(None, None, 11, None, node, resources)

@@ -162,7 +162,7 @@ def test_servers_bind_to_loopback_by_default():
 
 def test_managed_policy_servers_listen_on_loopback_only(tmp_path):
     from pytest_gap.config import PolicyEntry
-    from pytest_gap.policies.manager import PolicyManager
+    from pytest_gap.servers.manager import PolicyManager
 
     manager = PolicyManager(log_dir=tmp_path)
     entry = PolicyEntry(command=["gap", "policy", "serve", "hold", "--port", "{port}"])
@@ -188,7 +188,7 @@ def test_managed_policy_servers_listen_on_loopback_only(tmp_path):
     ids=["gap policy serve", "gap policy serve vla-eval", "gap serve", "gap online serve"],
 )
 def test_a_server_bound_beyond_loopback_says_so_in_one_line(argv, tmp_path):
-    from pytest_gap.policies.manager import free_port
+    from pytest_gap.servers.manager import free_port
 
     (tmp_path / "bench.yaml").write_text("benchmark: {}\n")
     (tmp_path / "sets.yaml").write_text("smoke: bench.yaml\n")

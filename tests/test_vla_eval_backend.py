@@ -241,8 +241,8 @@ def test_two_compared_policies_on_one_server_are_a_config_error(tmp_path):
 
 
 def test_a_vla_eval_cell_needs_a_vla_eval_protocol_server(tmp_path):
-    from pytest_gap.policies.registry import endpoints_for
     from pytest_gap.run.trial import TrialRun
+    from pytest_gap.servers.registry import endpoints_for
     from pytest_gap.sim.pool import EnvPool
 
     config = _grid("vla-eval", "ws://127.0.0.1:9")

@@ -48,7 +48,7 @@ def _exec_policy_entry(args: argparse.Namespace) -> int:
 
     from pytest_gap.config.document import load_config
     from pytest_gap.doors import child_env
-    from pytest_gap.policies.manager import command_for
+    from pytest_gap.servers.manager import command_for
 
     own = {"--protocol": args.protocol, "--actions": args.actions, "--chunk": args.chunk}
     given = [flag for flag, value in own.items() if value is not None]

@@ -182,6 +182,6 @@ class PolicyManagerConfig(Strict):
     startup_timeout_s: NonNegativeFloat = 120.0
     evict_grace_s: NonNegativeFloat = 10.0
     # A managed server that dies mid-session is restarted at most max_restarts times (0: never),
-    # the k-th restart after restart_backoff_s * 2**(k-1) s (pytest_gap/policies/supervisor.py).
+    # the k-th restart after restart_backoff_s * 2**(k-1) s (pytest_gap/servers/supervisor.py).
     max_restarts: NonNegativeInt = 3
     restart_backoff_s: NonNegativeFloat = 1.0

@@ -216,7 +216,7 @@ def horizons(run_dir: Path, results: dict[str, TrialResult]) -> dict:
 
 def policy_servers(run_dir: Path) -> dict | str:
     """The managed servers' final state and restarts, as their supervisor published them."""
-    from pytest_gap.policies.supervisor import read_state
+    from pytest_gap.servers.supervisor import read_state
 
     found = read_state(run_dir / POLICY_LOGS_DIR)
     if found is None:

@@ -46,8 +46,8 @@ class LocalTrials:
     def supervised(self, item: TrialItem) -> TrialResult:
         """The trial, re-run once if the managed policy server it needs died under it and was
         restarted (run.supervised.run_supervised)."""
-        from pytest_gap.policies.supervisor import ServerWatch
         from pytest_gap.run.supervised import run_supervised
+        from pytest_gap.servers.supervisor import ServerWatch
 
         run_dir = item.loaded.run_dir
         watch = ServerWatch.for_cell(run_dir, item.trial.cell, item.loaded.config)

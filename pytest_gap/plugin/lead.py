@@ -76,7 +76,7 @@ class Lead:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Before xdist starts workers (its own sessionstart is trylast): preflight the LLM,
         start policy servers. A config problem stops the session (usage error); a service that
-        is down errors the cells that need it (pytest_gap/preflight.py)."""
+        is down errors the cells that need it (pytest_gap/servers/preflight.py)."""
         if not session.config.option.collectonly:
             self.preflight()
 
@@ -88,7 +88,7 @@ class Lead:
             except GapError:
                 continue  # collection reports it, with every other problem of the file
         self.check_shard(list(loaded.values()))
-        from pytest_gap.preflight import check_llms, start_policies
+        from pytest_gap.servers.preflight import check_llms, start_policies
 
         configs = [
             (c.path, c.config, c.cells, c.run_dir / POLICY_LOGS_DIR) for c in loaded.values()
@@ -116,7 +116,7 @@ class Lead:
         address = self.options.ray
         if not address:
             return None
-        from pytest_gap.policies.registry import needed
+        from pytest_gap.servers.registry import needed
 
         if not any(
             e.ray is not None and e.url is None

@@ -100,8 +100,8 @@ class GapSession:
         where the lead says it is now (a restart moves it to a new port)."""
         # the policy layer's session side: only a session with trials to run needs it (this
         # package is loaded by every pytest run of the environment, a test suite's too)
-        from pytest_gap.policies.registry import endpoints_for
-        from pytest_gap.policies.supervisor import live_urls
+        from pytest_gap.servers.registry import endpoints_for
+        from pytest_gap.servers.supervisor import live_urls
 
         started = self.policy_urls.get(str(loaded.path), {})
         if started:

@@ -24,7 +24,7 @@ PROTOCOL_OBS_FORMATS: dict[str, ObsFormatName] = {
 class PolicyEndpoint(BaseModel):
     """Where a registry entry's server listens and how run_policy talks to it.
 
-    Built by `policies.registry.endpoints_for` from the entry and, for a managed server, the url
+    Built by `servers.registry.endpoints_for` from the entry and, for a managed server, the url
     the controller started it on. `obs_format` names a format of policies/formats.py; left out,
     it is the protocol's own (openpi -> openpi-libero, vla-eval -> vla-eval-libero).
     `privileged`: the server is an oracle that also receives ground truth. `timeout_s` bounds

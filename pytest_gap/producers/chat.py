@@ -12,7 +12,7 @@
 - An answer only the user can fix (401 key refused, 402 no credit, 403 model not allowed for
   the key, 404 or "not a valid model" for an unknown model or a wrong endpoint) is an
   LLMConfigError naming the provider, the model and the setting to fix. `check()` asks for one
-  token so that a session finds these before any trial (see pytest_gap/preflight.py).
+  token so that a session finds these before any trial (see pytest_gap/servers/preflight.py).
 - At most `max_concurrent_requests` requests are in flight across all worker processes of a
   machine (file-lock slots next to the cache).
 """

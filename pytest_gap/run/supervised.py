@@ -1,4 +1,4 @@
-"""A trial whose policy server the session supervises (policies/supervisor.py): waited for while
+"""A trial whose policy server the session supervises (servers/supervisor.py): waited for while
 the server restarts, recorded as an infrastructure failure while it is down, re-run once when
 the server died under it. Knows nothing of pytest; the plugin hands it the attempt to make.
 """
@@ -15,7 +15,7 @@ from pytest_gap.results import EarlierAttempt, TrialResult, write_result
 from pytest_gap.run.watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from pytest_gap.policies.supervisor import ServerWatch
+    from pytest_gap.servers.supervisor import ServerWatch
 
 
 def run_supervised(
@@ -25,7 +25,7 @@ def run_supervised(
     watchdog: Watchdog,
     run_dir: Path,
 ) -> tuple[TrialResult, list[str]]:
-    """Run a trial whose policy server the session supervises (policies/supervisor.py).
+    """Run a trial whose policy server the session supervises (servers/supervisor.py).
 
     `attempt(trial, earlier_attempts)` runs it once and records it. Before it runs, a restart
     in progress is waited out; a server that is down records the trial as an infrastructure

@@ -185,7 +185,7 @@ class RayExecution:
 
     @staticmethod
     def _watch(p: Planned):
-        from pytest_gap.policies.supervisor import ServerWatch
+        from pytest_gap.servers.supervisor import ServerWatch
 
         return ServerWatch.for_cell(p.run_dir, p.trial.cell, p.benchmark)
 

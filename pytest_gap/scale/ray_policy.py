@@ -8,7 +8,7 @@ ws://<node address>:<port>, as do the trial actors on every other node. Ray's GP
 (CUDA_VISIBLE_DEVICES) is the server's environment.
 
 On the controller the server is a `ManagedServer` whose `process` is a `RayServerProcess`: the
-subset of `subprocess.Popen` that policies/manager.py and policies/supervisor.py use (poll, pid,
+subset of `subprocess.Popen` that servers/manager.py and servers/supervisor.py use (poll, pid,
 returncode), so the supervisor restarts a server Ray placed exactly as a local one: a server
 that exits, or an actor or node that dies, reads as an exit; the restart asks Ray again, which
 may place it elsewhere. The server's output is copied into the session's
@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gap.config.policies import PolicyEntry, RayResources
-from pytest_gap.policies.manager import (
+from pytest_gap.scale.ray_cluster import STARTUP_TIMEOUT_S
+from pytest_gap.servers.manager import (
     ManagedServer,
     PolicyConfigError,
     PolicyStartError,
@@ -40,7 +41,6 @@ from pytest_gap.policies.manager import (
     port_open,
     spawn,
 )
-from pytest_gap.scale.ray_cluster import STARTUP_TIMEOUT_S
 
 CALL_TIMEOUT_S = 30.0  # one call to a server's actor (it answers at once unless its node is gone)
 # The exit status a server reads as when its actor or node is gone: killed.

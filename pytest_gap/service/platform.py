@@ -37,7 +37,7 @@ from pytest_gap.config.messages import ConfigError
 from pytest_gap.config.reader import read_yaml
 from pytest_gap.doors import child_env, new_secret
 from pytest_gap.errors import GapError
-from pytest_gap.policies.manager import free_port
+from pytest_gap.servers.manager import free_port
 from pytest_gap.service.protocol import RUN_SECRET_ENV, RUNS_PATH, TOKEN_ENV
 
 log = logging.getLogger(__name__)

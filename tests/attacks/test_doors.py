@@ -428,7 +428,7 @@ def operator_env(monkeypatch):
 
 def test_a_managed_policy_server_sees_no_operator_key(tmp_path, operator_env):
     from pytest_gap.config import PolicyEntry
-    from pytest_gap.policies.manager import PolicyManager
+    from pytest_gap.servers.manager import PolicyManager
 
     out = tmp_path / "env.json"
     env = {"MY_SETTING": "from-entry", "HF_TOKEN": "hf-entry"}

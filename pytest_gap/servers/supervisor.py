@@ -9,7 +9,7 @@ never start a server: they read `<run dir>/policy_logs/servers.json` (`ServerWat
 lead rewrites atomically at every change, and wait while a restart is in progress.
 
 Restart policy: the k-th restart of a server (k <= policy_manager.max_restarts) starts after
-restart_backoff_s * 2**(k-1) s, on a new free port (policies/manager.py `restart`). A restart
+restart_backoff_s * 2**(k-1) s, on a new free port (servers/manager.py `restart`). A restart
 that does not come up uses up its attempt too. With no attempt left the server is `down`: the
 trials that need it from then on are infrastructure failures that say why, without running, and
 their cells error (the floor: a server that cannot be kept up fails the gate).
@@ -38,8 +38,8 @@ from pydantic import BaseModel, ValidationError
 from pytest_gap.config.document import BenchmarkConfig
 from pytest_gap.config.policies import PolicyManagerConfig
 from pytest_gap.layout import POLICY_LOGS_DIR
-from pytest_gap.policies.manager import ManagedServer, PolicyManager, PolicyStartError
 from pytest_gap.results import now_iso, write_json
+from pytest_gap.servers.manager import ManagedServer, PolicyManager, PolicyStartError
 
 STATE_FILE = "servers.json"
 RESTART_LOG = "restarts.log"

@@ -59,13 +59,13 @@ def check_llms(configs: list[Planned], **settings_update) -> dict:
 
 def start_policies(configs: list[Planned], launcher=None):
     """Probe the external policy servers and start the managed ones the cells need
-    (`launcher`: where entries it places start, policies/manager.py `Launcher`).
+    (`launcher`: where entries it places start, servers/manager.py `Launcher`).
 
     Returns (SessionPolicies or None, {config path: {"policies": why}}); raises
     PolicyConfigError for a command or preset that cannot work as written.
     """
-    from pytest_gap.policies.manager import PolicyConfigError
-    from pytest_gap.policies.registry import SessionPolicies
+    from pytest_gap.servers.manager import PolicyConfigError
+    from pytest_gap.servers.registry import SessionPolicies
 
     users = [
         c
@@ -94,8 +94,8 @@ def check_config(
     raises PolicyConfigError or LLMConfigError. Services that are down are left to the session.
     `gap benchmark` calls it before it starts the pytest session, for a one-line error.
     `on_ray`: entries with `ray:` start on a cluster node, whose programs are checked there."""
-    from pytest_gap.policies.manager import check_command
-    from pytest_gap.policies.registry import needed
+    from pytest_gap.servers.manager import check_command
+    from pytest_gap.servers.registry import needed
 
     for policy_id, entry in needed(config, cells).items():
         if entry.url is None and not (on_ray and entry.ray is not None):

@@ -10,7 +10,7 @@ signalled) and a parent-death signal (so even a SIGKILLed harness does not leave
 It counts as started when its port accepts connections; stopping is SIGTERM, then SIGKILL after
 `evict_grace_s`. If one server fails to start, every server already started is stopped.
 `restart` starts a server that died again, on a new free port, appending to the same log; who
-calls it, when and how often is policies/supervisor.py's business.
+calls it, when and how often is servers/supervisor.py's business.
 `gap` as a command's program is this harness's own CLI, run by this interpreter (a session
 started as `.venv/bin/python -m pytest` has no venv bin/ on PATH). A program that cannot be
 found is a config error (PolicyConfigError), raised before anything starts.

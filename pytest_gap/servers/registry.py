@@ -3,7 +3,7 @@
 The controller process (the only one under pytest-xdist that does not run trials) probes the
 external servers and starts the managed ones before any worker exists; `SessionPolicies.urls`
 ({config path: {policy id: url}}) is what the plugin hands each worker (xdist's workerinput).
-A managed server that dies is restarted on a new port by the controller (policies/supervisor.py),
+A managed server that dies is restarted on a new port by the controller (servers/supervisor.py),
 so a trial asks `supervisor.live_urls` where it is now. `url:` entries need no handing over:
 every process reads them from the config.
 """
@@ -17,8 +17,8 @@ from pytest_gap.config.document import BenchmarkConfig
 from pytest_gap.config.policies import PolicyEntry
 from pytest_gap.plan import Cell
 from pytest_gap.policies.endpoint import PolicyEndpoint
-from pytest_gap.policies.manager import Launcher, PolicyManager, preflight
-from pytest_gap.policies.supervisor import STATE_FILE, Supervisor
+from pytest_gap.servers.manager import Launcher, PolicyManager, preflight
+from pytest_gap.servers.supervisor import STATE_FILE, Supervisor
 
 
 def needed(config: BenchmarkConfig, cells: list[Cell]) -> dict[str, PolicyEntry]:
@@ -55,7 +55,7 @@ def endpoints_for(
 
 class SessionPolicies:
     """The policy servers of one session: probed or started up front, kept up while the session
-    runs (policies/supervisor.py: a server that dies is restarted), stopped at the end."""
+    runs (servers/supervisor.py: a server that dies is restarted), stopped at the end."""
 
     def __init__(self) -> None:
         self.managers: list[PolicyManager] = []
@@ -97,7 +97,7 @@ class SessionPolicies:
             raise
 
     def servers(self) -> list:
-        """Every managed server started, as policies/manager.py `ManagedServer`s."""
+        """Every managed server started, as servers/manager.py `ManagedServer`s."""
         return [s for manager in self.managers for s in manager.servers.values()]
 
     def lines(self) -> list[str]:
