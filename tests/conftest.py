@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_gap.sim.gl import ensure_gl_backend
 from pytest_gap.sim.libero import make_env
+from tests import tiers, tripwire
 
 # Before any test imports LIBERO, robosuite or mujoco directly (reference clients, BDDL parsers):
 # mujoco picks its GL backend at import, and unset it picks GLFW, which needs a display.
@@ -26,3 +29,33 @@ def object_env():
     """libero_object task 0 (alphabet soup -> basket), no cameras."""
     with make_env("libero_object", 0) as env:
         yield env
+
+
+_TRIP_LOGS = pytest.StashKey[Path | None]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    armed = tripwire.deselects_libero(config)
+    config.stash[_TRIP_LOGS] = tripwire.arm(config) if armed else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by them
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tiers.mark(items)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    logs = item.config.stash[_TRIP_LOGS]
+    if logs is not None:  # before any fixture: a module fixture's env is this test's doing
+        tripwire.watch(logs, item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem):
+    """With `libero` left out, fail a test during which any process built a real simulator,
+    even one whose error a harness session turned into an infra-failed trial."""
+    result = yield
+    if item.config.stash[_TRIP_LOGS] is not None:
+        tripwire.check(item)
+    return result

@@ -130,7 +130,8 @@ def test_libero_catalogue_validates_without_a_physics_engine():
 
 
 def test_gap_lists_a_backends_suites_and_families():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
+    path = [str(TESTS), str(ROOT), os.environ.get("PYTHONPATH")]  # inherited: tests/tiers.py
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     gap = [sys.executable, "-m", "pytest_gap.cli"]
     args = ["--backend", "fake_backend:FakeBackend"]
     families = subprocess.run([*gap, "families", *args], capture_output=True, text=True, env=env)

@@ -147,7 +147,9 @@ def test_the_merge_keeps_a_scored_record_over_an_errored_one_else_the_later():
 # -- real sessions ---------------------------------------------------------------------------------
 def _env(**extra) -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS)])
+    # The checkout first; what is inherited after it (the fast tier's tripwire, tests/tiers.py)
+    inherited = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(TESTS), inherited) if p)
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
     env.pop("PYTEST_XDIST_WORKER", None)
     return {**env, **{k: str(v) for k, v in extra.items()}}

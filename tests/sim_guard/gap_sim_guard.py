@@ -1,0 +1,102 @@
+"""The fast tier's tripwire: with it armed, building a real simulator raises.
+
+Every simulator the harness runs (LIBERO through the libero and vla-eval backends, robosuite,
+the scene cache) ends in MuJoCo compiling or loading a model; the fake backend never does. So a
+model built while GAP_TEST_NO_SIMULATOR names a file is a test of the fast tier
+(`-m "not libero"`) that builds a real simulator: a test the `libero` marker rule of
+tests/conftest.py missed. The build raises SimulatorForbidden, and because a harness session may
+turn that into an infra-failed trial (or a child process may swallow it), it is also appended to
+that file, which tests/conftest.py reads after every test to fail it loudly.
+
+This module is imported in the test process by tests/conftest.py, and in every Python process
+started under an armed session through sitecustomize.py next to it (its folder is put first on
+PYTHONPATH). It imports nothing of the simulator: the patch lands when MuJoCo is imported.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+
+ENV = "GAP_TEST_NO_SIMULATOR"  # GAP_*: passes the harness's child-environment allow-list
+HOW_TO_FIX = (
+    "the fast tier (-m 'not libero') forbids building a real simulator: this test builds one "
+    "but is not marked `libero`; make the marking rule in tests/conftest.py cover it"
+)
+# MjModel's constructors (robosuite, LIBERO and the scene cache build through them) and MjSpec's
+# compile (newer MuJoCo scene building).
+BUILDERS = {"MjModel": ("from_xml_string", "from_xml_path", "from_binary_path")}
+SPEC_BUILDERS = {"MjSpec": ("compile",)}
+
+
+class SimulatorForbidden(RuntimeError):
+    """A real simulator was about to be built in an armed (fast-tier) session."""
+
+
+def armed() -> bool:
+    return bool(os.environ.get(ENV))
+
+
+def _trip(what: str) -> None:
+    if not armed():
+        return
+    record = {"pid": os.getpid(), "built": what, "argv": sys.argv[:6]}
+    try:
+        with open(os.environ[ENV], "a") as log:
+            log.write(json.dumps(record) + "\n")
+    except OSError:
+        pass  # the raise below still fails the build
+    raise SimulatorForbidden(f"{what}: {HOW_TO_FIX}")
+
+
+def _guarded(cls_name: str, name: str, original, *, method: bool):
+    def builder(*args, **kwargs):
+        _trip(f"mujoco.{cls_name}.{name}")
+        return original(*args, **kwargs)
+
+    builder.__gap_sim_guard__ = True
+    builder.__wrapped__ = original
+    return builder if method else staticmethod(builder)
+
+
+def patch_mujoco(mujoco) -> None:
+    """Wrap MuJoCo's model builders (once per process) so that they check `armed()`."""
+    for table, method in ((BUILDERS, False), (SPEC_BUILDERS, True)):
+        for cls_name, names in table.items():
+            cls = getattr(mujoco, cls_name, None)
+            for name in names if cls is not None else ():
+                original = getattr(cls, name, None)
+                if original is None or getattr(original, "__gap_sim_guard__", False):
+                    continue
+                setattr(cls, name, _guarded(cls_name, name, original, method=method))
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds `mujoco` as the rest of sys.meta_path would, and patches it once it has run."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "mujoco":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            patch_mujoco(module)
+
+        loader.exec_module = exec_and_patch
+        return spec
+
+
+def install() -> None:
+    """Guard this process: patch MuJoCo now if it is loaded, else when it is imported."""
+    if "mujoco" in sys.modules:
+        patch_mujoco(sys.modules["mujoco"])
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
