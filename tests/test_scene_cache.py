@@ -33,6 +33,7 @@ f 1 2 4
 f 1 4 3
 f 2 3 4
 """
+MARK_TIMESTEP = 0.0123
 
 
 @pytest.fixture
@@ -48,8 +49,14 @@ def test_a_second_build_loads_the_stored_scene(tmp_path, mesh_xml):
     first = cache.model(xml)
     stored = list((tmp_path / "cache").glob("*.mjb"))
     assert len(stored) == 1
-    stored[0].write_bytes(stored[0].read_bytes())  # the same bytes under a new mtime
+    # The stored scene, marked where the XML does not say (its timestep; the XML's is MuJoCo's
+    # default), under a new mtime: only a scene loaded from the cache carries the mark.
+    marked = mujoco.MjModel.from_binary_path(str(stored[0]))
+    assert marked.opt.timestep != MARK_TIMESTEP
+    marked.opt.timestep = MARK_TIMESTEP
+    mujoco.mj_saveModel(marked, str(stored[0]), None)
     again = cache.model(xml)
+    assert again.opt.timestep == MARK_TIMESTEP  # loaded from the cache, not compiled
     assert again.nmeshvert == first.nmeshvert and np.array_equal(again.mesh_vert, first.mesh_vert)
 
 
@@ -135,16 +142,28 @@ def test_a_libero_scene_from_the_cache_moves_and_looks_as_the_compiled_one(tmp_p
     scene was compiled (cache off), compiled and stored, or loaded."""
     rng = np.random.default_rng(0)
     actions = [np.concatenate([rng.uniform(-1, 1, 6), [rng.choice([-1.0, 1.0])]]) for _ in range(8)]
-    outcomes = []
+    outcomes, loads, stored_inode = [], [], None
+    load = mujoco.MjModel.from_binary_path
+    monkeypatch.setattr(
+        mujoco.MjModel, "from_binary_path", staticmethod(lambda p: loads.append(p) or load(p))
+    )
     for setting in ("off", str(tmp_path), str(tmp_path)):
         monkeypatch.setenv("GAP_SCENE_CACHE", setting)
+        loads.clear()
         with make_env("libero_object", 1) as env:
             outcomes.append(_rollout(env, actions))
         stored = list(tmp_path.glob("*.mjb"))
         if setting != "off":
             assert len(stored) == 1
-            if len(outcomes) == 3:  # loaded, not compiled: a load marks the entry as used
+            if len(outcomes) == 3:
+                # loaded, not compiled: the scene came from the stored file, which is the same
+                # file (a store replaces it with a new one), and the load marked it as used
+                assert loads == [str(stored[0])]
+                assert stored[0].stat().st_ino == stored_inode
                 assert stored[0].stat().st_mtime > 1000
+            else:  # compiled and stored
+                assert loads == []
+                stored_inode = stored[0].stat().st_ino
             os.utime(stored[0], (1000, 1000))
     (q0, img0), *rest = outcomes
     for q, img in rest:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import time
 
 import pytest
@@ -16,17 +17,49 @@ def _hold(directory, limit, seconds, starts):
         time.sleep(seconds)
 
 
+def _hold_until_released(directory, limit, name, events, release):
+    """Take a slot, report it, hold it until `release` is set, then report the release."""
+    with slot(directory, limit) as index:
+        events.put(("took", name, index, time.monotonic()))
+        release.wait(60)
+        events.put(("frees", name, index, time.monotonic()))  # still held while reported
+
+
 def test_at_most_limit_holders_run_at_once(tmp_path):
+    """Three holders of two slots, each holding until told: the order of what they report
+    shows the property, whatever the load (no wall-clock margin): two hold at once, the third
+    gets nothing until one of them lets go, and then it gets that one's slot."""
     ctx = mp.get_context("spawn")
-    starts = ctx.Queue()
-    procs = [ctx.Process(target=_hold, args=(tmp_path, 2, 1.0, starts)) for _ in range(3)]
+    events = ctx.Queue()
+    releases = {name: ctx.Event() for name in "abc"}
+    procs = [
+        ctx.Process(target=_hold_until_released, args=(tmp_path, 2, name, events, release))
+        for name, release in releases.items()
+    ]
     for proc in procs:
         proc.start()
-    for proc in procs:
-        proc.join(30)
-    times = sorted(starts.get(timeout=5) for _ in procs)
-    assert times[1] - times[0] < 0.8  # two slots: the first two start together
-    assert times[2] - times[0] >= 0.9  # the third waits for a slot to free
+    try:
+        first, second = events.get(timeout=60), events.get(timeout=60)
+        assert first[0] == second[0] == "took"  # two slots: two hold at once
+        assert {first[2], second[2]} == {0, 1}
+        # The third is waiting (the holders are holding until told): nothing more arrives,
+        # however long we give it; a throttle that let a third in would report it here.
+        with pytest.raises(queue.Empty):
+            events.get(timeout=1.0)
+        releases[first[1]].set()
+        # Two processes' reports may reach the queue in either order: their clocks order them.
+        later = {event[0]: event for event in (events.get(timeout=60), events.get(timeout=60))}
+        freed, third = later["frees"], later["took"]
+        assert freed[1:3] == (first[1], first[2])
+        (waiter,) = set(releases) - {first[1], second[1]}
+        assert third[1:3] == (waiter, first[2])  # the freed slot, once it was freed
+        assert third[3] > freed[3]
+    finally:
+        for release in releases.values():
+            release.set()
+        for proc in procs:
+            proc.join(30)
+    assert [proc.exitcode for proc in procs] == [0, 0, 0]
 
 
 def test_a_dead_holder_frees_its_slot(tmp_path):
