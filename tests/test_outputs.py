@@ -152,3 +152,50 @@ def test_a_third_party_writer_and_the_repo_conftest_get_every_trial_and_the_summ
     assert json.loads((other_run / "third_party.json").read_text())["cells"] == [
         "workflow/fake/easy"
     ]
+
+
+def test_a_third_party_writer_and_the_repo_conftest_in_process(pytester):
+    """The fast tier's counterpart of the test above: the same hooks in sessions in this
+    process, without xdist (a session outside git records `-` for its commit)."""
+    pytester._monkeypatch.syspath_prepend(str(TESTS))  # where the fake backend is
+    pytester.syspathinsert()  # where the writer is
+    shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
+    (pytester.path / "gap_writer.py").write_text(WRITER)
+    (pytester.path / "benchmarks").mkdir()
+    main_job = _give_up_config(pytester.path, "../benchmark_runs/grid")
+    (pytester.path / "benchmarks/grid.yaml").write_text(yaml.safe_dump(main_job))
+    (pytester.path / "elsewhere.yaml").write_text(
+        yaml.safe_dump(_give_up_config(pytester.path, "other_runs"))
+    )
+
+    result = pytester.runpytest_inprocess("benchmarks", "elsewhere.yaml", "-p", "gap_writer")
+    assert result.ret == 1, result.stdout.str()  # give_up fails: gate FAIL
+    (run_dir,) = (pytester.path / "benchmark_runs/grid").iterdir()
+    written = json.loads((run_dir / "third_party.json").read_text())
+    nodeid = "benchmarks/grid.yaml::workflow::fake/easy::task00::seed000"
+    other = "elsewhere.yaml::workflow::fake/easy::task00::seed000"
+    assert sorted(written["seen"], key=lambda s: s["nodeid"]) == [
+        {"nodeid": nodeid, "success": False, "replayed": False, "on_worker": False},
+        {"nodeid": other, "success": False, "replayed": False, "on_worker": False},
+    ]
+    assert written["config"] == str(pytester.path / "benchmarks/grid.yaml")
+    assert written["gate"].startswith("gate FAIL: success_rate=0.000")
+    assert written["cells"] == ["workflow/fake/easy"]
+    assert written["results"] == ["workflow/fake/easy/task_00/seed_000"]
+    assert written["summary_tsv_exists"] and not written["done_flag_exists"]
+    assert (run_dir / "aaa_done_flag.txt").is_file()
+
+    result = pytester.runpytest_inprocess("benchmarks", "--gap-resume", "-p", "gap_writer")
+    assert result.ret == 1, result.stdout.str()
+    written = json.loads((run_dir / "third_party.json").read_text())
+    assert [(s["nodeid"], s["replayed"]) for s in written["seen"]] == [(nodeid, True)]
+
+    lines = (pytester.path / "benchmark_runs/history.tsv").read_text().splitlines()
+    rows = [line.split("\t") for line in lines[1:]]
+    assert [row[1:] for row in rows] == [
+        ["-", "benchmarks/grid.yaml", "1", "0", "0.000", "FAIL"]
+    ] * 2
+    (other_run,) = (pytester.path / "other_runs").iterdir()
+    assert json.loads((other_run / "third_party.json").read_text())["cells"] == [
+        "workflow/fake/easy"
+    ]

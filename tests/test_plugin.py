@@ -251,10 +251,9 @@ def test_a_real_libero_session_records_results_junit_and_the_gate(pytester):
     assert given["env_prompt"] == "pick up the alphabet soup and place it in the basket"
 
 
-def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
-    """The first three sessions run in-process (this process may have loaded a simulator, so
-    they record no modules); the last, a resume that replays every record, is a process of its
-    own and shows that no simulator was imported for it."""
+def _lf_then_resume_in_process(fake) -> Path:
+    """--lf, then --gap-resume over a corrupt record with a stricter gate: three sessions in
+    this process (it may have loaded a simulator, so they record no modules); the run dir."""
     fake.setenv(GAP_FAKE_MODULES=None)
     base = {
         "backend": BACKEND,
@@ -303,6 +302,21 @@ def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
     assert "recorded by an earlier session, not re-run" not in out  # the failed one re-ran
     assert fake.results(run_dir)["suites/fake_easy/task_00/seed_001"] == ok  # not re-run
     assert json.loads(corrupt.read_text())["seed"] == 0
+    return run_dir
+
+
+def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate_in_process(fake):
+    """The fast tier's --lf and --gap-resume: the in-process sessions of the test below."""
+    run_dir = _lf_then_resume_in_process(fake)
+    manifest = json.loads((run_dir / "run_manifest.json").read_text())
+    assert [s["resume"] for s in manifest["sessions"]] == [False, False, True]
+
+
+def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
+    """The first three sessions run in-process (_lf_then_resume_in_process); the last, a resume
+    that replays every record, is a process of its own and shows that no simulator was imported
+    for it."""
+    run_dir = _lf_then_resume_in_process(fake)
     fourth = fake.run("bench.yaml", "--gap-resume", "--gap-no-gate", GAP_FAKE_MODULES=fake.modules)
     assert fourth.ret == 1  # pytest's own status: a trial failed
     assert "recorded by an earlier session, not re-run" in fourth.stdout.str()
@@ -507,13 +521,15 @@ IDLE_20 = workflow(
 
 @pytest.mark.parametrize("method", ["signal", "thread"])
 def test_waiting_for_a_num_workers_slot_is_not_charged_to_the_watchdog(fake, method):
-    """A 4 s watchdog; the suite's only slot is held for 3.5 s after the trial starts, and the
-    trial's own work takes 1.5 s (20 steps of 0.075 s) once it has the slot: 5 s in all, yet
+    """A 7 s watchdog; the suite's only slot is held for 6.5 s after the trial starts, and the
+    trial's own work takes 1.5 s (20 steps of 0.075 s) once it has the slot: 8 s in all, yet
     only its own time counts towards the watchdog (the wait is bounded by the budget on its
-    own). Charging the wait would time the trial out (124) at 4 s, before its last steps."""
-    fake.config(_slotted(4, fake.workflow("idle_20", IDLE_20), seed=0))  # seed 0: no success
+    own). Charging the wait would time the trial out (124) at 7 s, before its last steps.
+    The trial's own time (1.5 s, and what it does before asking for the slot: 0.6-1.3 s on a
+    loaded 2-core machine) stays seconds under the watchdog, so load does not time it out."""
+    fake.config(_slotted(7, fake.workflow("idle_20", IDLE_20), seed=0))  # seed 0: no success
     trial = fake.path / FIXED_RUN / "suites/fake_easy/task_01/seed_000"
-    holder = _hold_slot_until(fake.path / FIXED_RUN / SLOT, trial / "running.json", 3.5)
+    holder = _hold_slot_until(fake.path / FIXED_RUN / SLOT, trial / "running.json", 6.5)
     result = fake.run(
         "bench.yaml",
         "-n",
@@ -526,10 +542,10 @@ def test_waiting_for_a_num_workers_slot_is_not_charged_to_the_watchdog(fake, met
     record = json.loads((trial / "result.json").read_text())
     assert record["exit_code"] == 0 and record["exit_status"] == "end_success", record
     assert record["steps"] == 20
-    # It really queued behind the holder: 3.5 s from running.json, less what the trial did
-    # before asking for the slot (0.6-1.3 s on a loaded 2-core machine)
+    # It really queued behind the holder: 6.5 s from running.json, less what the trial did
+    # before asking for the slot
     assert record["slot_wait_s"] > 2, record
-    assert record["wall_s"] > 4, record  # longer than the watchdog, counting the wait
+    assert record["wall_s"] > 7, record  # longer than the watchdog, counting the wait
     assert result.ret == 0, result.stdout.str()
 
 
