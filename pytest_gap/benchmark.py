@@ -34,9 +34,11 @@ from pytest_gap.config.model import DEFAULT_GATE_THRESHOLD, KNOWN_MODES, ModeOve
 from pytest_gap.errors import GapError
 from pytest_gap.gate import Gate
 from pytest_gap.layout import SUMMARY_JSON
+from pytest_gap.modes import BUILTIN, ModeTable
 from pytest_gap.plan import llm_problem, plan
 from pytest_gap.run.workers import fit_workers
 from pytest_gap.servers.preflight import check_config
+from pytest_gap.session_plan import session_mode_table
 
 __all__ = [
     "DEFAULT_GATE_THRESHOLD",
@@ -141,10 +143,10 @@ class BenchmarkSummary(BaseModel):
     services_down: dict[str, str] = {}
 
 
-def default_workers(config: BenchmarkConfig) -> int:
+def default_workers(config: BenchmarkConfig, mode_table: ModeTable | None = None) -> int:
     if config.benchmark is not None:
         return config.benchmark.num_workers
-    return sum(cell.num_workers for cell in plan(config))
+    return sum(cell.num_workers for cell in plan(config, mode_table=mode_table))
 
 
 def pytest_args(
@@ -182,9 +184,53 @@ def pytest_args(
     return args
 
 
-def _config_file(config: BenchmarkConfig | str | Path, tmp: Path) -> tuple[Path, BenchmarkConfig]:
+def mode_table_of_session(config_path: Path) -> ModeTable:
+    """The mode table the pytest session over `config_path` will build, so that the checks and
+    the plan made here, before any process starts, know the modes a conftest.py or an
+    installed plugin adds, as the session does. Read by starting that session's configuration
+    in this process (the same plugins, conftest.py files and PYTEST_ADDOPTS) and ending it at
+    pytest_cmdline_main, after all of them are loaded and before anything is configured or
+    collected. A session that cannot even start says why itself; until then the checks use
+    the built-in modes."""
+    import contextlib
+    import io
+    import warnings
+
+    import pytest
+
+    found: dict[str, ModeTable | GapError] = {}
+
+    class TableOfSession:
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_cmdline_main(self, config: pytest.Config) -> int:
+            try:
+                found["table"] = session_mode_table(config)
+            except GapError as exc:  # a mode or producer defined twice
+                found["table"] = exc
+            return 0
+
+    quiet = io.StringIO()
+    with (
+        contextlib.redirect_stdout(quiet),
+        contextlib.redirect_stderr(quiet),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore")
+        # --assert=plain: this process imported its plugins before; pytest would warn that it
+        # cannot rewrite their asserts (nothing here runs an assert of theirs)
+        pytest.main([str(config_path), "--assert=plain"], plugins=[TableOfSession()])
+    table = found.get("table", BUILTIN)
+    if isinstance(table, GapError):
+        raise ConfigError(str(config_path), [str(table)])
+    return table
+
+
+def _config_file(
+    config: BenchmarkConfig | str | Path, tmp: Path
+) -> tuple[Path, BenchmarkConfig, ModeTable]:
     if not isinstance(config, BenchmarkConfig):
-        return Path(config), load_config(config)
+        table = mode_table_of_session(Path(config))
+        return Path(config), load_config(config, mode_table=table), table
     # A config built in Python: its paths are absolute already; written with 0600 since it
     # may carry an API key, and removed with the temporary directory.
     path = tmp / "benchmark.yaml"
@@ -192,7 +238,7 @@ def _config_file(config: BenchmarkConfig | str | Path, tmp: Path) -> tuple[Path,
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     with os.fdopen(fd, "w") as handle:
         yaml.safe_dump(data, handle)
-    return path, config
+    return path, config, mode_table_of_session(path)
 
 
 def _prepare(
@@ -211,8 +257,9 @@ def _prepare(
 ) -> tuple[Path, list[str], Path, int]:
     """Check the config (its errors before any trial) and build the session's pytest args:
     (config path, args, where the session reports, workers)."""
-    path, loaded = _config_file(config, tmp)
-    cells = plan(loaded, families=families, modes=modes)  # config errors before any trial
+    path, loaded, table = _config_file(config, tmp)
+    # config errors before any trial
+    cells = plan(loaded, families=families, modes=modes, mode_table=table)
     if any(c.uses_llm for c in cells):
         problem = llm_problem(loaded)
         if problem:  # fail fast: every cell whose producer is the LLM would error on it
@@ -229,7 +276,7 @@ def _prepare(
         if why:
             raise ConfigError(str(path), [why])
         n_trials = -(-n_trials // spec.count)  # about a shard's share
-    workers = fit_workers(workers or default_workers(loaded), n_trials)
+    workers = fit_workers(workers or default_workers(loaded, table), n_trials)
     args = pytest_args(
         path,
         gate=gate,

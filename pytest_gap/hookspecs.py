@@ -64,6 +64,10 @@ def pytest_gap_write_outputs(
     run dir; `benchmark` is the config (`benchmark.source` is its YAML). Writers must be
     idempotent: the next session over the same run dir calls them again. The done flags are
     written last (`trylast`), so whoever waits for them finds every other output written.
+
+    The evaluation service (`gap serve`) writes a finished run's dir through the harness's own
+    implementations but run_manifest.json's (pytest_gap/outputs/hook.py), with `config=None`:
+    it runs no pytest session, so a plugin's writers are not called there.
     """
 
 

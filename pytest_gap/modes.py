@@ -9,9 +9,10 @@ plan's policy axis, the preflight's LLM check and the runner's choice of produce
 
 Adding a mode is adding a row: a plugin or conftest.py implements the `pytest_gap_modes` hook
 (and `pytest_gap_producers` when no existing producer fits; pytest_gap/hookspecs.py). A pytest
-session builds its table once from every implementation (`ModeTable.of`); callers outside a
-session (the `gap benchmark` pre-check, the Python API, `gap run`) use `BUILTIN`, the harness's
-own rows and producers.
+session builds its table once from every implementation (`ModeTable.of`); `gap benchmark` and
+the Python API read the table of the session they are about to start
+(`benchmark.mode_table_of_session`); `gap run` (one workflow, no session) uses `BUILTIN`, the
+harness's own rows and producers.
 
 This module imports nothing of the package at import time: config and plan import it.
 """

@@ -138,7 +138,12 @@ PLUGIN = tuple(
         ".worker",
     )
 )
-UPPER = (*PLUGIN, "pytest_gap.hookspecs", "pytest_gap.outputs", "pytest_gap.cli")
+# The output writers are below the plugin (the evaluation service calls them too: outputs/hook.py)
+# but for run_manifest.json's, which reads a pytest session's options.
+UPPER = (*PLUGIN, "pytest_gap.hookspecs", "pytest_gap.outputs.manifest", "pytest_gap.cli")
+SESSIONLESS_WRITERS = tuple(
+    f"pytest_gap.outputs.{m}" for m in ("hook", "tsv", "json", "parquet", "videos", "plots", "done")
+)
 SESSION = (
     "pytest_gap.benchmark",
     "pytest_gap.session_plan",
@@ -219,6 +224,7 @@ REACH_RULES += [
     ("pytest_gap.viz", ("pytest", *UPPER)),
     ("pytest_gap.service", ("pytest", *UPPER)),
     ("pytest_gap.progress", ("pytest", *UPPER)),
+    *[(m, ("pytest", *UPPER)) for m in SESSIONLESS_WRITERS],
     # The trial level runs in a pytest worker, a Ray actor and the evaluation service alike, and
     # knows none of them (nor the session's preflight, report or Python API).
     (
@@ -326,10 +332,7 @@ def test_only_the_pytest_glue_imports_pytest():
     assert users == [
         "pytest_gap.benchmark",  # GAP_PARALLEL_INPROC=1: the session in this process
         "pytest_gap.hookspecs",
-        "pytest_gap.outputs",
-        *sorted(
-            m for m in MODULES if m.startswith("pytest_gap.outputs.") and "pytest" in imports(m)
-        ),
+        "pytest_gap.outputs.manifest",  # a session's options and argv
         *PLUGIN,  # scheduling.py: xdist's Scheduling protocol (a collection-diff report)
         "pytest_gap.scale.merge_session",  # gap merge: a session over the config, no trial
     ]

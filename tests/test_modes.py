@@ -7,6 +7,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import sys
 import tomllib
 from pathlib import Path
 
@@ -240,12 +241,9 @@ def pytest_gap_producers(config):
 """
 
 
-def test_a_mode_added_by_a_conftest_runs_a_real_session(pytester, monkeypatch):
-    """Adding a mode is adding a row and, if need be, a producer: a conftest returns
-    `rehearsal` from pytest_gap_modes and its producer from pytest_gap_producers, and a
-    benchmark runs it like any built-in mode, on the controller and xdist workers alike."""
-    from pytest_gap.workflow.templates import task_placeholders
-
+def _rehearsal_project(pytester, monkeypatch) -> None:
+    """A project whose conftest.py adds the `rehearsal` mode (REHEARSAL_CONFTEST) and whose
+    grid.yaml runs two seeds of it on the fake backend, with an idle-then-check workflow."""
     fake_conftest = (TESTS / "fake_conftest.py").read_text()
     pytester.makeconftest(fake_conftest + "\nimport pytest\n" + REHEARSAL_CONFTEST)
     monkeypatch.setenv(
@@ -296,6 +294,15 @@ def test_a_mode_added_by_a_conftest_runs_a_real_session(pytester, monkeypatch):
         mode_overrides={"rehearsal": {"workflow_dir": "rehearse"}},
     )
     (pytester.path / "grid.yaml").write_text(yaml.safe_dump(config))
+
+
+def test_a_mode_added_by_a_conftest_runs_a_real_session(pytester, monkeypatch):
+    """Adding a mode is adding a row and, if need be, a producer: a conftest returns
+    `rehearsal` from pytest_gap_modes and its producer from pytest_gap_producers, and a
+    benchmark runs it like any built-in mode, on the controller and xdist workers alike."""
+    from pytest_gap.workflow.templates import task_placeholders
+
+    _rehearsal_project(pytester, monkeypatch)
     result = pytester.runpytest_subprocess("grid.yaml", "-v", "-n", "2", timeout=120)
     out = result.stdout.str()
     assert result.ret == 0, out
@@ -308,7 +315,36 @@ def test_a_mode_added_by_a_conftest_runs_a_real_session(pytester, monkeypatch):
         assert record["worker"] in ("gw0", "gw1")
         assert record["workflow"] == "rehearsal/fake/easy/task_00/workflow"
     produced = json.loads((task_dir / "workflow" / PRODUCED_FILE).read_text())
-    assert produced["source"] == str(workflow) and produced["rehearsed"] is True
+    assert produced["source"] == str(pytester.path / "rehearse") and produced["rehearsed"] is True
     written = json.loads((task_dir / "workflow/workflow.json").read_text())
     target = task_placeholders("pick up the block 0 and place it in the bin")["target"]
     assert written["description"] == f"rehearses {target}"
+
+
+def test_gap_benchmark_and_the_api_know_a_mode_a_conftest_adds(pytester, monkeypatch):
+    """`gap benchmark` and `benchmark.run` check and plan a config before any session starts:
+    they read the mode table that session will build (its conftest.py and plugins), so a mode
+    a conftest adds runs through them as it does under pytest, and a typo is still refused."""
+    from pytest_gap import benchmark
+
+    _rehearsal_project(pytester, monkeypatch)
+    monkeypatch.chdir(pytester.path)
+    monkeypatch.syspath_prepend(TESTS)  # the config's fake_backend, checked in this process
+    assert "rehearsal" in benchmark.mode_table_of_session(pytester.path / "grid.yaml").names()
+
+    result = pytester.run(
+        sys.executable, "-m", "pytest_gap.cli", "benchmark", "grid.yaml", "--gate", timeout=180
+    )
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == 0, out
+    assert "PASS" in out and "1/2" in out, out
+
+    summary = benchmark.run(pytester.path / "grid.yaml", quiet=True, output_dir="api-runs")
+    assert summary.n_trials == 2 and summary.n_success == 1
+    assert [cell.mode for cell in summary.cells] == ["rehearsal"]
+
+    config = yaml.safe_load((pytester.path / "grid.yaml").read_text())
+    config["benchmark"]["modes"] = ["rehearsl"]
+    (pytester.path / "typo.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"benchmark\.modes.*rehearsl.*rehearsal"):
+        benchmark.run(pytester.path / "typo.yaml", quiet=True)

@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -131,7 +132,16 @@ def test_two_clients_finish_a_run_and_it_leaves_its_records_and_summary(
         k: k.endswith("seed_001") for k in records
     }
     assert {r["worker"] for r in records.values()} <= {"service-0", "service-1"}
-    assert (runs / "r1/summary.tsv").is_file()
+    # the run dir's outputs, by the writers a pytest session calls (pytest_gap/outputs/)
+    assert (runs / "r1/summary.tsv").read_text().count("policy_only") >= 1
+    summary = json.loads((runs / "r1/summary.json").read_text())
+    assert (summary["n_trials"], summary["n_success"]) == (4, 2)
+    episodes = pq.read_table(runs / "r1/episodes.parquet").to_pylist()
+    assert sorted((e["task_id"], e["seed"], e["success"]) for e in episodes) == [
+        (t, s, s == 1) for t in (0, 1) for s in (0, 1)
+    ]
+    assert (runs / "r1/plots/success.png").stat().st_size > 0
+    assert (runs / "r1/aaa_done_flag.txt").read_text().startswith("done ")
     card = json.loads((runs / "r1/service.json").read_text())
     assert card["coverage"]["expected"] == card["coverage"]["saved"] == 4
     assert card["gate"] == done.gate

@@ -42,12 +42,23 @@ def _sample_script():
     subprocess.run(["python", "-c", script], check=True)
 
 
+def _sample_pytester_run(pytester):
+    pytester.run("gap", "schema")
+
+
+def _sample_api_run():
+    from pytest_gap import benchmark
+
+    benchmark.run("bench.yaml")
+
+
 def _sample_logic():
     assert sorted([2, 1]) == [1, 2]
 
 
 def _item(fn) -> types.SimpleNamespace:
-    return types.SimpleNamespace(obj=fn, fixturenames=[], _fixtureinfo=None)
+    fixtures = list(fn.__code__.co_varnames[: fn.__code__.co_argcount])
+    return types.SimpleNamespace(obj=fn, fixturenames=fixtures, _fixtureinfo=None)
 
 
 @pytest.mark.parametrize(
@@ -58,6 +69,8 @@ def _item(fn) -> types.SimpleNamespace:
         (_sample_script, tiers.LIBERO),
         (_sample_fake_session, tiers.SLOW),
         (_sample_gap_command, tiers.SLOW),
+        (_sample_pytester_run, tiers.SLOW),
+        (_sample_api_run, tiers.SLOW),
         (_sample_logic, None),
     ],
 )

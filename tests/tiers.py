@@ -67,6 +67,10 @@ SESSIONS = frozenset(
 # reaches the subprocess module).
 PROCESSES = frozenset({"runpytest_subprocess", "Popen", "Process", "get_context", "Pool"})
 SUBPROCESS_CALLS = frozenset({"run", "check_output", "check_call", "call"})
+# Modules whose `run` starts a process: subprocess's, and the Python API's (`benchmark.run` and
+# `run_benchmark` launch a pytest session); pytester's `run` when the test requests pytester.
+PROCESS_MODULES = frozenset({"subprocess", "pytest_gap.benchmark", "benchmark"})
+PROCESS_FIXTURES = frozenset({"pytester", "testdir"})
 _ALWAYS_RUN = ("__init__", "__enter__", "__exit__", "__call__", "__post_init__")
 
 
@@ -78,6 +82,7 @@ class Reach:
     names: set[str] = field(default_factory=set)
     strings: set[str] = field(default_factory=set)
     modules: set[str] = field(default_factory=set)
+    fixtures: set[str] = field(default_factory=set)
 
     @property
     def packages(self) -> set[str]:
@@ -96,7 +101,8 @@ class Reach:
         )
 
     def subprocess_calls(self) -> bool:
-        return "subprocess" in self.modules and bool(self.names & SUBPROCESS_CALLS)
+        starters = self.modules & PROCESS_MODULES or self.fixtures & PROCESS_FIXTURES
+        return bool(starters) and bool(self.names & (SUBPROCESS_CALLS | {"run_benchmark"}))
 
     def runs_libero_session(self) -> bool:
         session = bool(self.names & SESSIONS) or self.subprocess_calls()
@@ -217,6 +223,7 @@ def reach_of(item: pytest.Item) -> Reach:
     if inspect.isfunction(getattr(item, "obj", None)):
         roots.append(item.obj)
     info = getattr(item, "_fixtureinfo", None)
+    walker.reach.fixtures.update(getattr(item, "fixturenames", ()))
     for name in getattr(item, "fixturenames", ()):
         defs = info.name2fixturedefs.get(name) if info is not None else None
         fn = _function(defs[-1].func) if defs else None

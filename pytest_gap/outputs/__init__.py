@@ -10,14 +10,15 @@ pytest_gap/hookspecs.py) and needs no change here.
 from __future__ import annotations
 
 import importlib
-
-import pytest
+from typing import Any
 
 WRITERS = ("tsv", "json", "parquet", "videos", "plots", "manifest", "done")
 
 
-def register(config: pytest.Config) -> None:
-    """Register the harness's own writers as plugins named `gap-output-<name>`."""
+def register(config: Any) -> None:
+    """Register the harness's own writers as plugins named `gap-output-<name>` on the pytest
+    session `config` (typed Any: this package imports no pytest, so the evaluation service can
+    call its writers; outputs/hook.py)."""
     for name in WRITERS:
         module = importlib.import_module(f"{__name__}.{name}")
         config.pluginmanager.register(module, f"gap-output-{name}")

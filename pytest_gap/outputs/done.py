@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from pytest_gap.layout import DONE_FLAG
+from pytest_gap.outputs.hook import hookimpl
 from pytest_gap.report import Recorded, RunSummary
 from pytest_gap.results import now_iso
 
@@ -29,6 +28,6 @@ def _flag(path: Path, counts: Recorded) -> None:
         path.unlink(missing_ok=True)
 
 
-@pytest.hookimpl(trylast=True)
+@hookimpl(trylast=True)
 def pytest_gap_write_outputs(run_dir: Path, summary: RunSummary) -> None:
     write_flags(run_dir, summary)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from pytest_gap.config.document import BenchmarkConfig
 from pytest_gap.layout import CELL_RESULT, SUMMARY_JSON
+from pytest_gap.outputs.hook import hookimpl
 from pytest_gap.report import RunSummary, summary_document
 from pytest_gap.results import write_json
 
@@ -19,7 +18,7 @@ def write_summary_json(run_dir: Path, summary: RunSummary, grid: dict) -> None:
     write_json(run_dir / SUMMARY_JSON, summary_document(summary, grid))
 
 
-@pytest.hookimpl
+@hookimpl
 def pytest_gap_write_outputs(
     run_dir: Path, summary: RunSummary, benchmark: BenchmarkConfig
 ) -> None:

@@ -51,10 +51,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from pytest_gap import ids
 from pytest_gap.layout import EPISODES
+from pytest_gap.outputs.hook import hookimpl
 from pytest_gap.results import TrialResult
 
 SCHEMA = pa.schema(
@@ -157,6 +157,6 @@ def write_episodes(run_dir: Path, results: dict[str, TrialResult]) -> Path:
     return path
 
 
-@pytest.hookimpl
+@hookimpl
 def pytest_gap_write_outputs(run_dir: Path, results: dict[str, TrialResult]) -> None:
     write_episodes(run_dir, results)

@@ -9,10 +9,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
+from typing import Any
 
 from pytest_gap.cell_summary import CellSummary
+from pytest_gap.outputs.hook import hookimpl
 from pytest_gap.report import RunSummary, pivot
 
 PLOTS = "plots"
@@ -113,7 +113,8 @@ def write_plots(run_dir: Path, cells: list[CellSummary]) -> list[Path]:
     return written
 
 
-@pytest.hookimpl
-def pytest_gap_write_outputs(config: pytest.Config, run_dir: Path, summary: RunSummary) -> None:
-    if not config.getoption("gap_no_plots", False):
+@hookimpl
+def pytest_gap_write_outputs(config: Any, run_dir: Path, summary: RunSummary) -> None:
+    # config: the pytest session's, or None outside one (the evaluation service draws them)
+    if config is None or not config.getoption("gap_no_plots", False):
         write_plots(run_dir, summary.cells)

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from pytest_gap.layout import SUMMARY_TSV
+from pytest_gap.outputs.hook import hookimpl
 from pytest_gap.report import RunSummary, format_tsv
 
 
@@ -17,6 +16,6 @@ def write_tsv(run_dir: Path, summary: RunSummary) -> None:
     (run_dir / SUMMARY_TSV).write_text(format_tsv(summary.cells))
 
 
-@pytest.hookimpl
+@hookimpl
 def pytest_gap_write_outputs(run_dir: Path, summary: RunSummary) -> None:
     write_tsv(run_dir, summary)

@@ -6,9 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
-
 from pytest_gap.layout import VIDEOS_DIR
+from pytest_gap.outputs.hook import hookimpl
 from pytest_gap.results import TrialResult
 
 
@@ -38,6 +37,6 @@ def collate_videos(run_dir: Path, results: list[TrialResult]) -> int:
     return count
 
 
-@pytest.hookimpl
+@hookimpl
 def pytest_gap_write_outputs(run_dir: Path, results: dict[str, TrialResult]) -> None:
     collate_videos(run_dir, list(results.values()))

@@ -262,9 +262,13 @@ class ServiceRun:
         return len(self.saved) + len(self.given_up - self.saved) == len(self.trials)
 
     def summary(self) -> RunSummary:
-        return fold_run(
-            self.cells, scan_results(self.run_dir), self.config.threshold, self.config.rule
-        )
+        return self.folded()[0]
+
+    def folded(self) -> tuple[RunSummary, dict[str, TrialResult]]:
+        """The run's summary and the records it folds (keyed by trial dir)."""
+        results = scan_results(self.run_dir)
+        summary = fold_run(self.cells, results, self.config.threshold, self.config.rule)
+        return summary, results
 
 
 def submit(runs_dir: Path, request: Submit, splits: Splits | None = None) -> Submitted:

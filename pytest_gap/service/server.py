@@ -38,12 +38,12 @@ from pytest_gap import ids
 from pytest_gap.bind import LOOPBACK, exposure_notice
 from pytest_gap.doors import bearer, new_secret, refuse_browsers, same_secret
 from pytest_gap.errors import one_line
-from pytest_gap.layout import SMOKE_DIR, SUMMARY_JSON, SUMMARY_TSV
+from pytest_gap.layout import SMOKE_DIR
 from pytest_gap.names import is_name
+from pytest_gap.outputs.hook import write_outputs
 from pytest_gap.plan import Trial
 from pytest_gap.policies.server import PolicyServer
 from pytest_gap.policies.wire import HEALTH_PATH, MAX_QUEUED_FRAMES, packb, unpackb
-from pytest_gap.report import format_tsv, summary_document
 from pytest_gap.results import now_iso, write_json
 from pytest_gap.run.trial import TrialRun
 from pytest_gap.service.protocol import (
@@ -367,10 +367,11 @@ class EvalServer:
         ).execute()
 
     def _write_summary(self, run: ServiceRun) -> None:
-        """summary.tsv/json, and the run's card completed: who ran it, what was saved."""
-        summary = run.summary()
-        (run.run_dir / SUMMARY_TSV).write_text(format_tsv(summary.cells))
-        write_json(run.run_dir / SUMMARY_JSON, summary_document(summary, run.config.echo()))
+        """The run dir's outputs, by the writers a pytest session calls (summary.tsv/json,
+        episodes.parquet, plots, done flags), and the run's card completed: who ran it, what
+        was saved (it stands in for a session's run_manifest.json)."""
+        summary, results = run.folded()
+        write_outputs(run.run_dir, summary, results, run.config)
         status = self.status(run)
         card = {
             **run.card,
