@@ -27,6 +27,7 @@ from pytest_gap.policies.builtin import HoldPolicy
 from pytest_gap.policies.server import PolicyServer
 from pytest_gap.policies.wire import metadata_digest
 from pytest_gap.provenance import (
+    NOT_COVERED,
     PACKAGE_ROOT,
     SURFACE,
     compute_surface,
@@ -159,12 +160,19 @@ def test_harness_surface_changes_with_a_covered_file_and_nothing_else(tmp_path):
     assert compute_surface(root, {**packages, "mujoco": "3.0.1"}).digest != changed.digest
 
 
-def test_every_module_of_the_trial_level_is_decided_in_or_out_of_the_surface():
-    """run/ is listed file by file (provenance.SURFACE): a module added there is covered or
-    named here as deciding no outcome, never left out by default."""
-    outside = {"__init__.py", "devices.py", "workers.py"}
-    covered = {p.removeprefix("run/") for p in SURFACE if p.startswith("run/")}
-    assert {p.name for p in (PACKAGE_ROOT / "run").glob("*.py")} == covered | outside
+def test_every_file_of_the_package_is_decided_in_or_out_of_the_surface():
+    """Each .py file of the package matches exactly one glob of provenance.SURFACE (its change
+    can change an outcome) or NOT_COVERED (why it cannot): a module added anywhere is placed on
+    purpose, never left out of the harness digest by default."""
+    globs = (*SURFACE, *NOT_COVERED)
+    matched = {g: {str(f.relative_to(PACKAGE_ROOT)) for f in PACKAGE_ROOT.glob(g)} for g in globs}
+    placed = {str(f.relative_to(PACKAGE_ROOT)): [] for f in PACKAGE_ROOT.rglob("*.py")}
+    for glob, files in matched.items():
+        for name in files & placed.keys():
+            placed[name].append(glob)
+    assert {name: found for name, found in placed.items() if len(found) != 1} == {}
+    assert "instruction_steps.py" in SURFACE and "run/workers.py" in NOT_COVERED
+    assert [g for g in globs if not matched[g]] == []  # no glob that places nothing
 
 
 def test_harness_surface_of_a_backend_names_its_packages_and_its_module(monkeypatch):
