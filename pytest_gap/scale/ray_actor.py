@@ -36,6 +36,7 @@ from pytest_gap.layout import inside
 from pytest_gap.plan import Trial
 from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.results import EXIT_TIMEOUT, EarlierAttempt, TrialResult
+from pytest_gap.run.devices import DEVICES_VAR
 
 Files = dict[str, bytes]  # path relative to a root (a run dir, a workflow dir) -> content
 
@@ -105,8 +106,6 @@ def pin_ray_devices(environ: dict | os._Environ, gpu_ids: list) -> dict[str, str
     MUJOCO_EGL_DEVICE_ID names the first and GAP_MUJOCO_EGL_DEVICES lists them, so the env is
     built and rendered on the same GPU CUDA sees (run/devices.py, as an xdist worker is
     pinned)."""
-    from pytest_gap.run.devices import DEVICES_VAR
-
     if not gpu_ids:
         environ.pop(DEVICES_VAR, None)  # no GPU of its own: the process default device
         return {}
@@ -192,6 +191,8 @@ class TrialActor:
         return {"name": self.name, "pid": os.getpid(), "root": str(self.root)}
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        # Imported in the actor's process only: the trial level pulls in the simulator, which
+        # the controller (which pickles this class) must not import.
         from pytest_gap.run.trial import TrialRun
         from pytest_gap.sim.pool import env_pool
 
