@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from pathlib import Path
 
 from pydantic import (
@@ -201,6 +202,10 @@ class ServiceRun:
         self.given_up: set[str] = set()
         self.infra_failures = 0
         self.smoke_episodes = len(list((run_dir / SMOKE_DIR).rglob(RESULT_FILE)))
+        # Its outputs are written (the card completed): by this server, or before a restart.
+        # Every attached client's handler gets there when the run ends; the first writes.
+        self.summarized = self.ended and "finished_at" in self.card
+        self.summary_lock = threading.Lock()
 
     @property
     def run_id(self) -> str:

@@ -156,8 +156,10 @@ class EvalServer:
             workers = [w.model_copy(update={"current": None}) for w in workers]
         attached = [w for w in workers if w.state == "attached"]
         replies = sum(r.replies for (rid, _), r in self.relays.items() if rid == run.run_id)
-        if run.ended:
+        if run.ended and run.summarized and not attached:
             state = "finished"
+        elif run.ended:  # its outputs being written, or its clients told: not over yet
+            state = "active"
         elif not attached:
             state = "waiting for clients"
         elif not run.saved and not replies:
@@ -369,7 +371,16 @@ class EvalServer:
     def _write_summary(self, run: ServiceRun) -> None:
         """The run dir's outputs, by the writers a pytest session calls (summary.tsv/json,
         episodes.parquet, plots, done flags), and the run's card completed: who ran it, what
-        was saved (it stands in for a session's run_manifest.json)."""
+        was saved (it stands in for a session's run_manifest.json). Once per run: its other
+        clients' handlers wait for the first to write them (the writers share matplotlib's
+        state), and the run is `finished` only after (`status`)."""
+        with run.summary_lock:
+            if run.summarized:
+                return
+            self._write_outputs(run)
+            run.summarized = True
+
+    def _write_outputs(self, run: ServiceRun) -> None:
         summary, results = run.folded()
         write_outputs(run.run_dir, summary, results, run.config)
         status = self.status(run)
