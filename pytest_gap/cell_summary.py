@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from pytest_gap import intervals
 from pytest_gap.plan import Cell
 from pytest_gap.results import TrialResult
+from pytest_gap.sequential import SequentialState
 
 
 class TaskRow(BaseModel):
@@ -54,6 +55,8 @@ class CellSummary(BaseModel):
     ref_n_trials: int = 0
     ref_success_ci_low: float | None = None
     ref_success_ci_high: float | None = None
+    # gate_rule: sequential: where the cell stands (decided at n=K of N planned, or not yet).
+    sequential: SequentialState | None = None
 
 
 def reference_counts(results: list[TrialResult]) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from pytest_gap.cell_summary import CellSummary, pooled_reference, reference_rat
 from pytest_gap.config.model import GateRule
 from pytest_gap.plan import Cell
 from pytest_gap.results import TrialResult
+from pytest_gap.sequential import SequentialState
 
 MISSING_SHOWN = 3  # missing trial ids the gate line names before "(+N more)"
 
@@ -27,15 +28,19 @@ class Coverage(BaseModel):
     run dir (the summary folds it, and `--lf` or `--gap-resume` did not need to run it again).
     Deselected: the config's other trials (`-k`, `-m`, `--gap-families`, `--gap-modes`).
     Missing: planned trials with no record (the session stopped early, or an item failed before
-    its trial recorded), in plan order."""
+    its trial recorded), in plan order. Not needed: trials of a cell the sequential gate had
+    decided before they ran (neither planned nor missing, and in no rate)."""
 
     planned: int
     recorded: int
     deselected: int
     missing: list[str]
+    not_needed: int = 0
 
     def line(self) -> str:
         line = f"recorded {self.recorded}/{self.planned} planned"
+        if self.not_needed:
+            line += f", {self.not_needed} not needed (decided by the sequential gate)"
         return line + (f", {self.deselected} deselected" if self.deselected else "")
 
 
@@ -67,6 +72,10 @@ class Gate(BaseModel):
     ref_success_ci_high: float | None = None
     to_decide: int | None = None  # INCONCLUSIVE: further trials at the rate that would decide
     coverage: Coverage | None = None  # None outside a session (no selection to check)
+    # gate_rule: sequential: the config's level, and each cell's state by its label (row and
+    # column), in plan order.
+    alpha: float | None = None
+    decisions: dict[str, SequentialState] = {}
     # Recorded by an in-process debug session (GAP_PARALLEL_INPROC=1): not for scoring.
     debug: bool = False
 
@@ -85,7 +94,12 @@ class Gate(BaseModel):
         values += f" threshold={self.threshold:.3f}"
         if self.rule != "point":
             values += f" rule={self.rule}"
-        reasons = f" ({'; '.join(self.reasons)})" if self.reasons else ""
+        if self.alpha is not None:
+            values += f" alpha={self.alpha:g}"
+        # the sequential gate's decided cells, after the reasons (which name the others)
+        decided = [f"{label} {s.line()}" for label, s in self.decisions.items() if s.decided]
+        notes = self.reasons + ([f"decided: {'; '.join(decided)}"] if decided else [])
+        reasons = f" ({'; '.join(notes)})" if notes else ""
         # Coverage last: what is read (and matched) first stays the spec's `gate V: rate threshold`
         coverage = f"; {self.coverage.line()}" if self.coverage is not None else ""
         debug = f" {DEBUG_RUN_NOTE}" if self.debug else ""
@@ -105,14 +119,18 @@ def evaluate_gate(
     rule: GateRule = "point",
     coverage: Coverage | None = None,
     completion_groups: list[list[float]] | None = None,
+    decisions: dict[str, SequentialState] | None = None,
+    alpha: float | None = None,
 ) -> Gate:
     """The gate over `cells`. It fails on no scored trial, an errored cell, or (given
     `coverage`) a planned trial with no record; otherwise `rule` decides: `point` passes when
     the pooled success rate reaches `threshold`; `wilson` passes when the rate's 95% Wilson
     interval lies at or above it, fails when the interval lies below, and is INCONCLUSIVE
-    between, naming the further trials at the observed rate that would decide it.
-    `completion_groups` (scored trials' completions, one list per cell x task) give the pooled
-    completion interval."""
+    between, naming the further trials at the observed rate that would decide it;
+    `sequential` reads each cell's `decisions` (by label; sequential.py, at level `alpha`
+    split across them): PASS when every cell passed, FAIL when one failed, INCONCLUSIVE
+    while one is undecided. `completion_groups` (scored trials' completions, one list per
+    cell x task) give the pooled completion interval."""
     n_trials = sum(c.n_trials for c in cells)
     n_success = sum(c.n_success for c in cells)
     rate = n_success / n_trials if n_trials else 0.0
@@ -147,6 +165,10 @@ def evaluate_gate(
             )
             reasons.append(f"interval straddles the threshold ({n_success}/{n_trials}); {more}")
             verdict = "FAIL" if verdict == "FAIL" else "INCONCLUSIVE"
+    elif rule == "sequential" and n_trials:
+        verdict, found = _sequential_verdict(decisions or {})
+        verdict = "FAIL" if reasons else verdict
+        reasons += found
     return Gate(
         passed=verdict == "PASS",
         verdict=verdict,
@@ -164,15 +186,38 @@ def evaluate_gate(
         **reference_rate(*pooled_reference(cells)),
         to_decide=to_decide,
         coverage=coverage,
+        alpha=alpha if rule == "sequential" else None,
+        decisions=(decisions or {}) if rule == "sequential" else {},
     )
 
 
-def coverage(cells: list[Cell], results: dict[str, TrialResult], selected: set[str]) -> Coverage:
-    """The session's coverage (see `Coverage`): `selected` holds the trial ids it selected."""
-    planned = recorded = deselected = 0
+def _sequential_verdict(decisions: dict[str, SequentialState]) -> tuple[Verdict, list[str]]:
+    """The config's verdict from its cells' (PASS only when every cell passed), and the
+    reasons of one that is not PASS: the cells that failed, or those still undecided."""
+    failed = [f"{label} {s.line()}" for label, s in decisions.items() if s.verdict == "FAIL"]
+    if failed:
+        return "FAIL", [f"below threshold: {'; '.join(failed)}"]
+    open_ = [f"{label} {s.line()}" for label, s in decisions.items() if not s.decided]
+    if open_:
+        return "INCONCLUSIVE", [f"undecided: {'; '.join(open_)}"]
+    return "PASS", []
+
+
+def coverage(
+    cells: list[Cell],
+    results: dict[str, TrialResult],
+    selected: set[str],
+    decided: frozenset[str] = frozenset(),
+) -> Coverage:
+    """The session's coverage (see `Coverage`): `selected` holds the trial ids it selected,
+    `decided` the keys of the cells the sequential gate has decided."""
+    planned = recorded = deselected = not_needed = 0
     missing: list[str] = []
     for trial in (t for cell in cells for t in cell.trials()):
         has_record = trial.key in results
+        if not has_record and trial.cell.key in decided:
+            not_needed += 1
+            continue
         if not has_record and trial.id not in selected:
             deselected += 1
             continue
@@ -180,4 +225,10 @@ def coverage(cells: list[Cell], results: dict[str, TrialResult], selected: set[s
         recorded += has_record
         if not has_record:
             missing.append(trial.id)
-    return Coverage(planned=planned, recorded=recorded, deselected=deselected, missing=missing)
+    return Coverage(
+        planned=planned,
+        recorded=recorded,
+        deselected=deselected,
+        missing=missing,
+        not_needed=not_needed,
+    )

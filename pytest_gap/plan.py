@@ -58,6 +58,9 @@ class Cell(BaseModel):
     workflow_policies: tuple[str, ...] = ()
     # Its mode's producer has the LLM write the workflow (read from the plan's mode table).
     uses_llm: bool = False
+    # gate_rule: sequential: its trials run in blocks of this many seeds of every task, and
+    # the gate looks at its rate after each whole block (sequential.py). 0: no blocks.
+    block_seeds: int = 0
 
     @model_validator(mode="after")
     def _names_are_path_parts(self) -> Cell:
@@ -127,7 +130,31 @@ class Cell(BaseModel):
         return words
 
     def trials(self) -> list[Trial]:
+        """Its trials in run order: task by task, or block by block (`blocks`)."""
+        if self.block_seeds:
+            return [trial for block in self.blocks() for trial in block]
         return [Trial(cell=self, task_id=t, seed=s) for t in self.task_ids for s in self.seeds]
+
+    def block_of(self, seed: int) -> int:
+        """The index of the block that runs `seed` (0 without blocks)."""
+        return self.seeds.index(seed) // self.block_seeds if self.block_seeds else 0
+
+    def blocks(self) -> list[list[Trial]]:
+        """Its trials in blocks of `block_seeds` seeds of every task (the last block may hold
+        fewer), each block task by task: a worker running a block in order reuses each task's
+        env for its seeds, and every block holds each task equally, so the rate read after a
+        whole block is the task-balanced rate. Without blocks: one block of every trial."""
+        if not self.block_seeds:
+            return [self.trials()]
+        k = self.block_seeds
+        return [
+            [
+                Trial(cell=self, task_id=t, seed=s)
+                for t in self.task_ids
+                for s in self.seeds[i : i + k]
+            ]
+            for i in range(0, len(self.seeds), k)
+        ]
 
 
 class Trial(BaseModel):
@@ -171,8 +198,13 @@ def plan(
                     "config, run it without them"
                 ],
             )
-        return _suite_cells(config, source, mode_table or BUILTIN)
-    return _grid_cells(config, source, families, modes, mode_table or BUILTIN)
+        cells = _suite_cells(config, source, mode_table or BUILTIN)
+    else:
+        cells = _grid_cells(config, source, families, modes, mode_table or BUILTIN)
+    if config.rule == "sequential":
+        k = config.sequential_gate.block_seeds
+        cells = [c.model_copy(update={"block_seeds": min(k, len(c.seeds))}) for c in cells]
+    return cells
 
 
 def all_trials(cells: list[Cell]) -> list[Trial]:

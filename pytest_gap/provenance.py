@@ -72,6 +72,8 @@ NOT_COVERED: dict[str, str] = {
     "hookspecs.py": "the plugin's hooks",
     "report.py": "the summary folded from the records",
     "gate.py": "the verdict on the recorded rates",
+    "sequential.py": "the sequential gate's verdicts on recorded rates, and so which trials are "
+    "still run; never what a trial does",
     "cell_summary.py": "a cell's rates from its records",
     "intervals.py": "intervals on recorded rates",
     "compare/**/*.py": "statistics over two runs' records",

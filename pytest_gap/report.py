@@ -20,11 +20,12 @@ from pytest_gap.cell_summary import (
     reference_rate,
     summarize_cell,
 )
-from pytest_gap.config.model import GateRule
+from pytest_gap.config.model import GateRule, SequentialGate
 from pytest_gap.gate import Gate, coverage, evaluate_gate
 from pytest_gap.plan import Cell
 from pytest_gap.redaction import redact_tree
 from pytest_gap.results import TrialResult, now_iso
+from pytest_gap.sequential import SequentialState, alpha_per_cell, cell_state
 
 TSV_COLUMNS = (
     "mode",
@@ -169,34 +170,60 @@ def fold_run(
     threshold: float,
     rule: GateRule = "point",
     selected: set[str] | None = None,
+    sequential: SequentialGate | None = None,
 ) -> RunSummary:
     """Fold `results` (keyed by trial dir, as `scan_results` returns them) over the planned
     `cells`; records of trials no longer planned are ignored. Given `selected` (the trial ids a
-    session selected), the gate checks coverage too: a selected trial with no record fails it."""
+    session selected), the gate checks coverage too: a selected trial with no record fails it.
+    Under `rule: sequential` each cell's state is read from its records (`sequential`: the
+    config's settings; default ones if None), and a decided cell's trials with no record are
+    not needed: they count in no scope's planned trials."""
     summaries: list[CellSummary] = []
     by_mode: dict[str, Recorded] = {}
     completion_groups: list[list[float]] = []
+    states = (
+        _sequential_states(cells, results, threshold, sequential) if rule == "sequential" else {}
+    )
+    decided = frozenset(key for key, state in states.items() if state.stopped)
     for cell in cells:
         trials = cell.trials()
         found = [results[t.key] for t in trials if t.key in results]
         counts = by_mode.setdefault(ids.mode_of_key(cell.key), Recorded())
-        counts.planned += len(trials)
+        counts.planned += len(found) if cell.key in decided else len(trials)
         counts.recorded += len(found)
         if found:
-            summaries.append(summarize_cell(cell, found))
+            summary = summarize_cell(cell, found)
+            summary.sequential = states.get(cell.key)
+            summaries.append(summary)
             completion_groups += completions_by_task([r for r in found if not r.errored])
     run = Recorded(
         planned=sum(c.planned for c in by_mode.values()),
         recorded=sum(c.recorded for c in by_mode.values()),
     )
+    labels = {c.key: c.column if c.suite_name else f"{c.row} {c.column}" for c in cells}
     gate = evaluate_gate(
         summaries,
         threshold,
         rule,
-        coverage=coverage(cells, results, selected) if selected is not None else None,
+        coverage=coverage(cells, results, selected, decided) if selected is not None else None,
         completion_groups=completion_groups,
+        decisions={labels[key]: state for key, state in states.items()},
+        alpha=(sequential or SequentialGate()).alpha,
     )
     return RunSummary(cells=summaries, gate=gate, run=run, by_mode=by_mode)
+
+
+def _sequential_states(
+    cells: list[Cell],
+    results: dict[str, TrialResult],
+    threshold: float,
+    settings: SequentialGate | None,
+) -> dict[str, SequentialState]:
+    """Each scored cell's sequential state, at the config's level split across its cells."""
+    settings = settings or SequentialGate()
+    runnable = [c for c in cells if c.error is None]
+    alpha = alpha_per_cell(settings.alpha, len(runnable))  # as sequential.recorded_state
+    return {c.key: cell_state(c, results, threshold, alpha, settings.max_trials) for c in runnable}
 
 
 def summary_document(summary: RunSummary, grid: dict) -> dict:

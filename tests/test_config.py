@@ -118,11 +118,11 @@ def test_every_problem_is_reported_at_once_with_its_key(tmp_path):
         ({"benchmark": {"gate_threshold": 1.5}}, "benchmark.gate_threshold: Input should be less"),
         (
             {"benchmark": {"gate_rule": "strict"}},
-            "benchmark.gate_rule: Input should be 'point' or 'wilson' (got 'strict')",
+            "benchmark.gate_rule: Input should be 'point', 'wilson' or 'sequential' (got 'strict')",
         ),
         (
             {"suites": [{"suite_name": "libero_object"}], "gate_rule": "Wilson"},
-            "gate_rule: Input should be 'point' or 'wilson' (got 'Wilson')",
+            "gate_rule: Input should be 'point', 'wilson' or 'sequential' (got 'Wilson')",
         ),
         (
             {"benchmark": {}, "policies": {"p": {"url": "ws://x", "preset": "pi05-libero"}}},

@@ -300,3 +300,31 @@ def test_trial_actors_are_not_planned_into_what_the_sessions_policy_servers_hold
     node = {"CPU": 4.0, "GPU": 2.0, "memory": 8.0 * 2**30}
     assert slots_of(_less(node, held["n2"]), RayResources(num_cpus=1)) == 2
     assert slots_of(_less(node, held["n2"]), RayResources(num_cpus=1, num_gpus=1)) == 0
+
+
+def test_a_sequential_cells_blocks_go_out_in_order_and_stop_when_it_is_decided():
+    """Blocks of two seeds of each task: an actor keeps to its task within a block, and no
+    trial of a later block starts while one of an earlier block waits. Once the cell needs no
+    more (the gate decided after three blocks), its pending trials are delivered not needed,
+    never sent."""
+    cluster = FakeCluster()
+    delivered: list[Delivery] = []
+
+    def needed() -> bool:
+        return sum(d.outcome is not None for d in delivered) < 12
+
+    jobs = []
+    for block in range(5):
+        for task in (0, 1):
+            for seed in (2 * block, 2 * block + 1):
+                j = job(task, seed)
+                j.turn, j.needed = (("b.yaml", "cell"), block), needed
+                jobs.append(j)
+    slots = [Slot(name=f"a{i}", actor=None, node=f"n{i}") for i in range(2)]
+    Dispatcher(cluster, slots, jobs, delivered.append, lambda *a: {}, poll_s=0).run()
+    sent = [int(c.request["nodeid"][-3:]) // 2 for c in cluster.calls]
+    assert sent == sorted(sent)  # block by block
+    assert len(cluster.calls) == 12 and len(delivered) == 20
+    assert {d.job.key for d in delivered if d.not_needed} == {j.key for j in jobs[12:]}
+    by = ran_by(cluster)
+    assert by["a0"][:2] == ["task00::seed000", "task00::seed001"]  # its task, within a block

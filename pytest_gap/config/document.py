@@ -24,6 +24,7 @@ from pytest_gap.config.model import (
     BenchmarkBlock,
     CompositionConfig,
     GateRule,
+    SequentialGate,
     SkillsConfig,
     SuiteEntry,
     TrialsConfig,
@@ -72,6 +73,7 @@ class BenchmarkConfig(Strict):
     # Suites mode's gate threshold and rule (grid mode's live in the benchmark: block).
     gate_threshold: float = Field(default=DEFAULT_GATE_THRESHOLD, ge=0.0, le=1.0)
     gate_rule: GateRule = "point"
+    sequential: SequentialGate = SequentialGate()
     smoke: bool = False
     source: Annotated[Path | None, SERVER_PATH] = Field(default=None, exclude=True)
 
@@ -92,6 +94,11 @@ class BenchmarkConfig(Strict):
     def rule(self) -> GateRule:
         """How the gate reads the pooled success rate against the threshold (report.py)."""
         return self.benchmark.gate_rule if self.benchmark else self.gate_rule
+
+    @property
+    def sequential_gate(self) -> SequentialGate:
+        """How `gate_rule: sequential` decides (the grid's, or the suites config's)."""
+        return self.benchmark.sequential if self.benchmark else self.sequential
 
     @property
     def output_dir(self) -> Path:

@@ -31,8 +31,10 @@ KNOWN_MODES = BUILTIN.names()
 DEFAULT_MODES = BUILTIN.defaults()
 DEFAULT_GATE_THRESHOLD = 0.90
 # point: the pooled success rate must reach the threshold (the spec's gate); wilson: its 95%
-# Wilson interval must lie above it (below: FAIL; straddling it: INCONCLUSIVE, exit 1).
-GateRule = Literal["point", "wilson"]
+# Wilson interval must lie above it (below: FAIL; straddling it: INCONCLUSIVE, exit 1);
+# sequential: each cell's rate is tested after every block of trials, and a decided cell's
+# remaining trials are not run (pytest_gap/sequential.py; the `sequential:` key).
+GateRule = Literal["point", "wilson", "sequential"]
 # What skills see with: the names of skills.context.PERCEPTION_CAMERAS (a test keeps them equal).
 Perception = Literal["privileged", "policy_cameras"]
 # Upper bounds on counts, so that a typo (n_seeds: 10000000000) is a config error and not a plan
@@ -127,6 +129,19 @@ class ModeOverride(Strict):
     extra: dict[str, Any] = {}
 
 
+class SequentialGate(Strict):
+    """How `gate_rule: sequential` decides (pytest_gap/sequential.py)."""
+
+    # The config's level: the chance of a false PASS (or a false FAIL), split across its cells.
+    alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
+    # Seeds of every task per block: the rate is looked at after each whole block. Each block
+    # builds each task's env once (or reuses it from the pool), so fewer seeds per block look
+    # more often and build envs more often.
+    block_seeds: PositiveInt = 5
+    # Stop a cell undecided (INCONCLUSIVE) after this many scored trials; None: its plan.
+    max_trials: PositiveInt | None = None
+
+
 class BenchmarkBlock(Strict):
     # The simulator: a registered backend name or an import string module:Class (sim/backend.py)
     backend: Annotated[str, RemoteValue(installed_backend)] = "libero"
@@ -145,6 +160,7 @@ class BenchmarkBlock(Strict):
     output_dir: Annotated[Path, SERVER_PATH] = Path("benchmark_runs")
     gate_threshold: float = Field(default=DEFAULT_GATE_THRESHOLD, ge=0.0, le=1.0)
     gate_rule: GateRule = "point"
+    sequential: SequentialGate = SequentialGate()
     smoke: bool = False
     mode_overrides: dict[str, ModeOverride] = {}
 

@@ -35,7 +35,7 @@ import pytest
 
 from pytest_gap import hookspecs
 from pytest_gap.modes import BUILTIN_MODES, BUILTIN_PRODUCERS
-from pytest_gap.plugin.collect import collect_file, deselect_other_shards
+from pytest_gap.plugin.collect import collect_file, deselect_other_shards, order_in_blocks
 from pytest_gap.plugin.controller import Controller
 from pytest_gap.plugin.item import TrialItem, carry_record
 from pytest_gap.plugin.options import add_options, check_command_line
@@ -94,8 +94,10 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector):
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """--gap-shard K/N (collect.deselect_other_shards). First (tryfirst), so -k, -m and --lf
-    select within the shard and never change which shard a trial is in."""
+    select within the shard and never change which shard a trial is in. Then the trials of a
+    sequentially gated cell are put in block order (collect.order_in_blocks)."""
     deselect_other_shards(config, items)
+    order_in_blocks(items)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)

@@ -61,6 +61,22 @@ class TrialGroup(pytest.Collector):
                 yield TrialItem.from_parent(self, name=name, trial=child, loaded=self._loaded)
 
 
+def order_in_blocks(items: list[pytest.Item]) -> None:
+    """The trials of a cell gated sequentially run block by block (Cell.blocks: a few seeds of
+    every task, then the next seeds), not task by task as the collection tree holds them: the
+    cell's items keep their places in the list, in the cell's run order (Cell.trials)."""
+    places: dict[tuple[Path, str], list[int]] = {}
+    for index, item in enumerate(items):
+        if isinstance(item, TrialItem) and item.trial.cell.block_seeds:
+            places.setdefault((item.loaded.path, item.trial.cell.key), []).append(index)
+    for indices in places.values():
+        group = [items[i] for i in indices]
+        rank = {trial.id: n for n, trial in enumerate(group[0].trial.cell.trials())}
+        group.sort(key=lambda item: rank[item.trial.id])
+        for index, item in zip(indices, group, strict=True):
+            items[index] = item
+
+
 def deselect_other_shards(config: pytest.Config, items: list[pytest.Item]) -> None:
     """--gap-shard K/N deselects every trial outside shard K, as -k deselects: in each process
     that collects (every xdist worker alike), from the plan of the configs collected, so every

@@ -99,7 +99,19 @@ class Controller(Lead):
         if not self._schedules(config):
             return None
         numnodes = len(parse_tx_spec_config(config))
-        return ModePhaseScheduling(config, log, gate=PhaseGate(self.phase_dir), numnodes=numnodes)
+        return ModePhaseScheduling(
+            config, log, gate=PhaseGate(self.phase_dir), numnodes=numnodes, turn_of=self.turn_of
+        )
+
+    def turn_of(self, nodeid: str) -> tuple[tuple[str, str], int] | None:
+        """(cell, block) of a trial of a cell gated sequentially; None for any other item."""
+        if not is_trial_nodeid(nodeid):
+            return None
+        yaml_part, trial_id = ids.split_node_id(nodeid)
+        trial = self.session.load(self.config.rootpath / yaml_part).trials.get(trial_id)
+        if trial is None or not trial.cell.block_seeds:
+            return None
+        return (yaml_part, trial.cell.key), trial.cell.block_of(trial.seed)
 
     def pytest_unconfigure(self) -> None:
         super().pytest_unconfigure()

@@ -109,10 +109,14 @@ class RayTrials:
             return self.local.result_of(item)
         item.watchdog.pause()  # its actor keeps the trial's time
         try:
-            result, notes = self.execution.result_of(item.nodeid)
+            found = self.execution.result_of(item.nodeid)
         except OSError as exc:  # the controller could not write what the actor sent
             if exc.errno not in NO_ROOM:
                 raise
             raise NotRecorded(exc, item.loaded.run_dir) from None
+        if found is None:  # not sent: the sequential gate stopped its cell meanwhile
+            item.skip_if_not_needed()
+            return self.local.result_of(item)
+        result, notes = found
         item.notes = item.notes + notes
         return result, False

@@ -58,11 +58,22 @@ class TrialItem(pytest.Item):
             self.add_marker(pytest.mark.timeout(cell.timeout_s))
 
     def runtest(self) -> None:
+        self.skip_if_not_needed()
         result, replayed = self.config.stash[TRIALS].result_of(self)
         self.result, self.replayed = result, replayed
         self.user_properties.extend(result.properties())
         if not result.success:
             raise TrialFailed(result, replayed)
+
+    def skip_if_not_needed(self) -> None:
+        """A trial with no record of a cell the sequential gate has stopped is not run: skipped,
+        saying when its cell was decided (sequential.py)."""
+        cell = self.trial.cell
+        stopped = self.loaded.stopped(cell) if cell.block_seeds else None
+        if stopped is not None and read_result(self.loaded.run_dir / self.trial.key) is None:
+            pytest.skip(
+                f"not needed: the sequential gate stopped {cell.row} {cell.column} {stopped.line()}"
+            )
 
     def recorded(self) -> TrialResult | None:
         """The trial's valid record in its run dir, which --gap-resume replays: None when it has

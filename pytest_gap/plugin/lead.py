@@ -269,6 +269,7 @@ class Lead:
                 loaded.config.threshold,
                 loaded.config.rule,
                 selected=self.selected_of(loaded),
+                sequential=loaded.config.sequential_gate,
             )
             # A debug session's trials stay in the run dir: so does its mark.
             summary.gate.debug = self.options.debug_run or was_debug_run(loaded.run_dir)

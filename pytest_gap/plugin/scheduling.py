@@ -13,6 +13,10 @@ parallel, each cell still bounded by its own `num_workers` slots (pytest_gap/thr
   workflow produced), else a task nobody has started, else, at a phase's tail, the next seed of
   the task with the most seeds left (stealing from the worker on it); work stays here until a
   worker needs it, so an idle worker never waits behind another's queue;
+- the trials of a cell gated sequentially go out block by block (Cell.blocks): a trial of a
+  later block only once every trial of the earlier ones has been handed out, so the gate's
+  next look comes as early as the workers allow (a worker still keeps to its task within a
+  block);
 - a worker that dies gives its queued trials back (its running one is xdist's crash item), so a
   SIGKILLed worker neither hangs the session nor loses trials (the reason xdist's loadscope,
   which keeps scopes whole but stalls after a crash, was not used).
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,6 +42,8 @@ from xdist.report import report_collection_diff
 
 from pytest_gap import ids
 
+# A trial of a cell gated sequentially: ((its YAML, its cell's key), its block).
+Turn = tuple[tuple[str, str], int]
 # A worker holds the trial it runs and the one it runs next (xdist needs that next one).
 QUEUE_DEPTH = 2
 POLL_S = 0.1
@@ -89,8 +95,18 @@ class Node(Protocol):
 class ModePhaseScheduling:
     """xdist's `Scheduling` protocol: phases in sequence, a task's seeds on one worker."""
 
-    def __init__(self, config: Any, log: Any = None, *, gate: PhaseGate, numnodes: int):
+    def __init__(
+        self,
+        config: Any,
+        log: Any = None,
+        *,
+        gate: PhaseGate,
+        numnodes: int,
+        turn_of: Callable[[str], Turn | None] = lambda nodeid: None,
+    ):
         self.config, self.gate, self.numnodes = config, gate, numnodes
+        # nodeid -> (its cell, its block) for a trial of a cell gated sequentially, else None
+        self.turn_of = turn_of
         self.log = log.modephasesched if log is not None else (lambda *a: None)
         self.node2collection: dict[Any, list[str]] = {}
         self.node2pending: dict[Any, list[int]] = {}
@@ -98,6 +114,7 @@ class ModePhaseScheduling:
         self.collection: list[str] | None = None
         self.phase: list[int] = []  # item index -> phase
         self.task: list[str] = []  # item index -> task key
+        self.turn: list[Turn | None] = []  # item index -> (cell, block) or None
         self.unsent: list[int] = []  # not handed out yet, in collection order
         self.outstanding: dict[int, set[int]] = {}  # phase -> items not complete
         self.opened = 0  # phases 0..opened-1 are complete (the gate says so)
@@ -143,6 +160,7 @@ class ModePhaseScheduling:
             self.collection = collections[0]
             self.phase = phases(self.collection)
             self.task = [ids.task_of(n) for n in self.collection]
+            self.turn = [self.turn_of(n) for n in self.collection]
             self.unsent = list(range(len(self.collection)))
             for index, phase in enumerate(self.phase):
                 self.outstanding.setdefault(phase, set()).add(index)
@@ -216,7 +234,7 @@ class ModePhaseScheduling:
         if not candidates:
             return None
         phase = min(self.phase[i] for i in candidates)
-        candidates = [i for i in candidates if self.phase[i] == phase]
+        candidates = in_turn([i for i in candidates if self.phase[i] == phase], self.turn)
         mine = self.node2task.get(node)
         for index in candidates:  # the next seed of its own task: the env is warm
             if self.task[index] == mine:
@@ -239,6 +257,17 @@ class ModePhaseScheduling:
                 self.log(msg)
                 report = _collect_report(node.gateway.id, msg)
                 self.config.hook.pytest_collectreport(report=report)
+
+
+def in_turn(candidates: list[int], turn: Sequence[Turn | None]) -> list[int]:
+    """The `candidates` whose turn it is: every one outside a block, and of each sequentially
+    gated cell those of its earliest block still among them."""
+    earliest: dict[tuple[str, str], int] = {}
+    for index in candidates:
+        if turn[index] is not None:
+            cell, block = turn[index]
+            earliest[cell] = min(earliest.get(cell, block), block)
+    return [i for i in candidates if turn[i] is None or turn[i][1] == earliest[turn[i][0]]]
 
 
 def _collect_report(nodeid: str, msg: str):

@@ -20,10 +20,12 @@ from pytest_gap.errors import GapError
 from pytest_gap.layout import POLICY_LOGS_DIR, resolve_run_dir
 from pytest_gap.plugin.options import GapOptions
 from pytest_gap.run.devices import pin
+from pytest_gap.sequential import SequentialState, recorded_state
 from pytest_gap.session_plan import SessionPlan, session_mode_table
 
 if TYPE_CHECKING:
     from pytest_gap.modes import ModeTable
+    from pytest_gap.plan import Cell
     from pytest_gap.results import TrialResult
 
 
@@ -42,6 +44,17 @@ class LoadedConfig(SessionPlan):
         output_dir = options.output_dir or self.config.output_dir
         self.run_dir = resolve_run_dir(output_dir, session.stamp, options.reuse_latest)
         self.mark_unavailable(session.unavailable.get(str(path), {}))
+
+    def stopped(self, cell: Cell) -> SequentialState | None:
+        """The sequential gate's state of `cell` as the run dir records it now, when it needs
+        no more trials (decided, or at its cap); None when the config does not gate
+        sequentially or the cell goes on."""
+        if self.config.rule != "sequential":
+            return None
+        state = recorded_state(
+            self.run_dir, cell, self.all_cells, self.config.threshold, self.config.sequential_gate
+        )
+        return state if state.stopped else None
 
 
 class GapSession:

@@ -80,6 +80,7 @@ class SingleProcess(Lead):
             benchmark=config,
             llm=config.llm,
             max_validation_retries=config.composition.max_validation_retries,
+            needed=lambda: loaded.stopped(item.trial.cell) is None,
         )
 
     def parallel(self) -> int:

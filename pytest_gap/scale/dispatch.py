@@ -54,6 +54,10 @@ class Job:
     timeout_s: float  # the trial's watchdog limit; 0: none
     request: dict[str, Any]
     broken: list[dict[str, Any]] = field(default_factory=list)
+    # A trial of a cell gated sequentially: (its cell, its block); the cell's blocks go out in
+    # order. `needed` says whether the cell still needs trials (read from the records).
+    turn: tuple[tuple[str, str], int] | None = None
+    needed: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -98,6 +102,7 @@ class Delivery:
     job: Job
     outcome: dict[str, Any] | None = None  # the actor's return value
     lost: str | None = None  # why no actor could finish it (its actor died twice, none left)
+    not_needed: bool = False  # never sent: the sequential gate stopped its cell
     timed_out_s: float | None = None  # killed this long after it started (past its limit)
     worker: str | None = None
 
@@ -128,8 +133,16 @@ class Dispatcher:
         return sum(1 for s in self.slots if s.job is not None and s.job.throttle == throttle)
 
     def next_for(self, slot: Slot) -> Job | None:
-        """The job `slot` should run next (module docstring), None if none may start now."""
+        """The job `slot` should run next (module docstring), None if none may start now. The
+        pending jobs of a cell the sequential gate has stopped are delivered as not needed."""
         room = [j for j in self.pending if self._in_flight(j.throttle) < j.limit]
+        room = [j for j in room if j.turn is None or j.turn[1] == self._earliest(j.turn[0])]
+        asked = {j.turn[0]: j.needed for j in room if j.turn is not None and j.needed is not None}
+        stopped = {cell for cell, needed in asked.items() if not needed()}  # once per cell
+        for job in [j for j in self.pending if j.turn is not None and j.turn[0] in stopped]:
+            self.pending.remove(job)
+            self.deliver(Delivery(job, not_needed=True))
+        room = [j for j in room if j.turn is None or j.turn[0] not in stopped]
         if not room:
             return None
         held = {s.last_scene for s in self.slots if s.alive and s is not slot}
@@ -140,6 +153,10 @@ class Dispatcher:
         )
         self.pending.remove(pick)
         return pick
+
+    def _earliest(self, cell: tuple[str, str]) -> int:
+        """The earliest block of `cell` with a job pending: its jobs go out first."""
+        return min(j.turn[1] for j in self.pending if j.turn is not None and j.turn[0] == cell)
 
     def requeue(self, job: Job) -> None:
         """Run `job` again, next (from `deliver`: its policy server died under it and is back)."""

@@ -98,6 +98,7 @@ class _MergeJob:
             benchmark.threshold,
             benchmark.rule,
             selected={t.id for t in planned},
+            sequential=benchmark.sequential_gate,
         )
         config.hook.pytest_gap_write_outputs(
             config=config, run_dir=merge.out, summary=summary, results=results, benchmark=benchmark

@@ -80,6 +80,8 @@ class Planned:
     benchmark: Any  # the config (BenchmarkConfig): its managed servers' supervision
     llm: Any  # LLMConfig
     max_validation_retries: int
+    # False once the sequential gate has stopped the trial's cell (read from the run dir)
+    needed: Callable[[], bool] | None = None
 
 
 class RayExecution:
@@ -97,6 +99,7 @@ class RayExecution:
         self._results: dict[str, TrialResult] = {}
         self._notes: dict[str, list[str]] = {}
         self._unrecorded: dict[str, OSError] = {}
+        self._not_needed: set[str] = set()  # the sequential gate stopped their cells
         # Trials of a managed server: its state when each was sent (ServerWatch.before_trial),
         # and those re-run once already because it died under them.
         self._before: dict[str, Any] = {}
@@ -231,6 +234,10 @@ class RayExecution:
             limit=cell.num_workers,
             timeout_s=cell.timeout_s,
             request=request,
+            turn=((str(p.config), cell.key), cell.block_of(p.trial.seed))
+            if cell.block_seeds
+            else None,
+            needed=p.needed,
         )
 
     def _dispatch(self) -> None:
@@ -279,6 +286,10 @@ class RayExecution:
 
     def _deliver(self, delivery: Delivery) -> None:
         job = delivery.job
+        if delivery.not_needed:  # its item skips, saying why (TrialItem.skip_if_not_needed)
+            self._not_needed.add(job.key)
+            self._done[job.key].set()
+            return
         p = self._planned[job.key]
         earlier = [EarlierAttempt.model_validate(b) for b in job.broken]
         files: dict[str, bytes] | None = None
@@ -349,11 +360,14 @@ class RayExecution:
     def planned(self, nodeid: str) -> bool:
         return nodeid in self._done
 
-    def result_of(self, nodeid: str) -> tuple[TrialResult, list[str]]:
-        """The trial's record once the cluster ran it (blocks); its notes (a re-run). Raises
-        the OSError that kept the controller from writing it into the run dir."""
+    def result_of(self, nodeid: str) -> tuple[TrialResult, list[str]] | None:
+        """The trial's record once the cluster ran it (blocks); its notes (a re-run). None:
+        it was not sent, its cell stopped by the sequential gate. Raises the OSError that kept
+        the controller from writing it into the run dir."""
         while not self._done[nodeid].wait(1.0):  # a timed wait: Ctrl-C gets through
             pass
+        if nodeid in self._not_needed:
+            return None
         if nodeid in self._unrecorded:
             raise self._unrecorded[nodeid]
         result = self._results.get(nodeid)

@@ -272,7 +272,13 @@ class ServiceRun:
     def folded(self) -> tuple[RunSummary, dict[str, TrialResult]]:
         """The run's summary and the records it folds (keyed by trial dir)."""
         results = scan_results(self.run_dir)
-        summary = fold_run(self.cells, results, self.config.threshold, self.config.rule)
+        summary = fold_run(
+            self.cells,
+            results,
+            self.config.threshold,
+            self.config.rule,
+            sequential=self.config.sequential_gate,
+        )
         return summary, results
 
 
