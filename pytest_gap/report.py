@@ -10,6 +10,8 @@ and writes the tables.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel
 
 from pytest_gap import ids
@@ -26,6 +28,9 @@ from pytest_gap.plan import Cell
 from pytest_gap.redaction import redact_tree
 from pytest_gap.results import TrialResult, now_iso
 from pytest_gap.sequential import SequentialState, alpha_per_cell, cell_state
+
+if TYPE_CHECKING:
+    from pytest_gap.config.document import BenchmarkConfig
 
 TSV_COLUMNS = (
     "mode",
@@ -211,6 +216,16 @@ def fold_run(
         alpha=(sequential or SequentialGate()).alpha,
     )
     return RunSummary(cells=summaries, gate=gate, run=run, by_mode=by_mode)
+
+
+def fold_config(
+    cells: list[Cell],
+    results: dict[str, TrialResult],
+    config: BenchmarkConfig,
+    selected: set[str] | None = None,
+) -> RunSummary:
+    """`fold_run` with `config`'s gate: its threshold, rule and sequential settings."""
+    return fold_run(cells, results, config.threshold, config.rule, selected, config.sequential_gate)
 
 
 def _sequential_states(

@@ -76,6 +76,24 @@ def _give_up_config(tmp: Path, output_dir: str) -> dict:
     }
 
 
+def _first_session_written(pytester, result) -> tuple[Path, dict, str]:
+    """What the third-party writer recorded of the first session over both configs (each
+    trial once, on the process that writes outputs; the main job's config and gate): the run
+    dir, that record, and the main job's trial node id."""
+    assert result.ret == 1, result.stdout.str()  # give_up fails: gate FAIL
+    (run_dir,) = (pytester.path / "benchmark_runs/grid").iterdir()
+    written = json.loads((run_dir / "third_party.json").read_text())
+    nodeid = "benchmarks/grid.yaml::workflow::fake/easy::task00::seed000"
+    other = "elsewhere.yaml::workflow::fake/easy::task00::seed000"
+    assert sorted(written["seen"], key=lambda s: s["nodeid"]) == [
+        {"nodeid": nodeid, "success": False, "replayed": False, "on_worker": False},
+        {"nodeid": other, "success": False, "replayed": False, "on_worker": False},
+    ]
+    assert written["config"] == str(pytester.path / "benchmarks/grid.yaml")
+    assert written["gate"].startswith("gate FAIL: success_rate=0.000")
+    return run_dir, written, nodeid
+
+
 def _git(cwd: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
@@ -105,19 +123,9 @@ def test_a_third_party_writer_and_the_repo_conftest_get_every_trial_and_the_summ
     result = pytester.runpytest_subprocess(
         "benchmarks", "elsewhere.yaml", "-p", "gap_writer", "-n", "2", timeout=300
     )
-    assert result.ret == 1, result.stdout.str()  # give_up fails: gate FAIL
-    (run_dir,) = (pytester.path / "benchmark_runs/grid").iterdir()
-    written = json.loads((run_dir / "third_party.json").read_text())
-    nodeid = "benchmarks/grid.yaml::workflow::fake/easy::task00::seed000"
     # on the xdist controller, once per trial of the session (both configs')
-    other = "elsewhere.yaml::workflow::fake/easy::task00::seed000"
-    assert sorted(written["seen"], key=lambda s: s["nodeid"]) == [
-        {"nodeid": nodeid, "success": False, "replayed": False, "on_worker": False},
-        {"nodeid": other, "success": False, "replayed": False, "on_worker": False},
-    ]
+    run_dir, written, nodeid = _first_session_written(pytester, result)
     assert not written["on_worker"]
-    assert written["config"] == str(pytester.path / "benchmarks/grid.yaml")
-    assert written["gate"].startswith("gate FAIL: success_rate=0.000")
     assert written["cells"] == ["workflow/fake/easy"]
     assert written["results"] == ["workflow/fake/easy/task_00/seed_000"]
     # the harness's writers ran before it; the done flag is written after every writer
@@ -169,17 +177,7 @@ def test_a_third_party_writer_and_the_repo_conftest_in_process(pytester):
     )
 
     result = pytester.runpytest_inprocess("benchmarks", "elsewhere.yaml", "-p", "gap_writer")
-    assert result.ret == 1, result.stdout.str()  # give_up fails: gate FAIL
-    (run_dir,) = (pytester.path / "benchmark_runs/grid").iterdir()
-    written = json.loads((run_dir / "third_party.json").read_text())
-    nodeid = "benchmarks/grid.yaml::workflow::fake/easy::task00::seed000"
-    other = "elsewhere.yaml::workflow::fake/easy::task00::seed000"
-    assert sorted(written["seen"], key=lambda s: s["nodeid"]) == [
-        {"nodeid": nodeid, "success": False, "replayed": False, "on_worker": False},
-        {"nodeid": other, "success": False, "replayed": False, "on_worker": False},
-    ]
-    assert written["config"] == str(pytester.path / "benchmarks/grid.yaml")
-    assert written["gate"].startswith("gate FAIL: success_rate=0.000")
+    run_dir, written, nodeid = _first_session_written(pytester, result)
     assert written["cells"] == ["workflow/fake/easy"]
     assert written["results"] == ["workflow/fake/easy/task_00/seed_000"]
     assert written["summary_tsv_exists"] and not written["done_flag_exists"]

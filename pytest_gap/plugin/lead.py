@@ -259,17 +259,12 @@ class Lead:
     def write_outputs(self) -> None:
         """Fold each touched config's run dir and hand it to every writer."""
         from pytest_gap.outputs.manifest import was_debug_run
-        from pytest_gap.report import fold_run
+        from pytest_gap.report import fold_config
 
         for path, loaded in self.tally.touched.items():
             results = scan_results(loaded.run_dir)
-            summary = fold_run(
-                loaded.all_cells,
-                results,
-                loaded.config.threshold,
-                loaded.config.rule,
-                selected=self.selected_of(loaded),
-                sequential=loaded.config.sequential_gate,
+            summary = fold_config(
+                loaded.all_cells, results, loaded.config, self.selected_of(loaded)
             )
             # A debug session's trials stay in the run dir: so does its mark.
             summary.gate.debug = self.options.debug_run or was_debug_run(loaded.run_dir)

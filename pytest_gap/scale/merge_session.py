@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gap.errors import GapError
-from pytest_gap.report import fold_run
+from pytest_gap.report import fold_config
 from pytest_gap.results import scan_results
 from pytest_gap.scale.merge import (
     Merge,
@@ -92,14 +92,7 @@ class _MergeJob:
         notes = merge.write(selection)
         results = scan_results(merge.out)
         benchmark = loaded.config
-        summary = fold_run(
-            loaded.all_cells,
-            results,
-            benchmark.threshold,
-            benchmark.rule,
-            selected={t.id for t in planned},
-            sequential=benchmark.sequential_gate,
-        )
+        summary = fold_config(loaded.all_cells, results, benchmark, {t.id for t in planned})
         config.hook.pytest_gap_write_outputs(
             config=config, run_dir=merge.out, summary=summary, results=results, benchmark=benchmark
         )

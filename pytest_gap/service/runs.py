@@ -40,7 +40,7 @@ from pytest_gap.layout import RESULT_FILE, SMOKE_DIR, inside
 from pytest_gap.plan import Cell, Trial, all_trials, plan
 from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.producers.templates import template_names
-from pytest_gap.report import RunSummary, fold_run
+from pytest_gap.report import RunSummary, fold_config
 from pytest_gap.results import TrialResult, now_iso, read_result, scan_results, write_json
 from pytest_gap.service.protocol import SplitName, Submit, Submitted
 
@@ -272,14 +272,7 @@ class ServiceRun:
     def folded(self) -> tuple[RunSummary, dict[str, TrialResult]]:
         """The run's summary and the records it folds (keyed by trial dir)."""
         results = scan_results(self.run_dir)
-        summary = fold_run(
-            self.cells,
-            results,
-            self.config.threshold,
-            self.config.rule,
-            sequential=self.config.sequential_gate,
-        )
-        return summary, results
+        return fold_config(self.cells, results, self.config), results
 
 
 def submit(runs_dir: Path, request: Submit, splits: Splits | None = None) -> Submitted:
