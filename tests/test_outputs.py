@@ -76,6 +76,17 @@ def _give_up_config(tmp: Path, output_dir: str) -> dict:
     }
 
 
+def _writer_project(root: Path) -> None:
+    """The repo's conftest.py, the third-party writer plugin, the main job
+    (benchmarks/grid.yaml) and a second config elsewhere, both of one give-up trial."""
+    shutil.copy(ROOT / "conftest.py", root / "conftest.py")
+    (root / "gap_writer.py").write_text(WRITER)
+    (root / "benchmarks").mkdir()
+    main_job = _give_up_config(root, "../benchmark_runs/grid")
+    (root / "benchmarks/grid.yaml").write_text(yaml.safe_dump(main_job))
+    (root / "elsewhere.yaml").write_text(yaml.safe_dump(_give_up_config(root, "other_runs")))
+
+
 def _first_session_written(pytester, result) -> tuple[Path, dict, str]:
     """What the third-party writer recorded of the first session over both configs (each
     trial once, on the process that writes outputs; the main job's config and gate): the run
@@ -107,14 +118,7 @@ def _git(cwd: Path, *args: str) -> str:
 def test_a_third_party_writer_and_the_repo_conftest_get_every_trial_and_the_summary(pytester):
     path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
     pytester._monkeypatch.setenv("PYTHONPATH", path)  # where the fake backend is
-    shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
-    (pytester.path / "gap_writer.py").write_text(WRITER)
-    (pytester.path / "benchmarks").mkdir()
-    main_job = _give_up_config(pytester.path, "../benchmark_runs/grid")
-    (pytester.path / "benchmarks/grid.yaml").write_text(yaml.safe_dump(main_job))
-    (pytester.path / "elsewhere.yaml").write_text(
-        yaml.safe_dump(_give_up_config(pytester.path, "other_runs"))
-    )
+    _writer_project(pytester.path)
     _git(pytester.path, "init", "-q")
     _git(pytester.path, "add", "conftest.py")
     _git(pytester.path, "commit", "-q", "-m", "x")
@@ -167,14 +171,7 @@ def test_a_third_party_writer_and_the_repo_conftest_in_process(pytester):
     process, without xdist (a session outside git records `-` for its commit)."""
     pytester._monkeypatch.syspath_prepend(str(TESTS))  # where the fake backend is
     pytester.syspathinsert()  # where the writer is
-    shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
-    (pytester.path / "gap_writer.py").write_text(WRITER)
-    (pytester.path / "benchmarks").mkdir()
-    main_job = _give_up_config(pytester.path, "../benchmark_runs/grid")
-    (pytester.path / "benchmarks/grid.yaml").write_text(yaml.safe_dump(main_job))
-    (pytester.path / "elsewhere.yaml").write_text(
-        yaml.safe_dump(_give_up_config(pytester.path, "other_runs"))
-    )
+    _writer_project(pytester.path)
 
     result = pytester.runpytest_inprocess("benchmarks", "elsewhere.yaml", "-p", "gap_writer")
     run_dir, written, nodeid = _first_session_written(pytester, result)
