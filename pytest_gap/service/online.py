@@ -12,17 +12,11 @@ are never logged, written under the runs dir, or put on a command line.
                                                                   first; X-Total-Count: all)
     GET  /tasks/<task id>                                      -> Task
 
-A ready task carries its run's secret (`run_secret`, beside `endpoint`): its owner's client
-presents it to attach. The task servers get the allow-listed environment (doors.child_env) and
-their token: no operator API key reaches them.
-
-Limits (`Limits`; everything from the network is untrusted and must not hold the platform): each
-owner has at most `max_tasks_per_owner` tasks queued or ready (429) and the platform at most
-`max_queued` queued (503); a ready task no client attaches to within `attach_timeout_s` ends as
-`expired` and gives its place back; each owner's ended tasks are kept for `keep_ended` (older
-ones are forgotten; their run dirs stay); a body needs a Content-Length of at most MAX_BODY_BYTES
-(411/400/413 before anything is read); a connection idle for `request_timeout_s` is closed
-(408), and at most `max_connections` are served at once (503 beyond).
+A ready task's run secret, the task servers' environment and the limits on tasks are
+platform.py's (see its docstring). Here are the limits on a request itself: a body needs a
+Content-Length of at most MAX_BODY_BYTES (411/400/413 before anything is read); a connection
+idle for `request_timeout_s` is closed (408), and at most `max_connections` are served at once
+(503 beyond).
 """
 
 from __future__ import annotations
