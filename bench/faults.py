@@ -640,9 +640,9 @@ def fault_llm_hang(root: Path) -> Row:
     row, _ = _llm_fault(
         root,
         "llm_hang",
-        "LLM never answers one request (llm.timeout_s 10, watchdog 40 s)",
+        "LLM never answers one request (llm.timeout_s 5, watchdog 40 s)",
         [{"hang": True}],
-        llm={"timeout_s": 10},
+        llm={"timeout_s": 5},
         task_timeout_secs=40,
     )
     return row

@@ -498,6 +498,8 @@ def test_a_real_policy_ab_run_compares_through_the_gap_command(pytester, capsys)
     ways round, and the table's counts are the session's own."""
     config = yaml.safe_load((ROOT / "benchmarks/policy_ab.yaml").read_text())
     config["benchmark"].update(task_ids=[0], n_seeds=2, num_workers=1, output_dir="runs")
+    # the oracle needs about 150 steps here; the random policy would use the suite's 280
+    config["trials"]["max_steps"] = 170
     (pytester.path / "ab.yaml").write_text(yaml.safe_dump(config))
     session = pytester.runpytest_subprocess("ab.yaml", "-p", "no:cacheprovider", timeout=120)
     assert session.ret in (0, 1), session.stdout.str()
@@ -508,6 +510,7 @@ def test_a_real_policy_ab_run_compares_through_the_gap_command(pytester, capsys)
         p: sum(r.success for r in records.values() if r.policy_id == p)
         for p in ("scripted", "random")
     }
+    assert wins["scripted"] > wins["random"], wins  # counts that cannot be a table of zeros
 
     def gap_compare(*args):
         return subprocess.run(

@@ -42,6 +42,8 @@ def _digests(env, seeds) -> dict[int, tuple[str, str]]:
     out = {}
     for seed in seeds:
         env.reset(seed)
+        if hasattr(env, "_bench"):  # what vla-eval's LIBEROBenchmark seeds its new env with
+            assert env._bench.env_seed == seed  # (vla-eval's default: 7, once)
         out.setdefault(seed, (env.episode.init_state_digest, env.episode.scene_digest))
         assert out[seed] == (env.episode.init_state_digest, env.episode.scene_digest), seed
     return out
