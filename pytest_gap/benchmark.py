@@ -161,6 +161,7 @@ def pytest_args(
     ray: str | None = None,
     shard: str | None = None,
     verbose: bool = False,
+    baseline: str | Path | None = None,
     report_json: Path,
 ) -> list[str]:
     args = [str(config_path), f"--gap-report-json={report_json}", "--gap-progress"]
@@ -176,6 +177,8 @@ def pytest_args(
         args.append(f"--gap-output-dir={Path(output_dir).resolve()}")
     if shard:
         args.append(f"--gap-shard={shard}")
+    if baseline:
+        args.append(f"--gap-baseline={Path(baseline).resolve()}")
     if ray:  # trials on Ray actors, not xdist workers
         args.append(f"--gap-ray={ray}")
     elif workers > 1:
@@ -254,6 +257,7 @@ def _prepare(
     ray: str | None = None,
     shard: str | None = None,
     verbose: bool = False,
+    baseline: str | Path | None = None,
 ) -> tuple[Path, list[str], Path, int]:
     """Check the config (its errors before any trial) and build the session's pytest args:
     (config path, args, where the session reports, workers)."""
@@ -288,6 +292,7 @@ def _prepare(
         ray=ray,
         shard=shard,
         verbose=verbose,
+        baseline=baseline,
         report_json=report_json,
     )
     return path, args, report_json, workers
@@ -349,8 +354,10 @@ async def run_benchmark(
     shard: str | None = None,
     verbose: bool = False,
     quiet: bool = False,
+    baseline: str | Path | None = None,
 ) -> BenchmarkSummary:
     options = {
+        "baseline": baseline,
         "gate": gate,
         "resume": resume,
         "families": families,

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, model_validator
 
 from pytest_gap import intervals
+from pytest_gap.baseline import BaselineOutcome
 from pytest_gap.cell_summary import CellSummary, pooled_reference, reference_rate
 from pytest_gap.config.model import GateRule
 from pytest_gap.plan import Cell
@@ -53,7 +54,7 @@ class Gate(BaseModel):
 
     passed: bool
     verdict: Verdict
-    rule: GateRule = "point"
+    rule: GateRule | Literal["baseline"] = "point"
     success_rate: float
     completion_rate: float
     threshold: float
@@ -76,6 +77,9 @@ class Gate(BaseModel):
     # column), in plan order.
     alpha: float | None = None
     decisions: dict[str, SequentialState] = {}
+    # gate.baseline: the paired reading against the baseline run (rule "baseline"), which
+    # decides instead of the threshold.
+    baseline: BaselineOutcome | None = None
     # Recorded by an in-process debug session (GAP_PARALLEL_INPROC=1): not for scoring.
     debug: bool = False
 
@@ -88,6 +92,8 @@ class Gate(BaseModel):
         return data
 
     def line(self) -> str:
+        if self.baseline is not None:
+            return self._baseline_line(self.baseline)
         values = f"success_rate={self.success_rate:.3f}"
         if self.rule == "wilson" and self.success_ci_low is not None:
             values += f" ci95=[{self.success_ci_low:.3f},{self.success_ci_high:.3f}]"
@@ -101,6 +107,17 @@ class Gate(BaseModel):
         notes = self.reasons + ([f"decided: {'; '.join(decided)}"] if decided else [])
         reasons = f" ({'; '.join(notes)})" if notes else ""
         # Coverage last: what is read (and matched) first stays the spec's `gate V: rate threshold`
+        coverage = f"; {self.coverage.line()}" if self.coverage is not None else ""
+        debug = f" {DEBUG_RUN_NOTE}" if self.debug else ""
+        return f"gate {self.verdict}: {values}{reasons}{coverage}{debug}"
+
+    def _baseline_line(self, against: BaselineOutcome) -> str:
+        rate = against.baseline_rate
+        values = f"success_rate={self.success_rate:.3f}"
+        values += f" baseline={rate:.3f}" if rate is not None else " baseline=-"
+        values += f" margin={against.margin:g} rule=baseline:{against.rule} alpha={against.alpha:g}"
+        notes = self.reasons + (against.notes() if self.verdict == "PASS" else [])
+        reasons = f" ({'; '.join(notes)})" if notes else ""
         coverage = f"; {self.coverage.line()}" if self.coverage is not None else ""
         debug = f" {DEBUG_RUN_NOTE}" if self.debug else ""
         return f"gate {self.verdict}: {values}{reasons}{coverage}{debug}"
@@ -121,6 +138,7 @@ def evaluate_gate(
     completion_groups: list[list[float]] | None = None,
     decisions: dict[str, SequentialState] | None = None,
     alpha: float | None = None,
+    baseline: BaselineOutcome | None = None,
 ) -> Gate:
     """The gate over `cells`. It fails on no scored trial, an errored cell, or (given
     `coverage`) a planned trial with no record; otherwise `rule` decides: `point` passes when
@@ -149,7 +167,13 @@ def evaluate_gate(
     completion_ci = intervals.cluster_bootstrap(completion_groups or [])
     verdict: Verdict = "FAIL" if reasons else "PASS"
     to_decide = None
-    if rule == "point" and n_trials and rate < threshold:
+    if baseline is not None:
+        # the baseline decides instead of the threshold: fails only where this run is shown
+        # worse than it (or the pairs are not the same episodes)
+        rule, found = "baseline", baseline.reasons()
+        reasons += found
+        verdict = "FAIL" if reasons else "PASS"
+    elif rule == "point" and n_trials and rate < threshold:
         reasons.append(f"success rate below threshold ({n_success}/{n_trials})")
         verdict = "FAIL"
     elif rule == "wilson" and n_trials and success_ci[0] < threshold:
@@ -188,6 +212,7 @@ def evaluate_gate(
         coverage=coverage,
         alpha=alpha if rule == "sequential" else None,
         decisions=(decisions or {}) if rule == "sequential" else {},
+        baseline=baseline,
     )
 
 

@@ -201,8 +201,8 @@ def plan(
         cells = _suite_cells(config, source, mode_table or BUILTIN)
     else:
         cells = _grid_cells(config, source, families, modes, mode_table or BUILTIN)
-    if config.rule == "sequential":
-        k = config.sequential_gate.block_seeds
+    if config.block_seeds:
+        k = config.block_seeds
         cells = [c.model_copy(update={"block_seeds": min(k, len(c.seeds))}) for c in cells]
     return cells
 

@@ -74,6 +74,8 @@ NOT_COVERED: dict[str, str] = {
     "gate.py": "the verdict on the recorded rates",
     "sequential.py": "the sequential gate's verdicts on recorded rates, and so which trials are "
     "still run; never what a trial does",
+    "baseline.py": "the baseline gate's verdicts on paired records, and so which trials are "
+    "still run; never what a trial does",
     "cell_summary.py": "a cell's rates from its records",
     "intervals.py": "intervals on recorded rates",
     "compare/**/*.py": "statistics over two runs' records",
@@ -235,6 +237,7 @@ PLAN_EXCLUDED: dict[str, tuple[str, ...]] = {
         "gate_rule",
         "benchmark.gate_threshold",
         "benchmark.gate_rule",
+        "gate",  # the baseline a run is gated against
     ),
     # how many trials run at once, and how servers are started: throughput, not outcomes
     "concurrency": (

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from pytest_gap import ids
+from pytest_gap.baseline import Baseline, BaselineOutcome, load_baseline, unreadable
+from pytest_gap.baseline import outcome as baseline_outcome
 from pytest_gap.cell_summary import (
     CellSummary,
     completions_by_task,
@@ -23,6 +25,7 @@ from pytest_gap.cell_summary import (
     summarize_cell,
 )
 from pytest_gap.config.model import GateRule, SequentialGate
+from pytest_gap.errors import GapError
 from pytest_gap.gate import Gate, coverage, evaluate_gate
 from pytest_gap.plan import Cell
 from pytest_gap.redaction import redact_tree
@@ -176,20 +179,30 @@ def fold_run(
     rule: GateRule = "point",
     selected: set[str] | None = None,
     sequential: SequentialGate | None = None,
+    baseline: Baseline | BaselineOutcome | None = None,
 ) -> RunSummary:
     """Fold `results` (keyed by trial dir, as `scan_results` returns them) over the planned
     `cells`; records of trials no longer planned are ignored. Given `selected` (the trial ids a
     session selected), the gate checks coverage too: a selected trial with no record fails it.
     Under `rule: sequential` each cell's state is read from its records (`sequential`: the
     config's settings; default ones if None), and a decided cell's trials with no record are
-    not needed: they count in no scope's planned trials."""
+    not needed: they count in no scope's planned trials. Given a `baseline` (baseline.py),
+    the gate reads each cell against it instead of the threshold (a BaselineOutcome: one that
+    could not be read, its problem the gate's reason)."""
     summaries: list[CellSummary] = []
     by_mode: dict[str, Recorded] = {}
     completion_groups: list[list[float]] = []
     states = (
         _sequential_states(cells, results, threshold, sequential) if rule == "sequential" else {}
     )
-    decided = frozenset(key for key, state in states.items() if state.stopped)
+    labels = {c.key: c.column if c.suite_name else f"{c.row} {c.column}" for c in cells}
+    against = baseline
+    if isinstance(baseline, Baseline):
+        against = baseline_outcome(cells, results, baseline, labels)
+        stopped = {c.key for c in cells if labels[c.key] in against.states}
+        decided = frozenset(k for k in stopped if against.states[labels[k]].stopped)
+    else:
+        decided = frozenset(key for key, state in states.items() if state.stopped)
     for cell in cells:
         trials = cell.trials()
         found = [results[t.key] for t in trials if t.key in results]
@@ -205,7 +218,6 @@ def fold_run(
         planned=sum(c.planned for c in by_mode.values()),
         recorded=sum(c.recorded for c in by_mode.values()),
     )
-    labels = {c.key: c.column if c.suite_name else f"{c.row} {c.column}" for c in cells}
     gate = evaluate_gate(
         summaries,
         threshold,
@@ -214,6 +226,7 @@ def fold_run(
         completion_groups=completion_groups,
         decisions={labels[key]: state for key, state in states.items()},
         alpha=(sequential or SequentialGate()).alpha,
+        baseline=against,
     )
     return RunSummary(cells=summaries, gate=gate, run=run, by_mode=by_mode)
 
@@ -223,9 +236,25 @@ def fold_config(
     results: dict[str, TrialResult],
     config: BenchmarkConfig,
     selected: set[str] | None = None,
+    baseline: Baseline | None = None,
 ) -> RunSummary:
-    """`fold_run` with `config`'s gate: its threshold, rule and sequential settings."""
-    return fold_run(cells, results, config.threshold, config.rule, selected, config.sequential_gate)
+    """`fold_run` with `config`'s gate: its threshold, rule and sequential settings, or its
+    baseline (`baseline`, already loaded; else loaded here from `gate.baseline`)."""
+    against: Baseline | BaselineOutcome | None = baseline
+    if against is None and config.gate.baseline is not None:
+        try:
+            against = load_baseline(config, cells)
+        except GapError as exc:  # moved or deleted since the session started
+            against = unreadable(config, str(exc))
+    return fold_run(
+        cells,
+        results,
+        config.threshold,
+        config.rule,
+        selected,
+        config.sequential_gate,
+        against,
+    )
 
 
 def _sequential_states(

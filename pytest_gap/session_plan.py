@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pytest_gap.baseline import baseline_of
 from pytest_gap.config.document import load_config
 from pytest_gap.modes import ModeTable
 from pytest_gap.plan import plan
@@ -31,11 +32,14 @@ def session_mode_table(config: Any) -> ModeTable:
 
 def session_selection(config: Any) -> dict[str, Any]:
     """What of the session's command line plans a config (`SessionPlan`'s keywords): its
-    --gap-families and --gap-modes (repeatable, comma-separated) and --gap-frames."""
+    --gap-families and --gap-modes (repeatable, comma-separated), --gap-frames and
+    --gap-baseline."""
+    baseline = config.getoption("gap_baseline", None)
     return {
         "families": split_csv(config.getoption("gap_families")),
         "modes": split_csv(config.getoption("gap_modes")),
         "frames_every": config.getoption("gap_frames"),
+        "baseline": Path(baseline).resolve() if baseline else None,
     }
 
 
@@ -58,10 +62,11 @@ class SessionPlan:
         families: list[str] | None = None,
         modes: list[str] | None = None,
         frames_every: int | None = None,
+        baseline: Path | None = None,
     ):
         self.path = path
         table = mode_table
-        self.config = load_config(path, mode_table=table)
+        self.config = baseline_of(load_config(path, mode_table=table), baseline)
         if frames_every is not None:  # --gap-frames overrides trials.frames_every
             self.config.trials.frames_every = frames_every
         self.plan_digest = plan_digest(self.config)

@@ -32,6 +32,7 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
             ray=args.ray,
             shard=args.shard,
             verbose=args.verbose,
+            baseline=args.baseline,
         )
     except BenchmarkRunError as exc:
         print(f"gap: error: {exc}", file=sys.stderr)
@@ -113,6 +114,12 @@ def add(subparsers: argparse._SubParsersAction) -> None:
         metavar="K/N",
         help="run shard K of N of the plan (pytest --gap-shard); put the N run dirs together "
         "with gap merge",
+    )
+    bench.add_argument(
+        "--baseline",
+        metavar="RUN_DIR_OR_PARQUET",
+        help="gate against this baseline run instead of the threshold: fail where the trials "
+        "are worse than the baseline's on the same episodes by more than gate.margin",
     )
     bench.add_argument("-v", "--verbose", action="store_true", help="verbose pytest output")
     bench.set_defaults(func=_cmd_benchmark)

@@ -43,7 +43,11 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def load_run(path: str | Path) -> RunDir:
+    """A run dir read, or a run's episodes.parquet (records only: no row labels, manifest or
+    config echo, so the plan and harness checks read the records' digests alone)."""
     run = Path(path)
+    if run.is_file() and run.suffix == ".parquet":
+        return RunDir(path=str(path), results=_parquet_results(run))
     if not run.is_dir():
         raise GapError(f"{path}: not a directory; give a run dir (<output_dir>/<YYYYMMDD_HHMMSS>)")
     results = scan_results(run)
@@ -73,6 +77,58 @@ def load_run(path: str | Path) -> RunDir:
         surface=surface if isinstance(surface, dict) else None,
         plan=plan if isinstance(plan, dict) else None,
     )
+
+
+def _parquet_results(path: Path) -> dict[str, TrialResult]:
+    """The records an episodes.parquet holds (outputs/parquet.py), keyed by trial dir."""
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises several kinds for a file that is not Parquet
+        raise GapError(f"{path}: not a readable episodes.parquet ({exc})") from None
+    results = {}
+    for row in rows:
+        try:
+            results[row["trial_dir"]] = TrialResult(
+                nodeid=row["trial_dir"],
+                config=str(path),
+                mode=row["mode"],
+                policy_id=row["policy_id"],
+                family=row["family"],
+                variation=row["variation"],
+                suite=row["suite"],
+                task_id=row["task_id"],
+                seed=row["seed"],
+                init_state=row["init_state"],
+                prompt=row["prompt"],
+                success=row["success"],
+                completion=row["completion"],
+                reward=row["reward"],
+                steps=row["steps"],
+                exit_code=row["exit_code"],
+                exit_status=row["exit_status"],
+                error="errored (episodes.parquet keeps no reason)" if row["errored"] else None,
+                infra_failure=row["is_infra_failure"],
+                wall_s=row["wall_s"],
+                backend=row["backend"],
+                plan_digest=row["plan_digest"],
+                init_state_digest=row["init_state_digest"],
+                scene_digest=row["scene_digest"],
+                policy_url=row["server_url"],
+                policy_digest=row["policy_digest"],
+                harness_version=row["harness_version"],
+                harness_surface=row["harness_surface"],
+                packages=json.loads(row["packages"]) if row["packages"] else {},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GapError(
+                f"{path}: not an episodes.parquet of pytest-gap (a row lacks {exc}); give the "
+                "run dir or the episodes.parquet a session wrote"
+            ) from None
+    if not results:
+        raise GapError(f"{path}: no trial records in it; give a run's episodes.parquet")
+    return results
 
 
 # -- sides and pairs ----------------------------------------------------------------------------

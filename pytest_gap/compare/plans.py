@@ -36,7 +36,7 @@ _PLAN_IGNORED_LEAVES = frozenset(
         "policy_id",
     }
 )
-_PLAN_IGNORED_TOP = frozenset({"policies", "policy_manager"})
+_PLAN_IGNORED_TOP = frozenset({"policies", "policy_manager", "gate"})
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -52,17 +52,20 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def paired_plan(plan: dict[str, Any], modes: set[str]) -> dict[str, Any]:
+def paired_plan(
+    plan: dict[str, Any], modes: set[str], ignored: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """The part of a config echo that shapes the paired episodes, as dotted keys.
 
     Left out: the policy registry and axis (what the two sides compare), the grid's extent
     (families, variations, modes, tasks, seeds: pairing finds the overlap), outputs, recording,
-    workers and the gate. `mode_overrides` counts only when both sides ran one mode (`modes`),
-    and then only that mode's entry: two modes legitimately run two workflows."""
+    workers and the gate, and the leaves named in `ignored`. `mode_overrides` counts only when
+    both sides ran one mode (`modes`), and then only that mode's entry: two modes legitimately
+    run two workflows."""
     flat = {}
     for key, value in _flatten(plan).items():
         parts = key.split(".")
-        if parts[0] in _PLAN_IGNORED_TOP or parts[-1] in _PLAN_IGNORED_LEAVES:
+        if parts[0] in _PLAN_IGNORED_TOP or parts[-1] in _PLAN_IGNORED_LEAVES | ignored:
             continue
         if parts[:2] == ["benchmark", "mode_overrides"] and (
             len(modes) != 1 or len(parts) < 3 or parts[2] not in modes

@@ -85,8 +85,10 @@ def refusals(
     run_b: RunDir | None,
     *,
     allow_harness_mismatch: bool = False,
+    same_policy_ok: bool = False,
 ) -> Problems:
-    """(reasons the comparison cannot be made, notes for the output); pure."""
+    """(reasons the comparison cannot be made, notes for the output); pure. `same_policy_ok`:
+    one server on both sides is no refusal (a baseline gate re-running its own checkpoint)."""
     reasons: list[str] = []
     notes: list[str] = []
     if pairing.duplicates:
@@ -107,10 +109,10 @@ def refusals(
             "errors (the trials' result.json say why) and rerun with --gap-resume"
         )
     for found_reasons, found_notes in (
-        (_episode_problems(pairs), []),
+        (episode_problems(pairs), []),
         _harness_problems(pairs, run_a, run_b, allow_harness_mismatch),
         plan_problems(pairs, run_a, run_b),
-        _policy_problems(pairs),
+        ([], []) if same_policy_ok else _policy_problems(pairs),
         ([], _unrecorded(pairs, pairing.without_backend)),
     ):
         reasons += found_reasons
@@ -118,7 +120,7 @@ def refusals(
     return reasons, notes
 
 
-def _episode_problems(pairs: list[Pair]) -> list[str]:
+def episode_problems(pairs: list[Pair]) -> list[str]:
     """Pairs whose two sides did not start from one initial state, or settled into two
     scenes: they ran different episodes."""
     reasons = []

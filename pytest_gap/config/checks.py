@@ -37,7 +37,24 @@ def semantic_problems(data: dict, base: Path, mode_table: ModeTable = BUILTIN) -
     for i, entry in enumerate(suites if isinstance(suites, list) else []):
         if isinstance(entry, dict):
             problems += _suite_problems(f"suites.{i}", entry, base, backend)
-    return problems
+    return problems + _gate_problems(data)
+
+
+def _gate_problems(data: dict) -> list[str]:
+    """A baseline decides instead of the threshold: with `gate_rule: sequential` too, two
+    sequential rules would stop the same cells on two questions."""
+    gate = data.get("gate")
+    if not isinstance(gate, dict) or not gate.get("baseline"):
+        return []
+    block = data.get("benchmark")
+    where = "benchmark.gate_rule" if isinstance(block, dict) else "gate_rule"
+    rule = (block if isinstance(block, dict) else data).get("gate_rule")
+    if rule == "sequential":
+        return [
+            f"{where}: sequential and gate.baseline both decide when a cell stops; a baseline "
+            "gate is sequential by itself (gate.rule), remove gate_rule"
+        ]
+    return []
 
 
 def _backend(data: dict, problems: list[str]):

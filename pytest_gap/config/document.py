@@ -21,6 +21,7 @@ from pytest_gap.config.llm import LLMConfig
 from pytest_gap.config.messages import EMPTY_HINT, ConfigError, describe_all
 from pytest_gap.config.model import (
     DEFAULT_GATE_THRESHOLD,
+    BaselineGate,
     BenchmarkBlock,
     CompositionConfig,
     GateRule,
@@ -74,6 +75,8 @@ class BenchmarkConfig(Strict):
     gate_threshold: float = Field(default=DEFAULT_GATE_THRESHOLD, ge=0.0, le=1.0)
     gate_rule: GateRule = "point"
     sequential: SequentialGate = SequentialGate()
+    # Both shapes: the regression gate against a baseline run (baseline.py).
+    gate: BaselineGate = BaselineGate()
     smoke: bool = False
     source: Annotated[Path | None, SERVER_PATH] = Field(default=None, exclude=True)
 
@@ -101,6 +104,13 @@ class BenchmarkConfig(Strict):
         return self.benchmark.sequential if self.benchmark else self.sequential
 
     @property
+    def block_seeds(self) -> int:
+        """Seeds of every task per block when a gate looks after blocks (0: no blocks)."""
+        if self.gate.sequential:
+            return self.gate.block_seeds
+        return self.sequential_gate.block_seeds if self.rule == "sequential" else 0
+
+    @property
     def output_dir(self) -> Path:
         return self.benchmark.output_dir if self.benchmark else self.trials.output_dir
 
@@ -119,6 +129,7 @@ def _resolve_paths(config: BenchmarkConfig, base: Path) -> None:
         return None if path is None else (base / path).expanduser().resolve()
 
     config.trials.output_dir = fix(config.trials.output_dir)
+    config.gate.baseline = fix(config.gate.baseline)
     if config.llm.cache_dir is not None:
         config.llm.cache_dir = fix(config.llm.cache_dir)
     if config.benchmark is not None:

@@ -142,6 +142,28 @@ class SequentialGate(Strict):
     max_trials: PositiveInt | None = None
 
 
+class BaselineGate(Strict):
+    """`gate:`: the regression gate against a baseline run (pytest_gap/baseline.py). With a
+    baseline, the session passes unless its trials are worse than the baseline's on the same
+    episodes by more than `margin` (paired by task and seed, one-sided, per cell)."""
+
+    # A run dir (<output_dir>/<YYYYMMDD_HHMMSS>) or its episodes.parquet; relative to the YAML.
+    baseline: Annotated[Path | None, SERVER_PATH] = None
+    # How much lower a success rate may be than the baseline's and still pass.
+    margin: float = Field(default=0.05, ge=0.0, lt=1.0)
+    # sequential: looked at after every block, a decided cell stops; fixed: Tango's score
+    # test once every trial has run, Holm across the cells.
+    rule: Literal["sequential", "fixed"] = "sequential"
+    alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
+    block_seeds: PositiveInt = 5  # seeds of every task per block (rule: sequential)
+    # Compare with a baseline recorded on other harness code or simulator packages.
+    allow_harness_mismatch: bool = False
+
+    @property
+    def sequential(self) -> bool:
+        return self.baseline is not None and self.rule == "sequential"
+
+
 class BenchmarkBlock(Strict):
     # The simulator: a registered backend name or an import string module:Class (sim/backend.py)
     backend: Annotated[str, RemoteValue(installed_backend)] = "libero"

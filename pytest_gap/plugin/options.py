@@ -32,6 +32,7 @@ class GapOptions:
     modes: list[str] | None  # --gap-modes, split on commas
     gate_on: bool  # not --gap-no-gate
     frames_every: int | None  # --gap-frames: overrides trials.frames_every
+    baseline: Path | None  # --gap-baseline: overrides gate.baseline, resolved
     shard: ShardSpec | None  # --gap-shard K/N (checked in pytest_cmdline_main)
     report_json: str | None  # --gap-report-json: `gap benchmark` reads the session's end here
     live_progress: bool  # --gap-progress
@@ -46,7 +47,9 @@ class GapOptions:
             resume=resume,
             reuse_latest=resume or bool(config.getoption("lf", False)),
             output_dir=Path(raw_output).resolve() if raw_output else None,
-            **session_selection(config),  # families, modes, frames_every: as `gap merge` reads them
+            **session_selection(
+                config
+            ),  # families, modes, frames, baseline: as `gap merge` reads them
             gate_on=not config.getoption("gap_no_gate"),
             shard=shard_option(config),
             report_json=config.getoption("gap_report_json"),
@@ -116,6 +119,13 @@ def add_options(parser: pytest.Parser) -> None:
         metavar="N",
         help="write a WebP strip of every N-th agentview frame of each trial into the run "
         "dir's frames/ (overrides trials.frames_every; 0 turns it off)",
+    )
+    group.addoption(
+        "--gap-baseline",
+        metavar="RUN_DIR_OR_PARQUET",
+        help="gate each config against this baseline run instead of its threshold: fail where "
+        "its trials are worse than the baseline's on the same episodes by more than "
+        "gate.margin (overrides gate.baseline; pytest_gap/baseline.py)",
     )
     group.addoption(
         "--gap-progress",

@@ -15,10 +15,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
+from pytest_gap.baseline import Baseline, BaselineState, load_baseline, start_problems
+from pytest_gap.baseline import cell_state as baseline_cell_state
 from pytest_gap.config.messages import ConfigError
 from pytest_gap.errors import GapError
 from pytest_gap.layout import POLICY_LOGS_DIR, resolve_run_dir
 from pytest_gap.plugin.options import GapOptions
+from pytest_gap.results import TrialResult, read_result
 from pytest_gap.run.devices import pin
 from pytest_gap.sequential import SequentialState, recorded_state
 from pytest_gap.session_plan import SessionPlan, session_mode_table
@@ -26,7 +29,6 @@ from pytest_gap.session_plan import SessionPlan, session_mode_table
 if TYPE_CHECKING:
     from pytest_gap.modes import ModeTable
     from pytest_gap.plan import Cell
-    from pytest_gap.results import TrialResult
 
 
 class LoadedConfig(SessionPlan):
@@ -40,15 +42,43 @@ class LoadedConfig(SessionPlan):
             families=options.families,
             modes=options.modes,
             frames_every=options.frames_every,
+            baseline=options.baseline,
         )
         output_dir = options.output_dir or self.config.output_dir
         self.run_dir = resolve_run_dir(output_dir, session.stamp, options.reuse_latest)
         self.mark_unavailable(session.unavailable.get(str(path), {}))
+        self.baseline = self._baseline() if self.config.gate.baseline is not None else None
 
-    def stopped(self, cell: Cell) -> SequentialState | None:
+    def _baseline(self) -> Baseline:
+        """The config's baseline, read and checked before any trial runs (ConfigError: a
+        collection error, one line per refusal)."""
+        from pytest_gap.provenance import harness_surface
+
+        backend = self.config.benchmark.backend if self.config.benchmark else self.config.backend
+        try:
+            baseline = load_baseline(self.config, self.all_cells)
+        except GapError as exc:
+            raise ConfigError(str(self.path), [str(exc)]) from None
+        surface = harness_surface(backend).model_dump()
+        problems = start_problems(baseline, self.plan_digest, self.config.echo(), surface)
+        if problems:
+            raise ConfigError(str(self.path), problems)
+        return baseline
+
+    def stopped(self, cell: Cell) -> SequentialState | BaselineState | None:
         """The sequential gate's state of `cell` as the run dir records it now, when it needs
         no more trials (decided, or at its cap); None when the config does not gate
         sequentially or the cell goes on."""
+        if self.baseline is not None and self.baseline.settings.sequential:
+            results = {}
+            for trial in cell.trials():
+                found = read_result(self.run_dir / trial.key)
+                if isinstance(found, TrialResult):
+                    results[trial.key] = found
+            runnable = sum(c.error is None for c in self.all_cells)
+            share = self.baseline.settings.alpha / max(1, runnable)  # as baseline.cell_states
+            state = baseline_cell_state(cell, results, self.baseline, share)
+            return state if state.stopped else None
         if self.config.rule != "sequential":
             return None
         state = recorded_state(
