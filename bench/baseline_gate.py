@@ -11,10 +11,11 @@ candidate's task rates are spread the same way around its own mean (baseline + d
 trials of a pair are correlated as a scene is: with probability `--rho` both read one uniform
 draw (the same episode is easy or hard for both), else independent draws.
 
-- sequential (pytest_gap/baseline.py's rule): after each block of `--block-seeds` seeds of every
-  task, the product's e-values over the pairs so far (compare/noninferiority.py): FAIL when the
-  one against "within the margin" reaches 1/alpha, PASS when the one against "worse by the
-  margin or more" does; else the next block; undecided at N passes (not shown worse).
+- sequential (pytest_gap/baseline.py's rule, its `look_at` called at every look): after each
+  block of `--block-seeds` seeds of every task, the e-values over the pairs so far
+  (compare/noninferiority.py): FAIL when the one against "within the margin" reaches 2/alpha,
+  PASS when the one against "worse by the margin or more" reaches 1/alpha; at the last look
+  FAIL too when Tango's p < alpha/2; undecided at N passes (not shown worse).
 - fixed: every pair, then Tango's score test at alpha (FAIL when p < alpha).
 
 Per setting (baseline rate, diff = candidate - baseline) it prints the fraction of sessions
@@ -44,14 +45,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.sequential import task_rates  # noqa: E402
-from pytest_gap.compare.noninferiority import log_e_within, log_e_worse, tango_p  # noqa: E402
+from pytest_gap.baseline import look_at  # noqa: E402
+from pytest_gap.compare.noninferiority import tango_p  # noqa: E402
 
 TASKS = 10
 BASELINE_RATES = (0.6, 0.8, 0.9)
 DIFFS = (0.05, 0.0, -0.05, -0.1, -0.15, -0.2, -0.3)
 
-worse = functools.lru_cache(maxsize=None)(log_e_worse)
-within = functools.lru_cache(maxsize=None)(log_e_within)
+look = functools.lru_cache(maxsize=None)(look_at)
 tango = functools.lru_cache(maxsize=None)(tango_p)
 
 
@@ -65,21 +66,19 @@ def simulate(base: float, diff: float, args, rng) -> dict:
     b = np.where(rng.random(shape) < args.rho, shared, own) < rates_b
     a_only = (a & ~b).sum(axis=2)  # per (session, seed): summed over tasks
     b_only = (b & ~a).sum(axis=2)
-    k, bar = args.block_seeds, math.log(1 / args.alpha)
-    looks = range(k, args.seeds + 1, k)
-    fail = early_pass = 0
-    used = 0
+    k = args.block_seeds
+    fail = early_pass = used = 0
     for s in range(args.sims):
         ca, cb = np.cumsum(a_only[s]), np.cumsum(b_only[s])
         n = 0
-        for seeds in looks:
+        for seeds in range(k, args.seeds + 1, k):
             n = seeds * TASKS
+            last = seeds + k > args.seeds
             x, y = int(ca[seeds - 1]), int(cb[seeds - 1])
-            if worse(x, y, n, args.margin) >= bar:
-                fail += 1
-                break
-            if within(x, y, n, args.margin) >= bar:
-                early_pass += seeds < args.seeds
+            verdict = look(x, y, n, args.margin, args.alpha, last=last)[0]
+            if verdict != "UNDECIDED":
+                fail += verdict == "FAIL"
+                early_pass += verdict == "PASS" and not last
                 break
         used += n
     n_max = args.seeds * TASKS
@@ -139,12 +138,16 @@ def main() -> int:
     )
     clear = [f for _, d, f in rows if d <= -args.margin - 0.1 + 1e-9 or d >= 0]
     saved = sum(f["saved"] for f in clear) / len(clear)
-    print(f"pairs saved where the answer is clear (diff <= {-args.margin - 0.1:+.2f} or >= 0): "
-          f"{saved:.1%} on average (issue target: 35%)")
+    print(
+        f"pairs saved where the answer is clear (diff <= {-args.margin - 0.1:+.2f} or >= 0): "
+        f"{saved:.1%} on average (issue target: 35%)"
+    )
     regressions = [f for _, d, f in rows if d <= -args.margin - 0.1 + 1e-9]
     gap = max(f["fixed_fail"] - f["seq_fail"] for f in regressions)
-    print(f"power (FAIL where diff <= {-args.margin - 0.1:+.2f}): at most {gap * 100:.1f} points "
-          "below the fixed rule's (issue target: within 5)")
+    print(
+        f"power (FAIL where diff <= {-args.margin - 0.1:+.2f}): at most {gap * 100:.1f} points "
+        "below the fixed rule's (issue target: within 5)"
+    )
     return 0 if ok else 1
 
 

@@ -10,10 +10,12 @@ than `margin`?
 
 - rule `sequential` (the default): after each block of `block_seeds` seeds of every task, two
   anytime-valid e-values over the cell's scored pairs so far (compare/noninferiority.py), at
-  level alpha split across the cells (Bonferroni): FAIL once the one against "within the margin"
-  reaches 1/alpha_cell, PASS once the one against "worse by the margin or more" does. A decided
-  cell's remaining trials are not run (as under `gate_rule: sequential`). A cell still undecided
-  when its plan is spent was not shown worse: it passes, and its line says undecided.
+  level alpha split across the cells (Bonferroni; `look_at`): FAIL once the one against
+  "within the margin" reaches 2/alpha_cell, PASS once the one against "worse by the margin or
+  more" reaches 1/alpha_cell, and at the plan's last look FAIL too where Tango's test gives
+  p < alpha_cell/2. A decided cell's remaining trials are not run (as under `gate_rule:
+  sequential`). A cell still undecided when its plan is spent was not shown worse: it passes,
+  and its line says undecided.
 - rule `fixed`: Tango's score test per cell over every pair, Holm across the cells: FAIL where
   the adjusted p-value is below alpha.
 
@@ -250,7 +252,6 @@ def cell_state(
             p_value=p,
             **counts.model_dump(),
         )
-    bar = math.log(1 / alpha)
     blocks = cell.blocks()
     state = BaselineState(
         verdict="UNDECIDED", rule="sequential", alpha=alpha, margin=margin, n=0, planned=planned
@@ -261,9 +262,9 @@ def cell_state(
             break
         for r in found:
             counts.add(r, baseline.partner(cell.row, r))
-        worse = log_e_worse(counts.a_only, counts.b_only, counts.n, margin)
-        within = log_e_within(counts.a_only, counts.b_only, counts.n, margin)
-        verdict = "FAIL" if worse >= bar else "PASS" if within >= bar else "UNDECIDED"
+        last = look == len(blocks)
+        found_look = look_at(counts.a_only, counts.b_only, counts.n, margin, alpha, last=last)
+        verdict, worse, within, p = found_look
         state = BaselineState(
             verdict=verdict,
             rule="sequential",
@@ -272,7 +273,8 @@ def cell_state(
             planned=planned,
             looks=look,
             decided_at=counts.n if verdict != "UNDECIDED" else None,
-            spent=verdict == "UNDECIDED" and look == len(blocks),
+            spent=verdict == "UNDECIDED" and last,
+            p_value=p,
             e_worse=math.exp(min(worse, 700.0)),
             e_within=math.exp(min(within, 700.0)),
             **counts.model_dump(),
@@ -280,6 +282,26 @@ def cell_state(
         if verdict != "UNDECIDED":
             break
     return state
+
+
+def look_at(
+    a_only: int, b_only: int, n: int, margin: float, alpha: float, *, last: bool
+) -> tuple[BaselineVerdict, float, float, float | None]:
+    """One look of the sequential rule at a cell's pairs so far: (verdict, log e-value against
+    "within the margin", log e-value against "worse by it or more", Tango's p at the last look).
+
+    The level is split: alpha/2 for the e-value, read at every look (FAIL at 2/alpha), and
+    alpha/2 for Tango's test at the plan's last look, so a regression too small for the
+    anytime test to see early is still caught at the full plan (bench/baseline_gate.py: the
+    power of the fixed rule, at most alpha in false alarms). PASS early at 1/alpha."""
+    worse = log_e_worse(a_only, b_only, n, margin)
+    within = log_e_within(a_only, b_only, n, margin)
+    p = tango_p(a_only, b_only, n, margin) if last else None
+    if worse >= math.log(2 / alpha) or (p is not None and p < alpha / 2):
+        return "FAIL", worse, within, p
+    if within >= math.log(1 / alpha):
+        return "PASS", worse, within, p
+    return "UNDECIDED", worse, within, p
 
 
 def cell_states(

@@ -21,6 +21,7 @@ from pytest_gap.baseline import (
     Baseline,
     cell_states,
     load_baseline,
+    look_at,
     outcome,
     start_problems,
 )
@@ -106,6 +107,24 @@ def test_both_e_values_have_expectation_at_most_one_under_their_null(margin, p_b
     worse = (p_b_only + margin + 0.1, p_b_only)  # inside the null of "within"
     assert _expected_e(log_e_worse, n, *better, margin) < 1.0
     assert _expected_e(log_e_within, n, *worse, margin) < 1.0
+
+
+def test_a_look_fails_at_2_over_alpha_passes_at_1_over_alpha_and_tests_the_last_look_too():
+    """Half the level for the e-value at every look, half for Tango's test at the last."""
+    alpha, margin = 0.05, 0.05
+    needed = next(k for k in range(1, 60) if log_e_worse(k, 0, k, margin) >= math.log(2 / alpha))
+    assert log_e_worse(needed - 1, 0, needed - 1, margin) < math.log(2 / alpha)
+    assert look_at(needed, 0, needed, margin, alpha, last=False)[0] == "FAIL"
+    assert look_at(needed - 1, 0, needed - 1, margin, alpha, last=False)[0] == "UNDECIDED"
+    # a regression the e-value has not seen by the last look: Tango's test at alpha / 2
+    a_only, b_only, n = 40, 10, 300
+    assert log_e_worse(a_only, b_only, n, margin) < math.log(2 / alpha)
+    verdict, _, _, p = look_at(a_only, b_only, n, margin, alpha, last=True)
+    assert p == tango_p(a_only, b_only, n, margin) < alpha / 2 and verdict == "FAIL"
+    assert look_at(a_only, b_only, n, margin, alpha, last=False)[0] == "UNDECIDED"
+    # agreement: PASS early once the other e-value reaches 1 / alpha
+    agree = next(n for n in range(1, 400) if log_e_within(0, 0, n, margin) >= math.log(1 / alpha))
+    assert look_at(0, 0, agree, margin, alpha, last=False)[0] == "PASS"
 
 
 def test_the_e_values_grow_with_the_evidence_they_test():
@@ -332,15 +351,15 @@ def test_a_session_against_its_baseline_fails_a_regression_early_and_passes_a_re
     out = worse.stdout.str()
     assert worse.ret == 1, out
     outcomes = worse.parseoutcomes()
-    assert outcomes["failed"] == 12 and outcomes["skipped"] == 36, outcomes  # one block of 4x3
+    assert outcomes["failed"] == 24 and outcomes["skipped"] == 24, outcomes  # two blocks of 4x3
     assert (
         "gate FAIL: success_rate=0.000 baseline=0.667 margin=0.05 rule=baseline:sequential" in out
     )
     assert (
         "worse than the baseline by more than the margin: "
-        "fake_easy FAIL at n=12 of 48 planned (0/12 vs baseline 8/12" in out
+        "fake_easy FAIL at n=24 of 48 planned (0/24 vs baseline 16/24" in out
     )
-    assert "36 not needed (decided by the sequential gate)" in out
+    assert "24 not needed (decided by the sequential gate)" in out
     run_dir = fake.run_dir()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["gate"]["baseline"]["states"]["fake_easy"]["verdict"] == "FAIL"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 # The bets of the mixture, as fractions of the largest bet that keeps every factor positive.
-BETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+BETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.8)
 
 
 def tango_p(a_only: int, b_only: int, n: int, margin: float) -> float:
