@@ -35,6 +35,7 @@ from pytest_gap.plan import plan
 from pytest_gap.report import fold_run
 from tests.fake_session import BACKEND, CHECK_TAIL, FakeSession, workflow
 from tests.test_report import ROOT, _result
+from tests.test_sequential import _sequential_config
 
 GAP = str(Path(sys.executable).with_name("gap"))
 pytest_plugins = ["pytester"]
@@ -136,19 +137,11 @@ def test_the_e_values_grow_with_the_evidence_they_test():
 
 # -- the fold over constructed records ------------------------------------------------------------
 def _grid(**gate) -> dict:
-    return {
-        "benchmark": {
-            "families": ["libero"],
-            "variations": ["object", "spatial"],
-            "modes": ["policy_only"],
-            "policies": ["pi05"],
-            "task_ids": [0, 1],
-            "n_seeds": 20,
-            "mode_overrides": {"policy_only": {"template": "policy_only"}},
-        },
-        "policies": {"pi05": {"url": "ws://h:1"}},
-        "gate": {"baseline": "base_run", **gate},
-    }
+    """test_sequential's grid (2 cells x 2 tasks x 20 seeds), gated against a baseline."""
+    config = _sequential_config()
+    for key in ("gate_threshold", "gate_rule", "sequential"):
+        del config["benchmark"][key]
+    return {**config, "gate": {"baseline": "base_run", **gate}}
 
 
 def _baseline(cells, success, **gate) -> Baseline:
