@@ -42,8 +42,12 @@ sys.path.insert(0, str(ROOT))
 
 REPLAN = 5  # the oracle's chunks are applied 5 at a time, as openpi's client does
 # One object; two objects into one basket (a release, then a second grasp); a fixture's place
-# (the cabinet that LIBERO jitters at every reset), recorded from the do_task skill graph.
-DEFAULT_EPISODES = "libero_object:0:0,libero_10:0:0,libero_goal:2:0:examples/workflows/do_task"
+# (the cabinet that LIBERO jitters at every reset: the bottle onto it, its drawer opened),
+# recorded from the do_task skill graph.
+DEFAULT_EPISODES = (
+    "libero_object:0:0,libero_10:0:0,libero_goal:2:0:examples/workflows/do_task,"
+    "libero_goal:0:0:examples/workflows/do_task"
+)
 
 
 @dataclass

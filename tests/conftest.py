@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,11 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 import matplotlib.pyplot  # noqa: E402
+
+# The sessions the tests start draw no plots/ (0.3-0.5 s each, a few hundred sessions) unless a
+# test is about them and unsets this (test_viz.py): as cameras are off unless a test is about
+# images. Every session here and in the processes the tests start reads it.
+os.environ.setdefault("GAP_NO_PLOTS", "1")
 
 
 @pytest.fixture(scope="module")

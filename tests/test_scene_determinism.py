@@ -97,7 +97,7 @@ def test_a_task_with_an_initial_drawer_state_gets_the_libero_scene_on_vla_eval_t
     vla = get_backend("vla-eval").make_env("libero_spatial", 4, EnvOptions(max_steps=1))
     try:
         ours = _digests(libero, [11, 3])
-        assert _digests(vla, [3, 11, 3, 11]) == ours
+        assert _digests(vla, [3, 11, 3]) == ours  # 3 again after two episodes
     finally:
         libero.close()
         vla.close()

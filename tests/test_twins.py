@@ -5,13 +5,13 @@ vla-eval's own LIBERO loop (LIBEROBenchmark + SyncEpisodeRunner: the vla-eval ba
 
 The episodes are long enough for what used to differ: a release before the end and a second
 grasp (libero_10 task 0: two cans into one basket; policy_only_bare used to end at the first
-release), a fixture's place (libero_goal task 2: the wine bottle on top of the cabinet LIBERO
-jitters at every reset; vla-eval used to draw that jitter from a stream shared by every episode
-of its env). The recordings are the privileged oracle's and the do_task graph's own actions.
-Each episode runs through both loops once: the two-object one by calling the backends, the
-fixture one through whole pytest sessions (which call the same backends; a third, one-object
-episode would replay nothing the other two do not). bench/twin.py prints the same comparison
-as a table, for any episodes."""
+release), a fixture's place (libero_goal task 0: the middle drawer of the cabinet LIBERO
+jitters at every reset, opened by its handle; vla-eval used to draw that jitter from a stream
+shared by every episode of its env). The recordings are the privileged oracle's and the do_task
+graph's own actions. Each episode runs through both loops once: the two-object one by calling
+the backends, the fixture one through whole pytest sessions (which call the same backends; a
+third, one-object episode would replay nothing the other two do not). bench/twin.py prints the
+same comparison as a table, for any episodes."""
 
 from __future__ import annotations
 
@@ -40,9 +40,10 @@ def test_both_loops_replay_an_episode_to_the_same_outcome_at_the_same_step():
 def test_whole_sessions_on_both_backends_are_twins_on_a_jittered_fixture(tmp_path):
     """`gap benchmark`'s path on each backend (config, plan, runner, a managed
     `gap policy serve replay --protocol vla-eval`, the warm-up, result.json) on an episode
-    whose goal is a fixture LIBERO jitters at every reset: the wine bottle onto the cabinet,
-    recorded from the do_task skill graph."""
-    episode = Episode.parse("libero_goal:2:0:examples/workflows/do_task")
+    that acts on a fixture LIBERO jitters at every reset: the cabinet's middle drawer opened by
+    its handle, recorded from the do_task skill graph (bench/twin.py runs the wine bottle onto
+    the same cabinet too)."""
+    episode = Episode.parse("libero_goal:0:0:examples/workflows/do_task")
     actions, recorded = record(episode)
     assert recorded.success, "the recording itself must succeed"
     sides = {b: in_session(episode, actions, b, tmp_path / b) for b in ("libero", "vla-eval")}

@@ -253,7 +253,8 @@ def test_the_server_serves_the_page_and_traces_on_demand_but_no_file_it_does_not
 
 
 # -- plots and progress ----------------------------------------------------------------------
-def test_the_session_draws_plots_unless_told_not_to(fake):
+def test_the_session_draws_plots_unless_told_not_to(fake, monkeypatch):
+    monkeypatch.delenv("GAP_NO_PLOTS")  # tests/conftest.py turns them off for other tests
     assert _mixed_run(fake).ret == 0
     plots = fake.run_dir() / "plots"
     assert sorted(p.name for p in plots.iterdir()) == ["bars_suites.png", "success.png"]
@@ -262,6 +263,9 @@ def test_the_session_draws_plots_unless_told_not_to(fake):
 
     assert _mixed_run(fake, "--gap-no-plots", output="quiet").ret == 0
     assert not (fake.run_dir("quiet") / "plots").exists()
+    fake.setenv(GAP_NO_PLOTS="1")  # the environment's form of --gap-no-plots
+    assert _mixed_run(fake, output="env").ret == 0
+    assert not (fake.run_dir("env") / "plots").exists()
 
 
 def test_progress_lines_while_it_runs_and_in_the_summary_but_not_under_q(fake):

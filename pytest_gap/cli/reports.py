@@ -37,6 +37,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             args.b,
             allow_harness_mismatch=args.allow_harness_mismatch,
             alpha=args.alpha,
+            sequential=(args.margin, args.block_seeds) if args.sequential else None,
         )
     except CompareRefused as exc:
         if args.json:
@@ -79,6 +80,12 @@ def _cmd_viz(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return int(text)
+
+
 def _probability(text: str) -> float:
     try:
         value = float(text)
@@ -110,6 +117,25 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     )
     comp.add_argument(
         "--alpha", type=_probability, default=0.05, help="significance level (default 0.05)"
+    )
+    comp.add_argument(
+        "--sequential",
+        action="store_true",
+        help="read each cell as an anytime-valid sequential test (B worse / B better / B not "
+        "worse than A within --margin, or undecided): valid on runs still running or stopped "
+        "early, however often it is run",
+    )
+    comp.add_argument(
+        "--margin",
+        type=_probability,
+        default=0.05,
+        help="--sequential: how much worse B may be and count as not worse (default 0.05)",
+    )
+    comp.add_argument(
+        "--block-seeds",
+        type=_positive_int,
+        default=5,
+        help="--sequential: seeds of every task per look (default 5)",
     )
     output = comp.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="machine-readable output")

@@ -36,10 +36,16 @@ Statistics, per cell (family/variation) and pooled over every pair:
   family, since it can fail the comparison too.
 Exit 0 when no row says B is significantly worse after Holm, 1 when one does.
 
+`--sequential` reads each cell instead as an anytime-valid sequential test, block by block
+(`sequential_ab`): B worse, B better, B not worse within a margin, or undecided; valid on runs
+still running or stopped early, however often it is read. Only B worse exits 1.
+
 The modules, bottom to top (each imports only those before it, never this package):
 `wording` (how messages name digests and lists), `pairing` (run dirs, sides, pairs), `plans`
-and `refusals` (what refuses a comparison), `stats` (the numbers), `comparison` (`compare`),
-`table` (`render`). This package re-exports what the CLI, the report viewer and tests use.
+and `refusals` (what refuses a comparison), `stats` (the numbers), `noninferiority` (paired
+tests against a margin: Tango's, and the e-values), `sequential_ab` (`--sequential`),
+`comparison` (`compare`), `table` (`render`). This package re-exports what the CLI, the
+report viewer and tests use.
 
 scipy and statsmodels are imported inside the functions that use them (seconds to import).
 """

@@ -9,7 +9,8 @@ from pydantic import BaseModel
 
 from pytest_gap.compare.pairing import RunDir, Side, base_row, pair, select
 from pytest_gap.compare.refusals import refusals
-from pytest_gap.compare.stats import ALPHA, RowStats, statistics
+from pytest_gap.compare.sequential_ab import ABState, sequential_states
+from pytest_gap.compare.stats import ALPHA, RowStats, cell_groups, statistics
 from pytest_gap.errors import GapError
 
 
@@ -30,6 +31,10 @@ class Comparison(BaseModel):
     only_a: int
     only_b: int
     notes: list[str]
+    # --sequential: each cell's anytime-valid reading (sequential_ab.py), which decides the
+    # verdict and exit code instead of the McNemar rows
+    sequential: list[ABState] | None = None
+    margin: float | None = None
 
     @property
     def worse(self) -> list[RowStats]:
@@ -37,9 +42,19 @@ class Comparison(BaseModel):
 
     @property
     def exit_code(self) -> int:
+        if self.sequential is not None:
+            return 1 if any(s.verdict == "B worse" for s in self.sequential) else 0
         return 1 if self.worse else 0
 
     def verdict(self) -> str:
+        if self.sequential is not None:
+            level = f"anytime-valid, alpha {self.alpha}, margin {self.margin:g}"
+            worse = [s.line() for s in self.sequential if s.verdict == "B worse"]
+            if worse:
+                return f"B is worse than A by more than the margin ({level}): {'; '.join(worse)}"
+            return f"B is not shown worse than A ({level}): " + "; ".join(
+                s.line() for s in self.sequential
+            )
         if self.worse:
             where = ", ".join(f"{r.cell} (p_holm={r.p_holm:.3g})" for r in self.worse)
             return f"B is significantly worse than A (Holm, alpha {self.alpha}): {where}"
@@ -54,6 +69,10 @@ class Comparison(BaseModel):
             "pooled": self.pooled.model_dump(),
             "unpaired": {"a": self.only_a, "b": self.only_b},
             "notes": self.notes,
+            "sequential": [s.model_dump() for s in self.sequential]
+            if self.sequential is not None
+            else None,
+            "margin": self.margin,
             "verdict": self.verdict(),
             "exit_code": self.exit_code,
         }
@@ -67,8 +86,10 @@ def compare(
     *,
     allow_harness_mismatch: bool = False,
     alpha: float = ALPHA,
+    sequential: tuple[float, int] | None = None,
 ) -> Comparison:
-    """Compare row B with row A: of one run (`run_b` None) or of two. Raises CompareRefused."""
+    """Compare row B with row A: of one run (`run_b` None) or of two. Raises CompareRefused.
+    `sequential` (margin, block seeds): read each cell as an anytime-valid sequential test."""
     if run_b is None and (row_a is None or row_b is None):
         raise GapError(
             f"{run_a.path}: comparing two rows of one run needs both --a ROW and --b ROW "
@@ -90,6 +111,10 @@ def compare(
     for row in [*cells, pooled]:
         if row.n_tasks == 1 and row.n_pairs > 1 and row.cell != "pooled":
             notes.append(f"{row.cell}: one task, so its interval resamples seeds, not tasks")
+    states = None
+    if sequential is not None:
+        margin, block_seeds = sequential
+        states = sequential_states(cell_groups(pairing.pairs), margin, alpha, block_seeds)
     return Comparison(
         a=a,
         b=b,
@@ -99,4 +124,6 @@ def compare(
         only_a=pairing.only_a,
         only_b=pairing.only_b,
         notes=notes,
+        sequential=states,
+        margin=sequential[0] if sequential is not None else None,
     )

@@ -94,16 +94,22 @@ def row_stats(cell: str, pairs: list[Pair]) -> RowStats:
     )
 
 
-def statistics(pairs: list[Pair], alpha: float = ALPHA) -> tuple[list[RowStats], RowStats]:
-    """(per-cell rows, pooled row), with Holm-adjusted p-values and verdicts filled."""
+def cell_groups(pairs: list[Pair]) -> dict[str, list[Pair]]:
+    """The pairs of each cell (family/variation; `backend:family/variation` when the pairs
+    span several backends), by the cell's label, in the order the pairs come."""
     by_cell: dict[tuple, list[Pair]] = {}
     for p in pairs:
         by_cell.setdefault(p.key[:3], []).append(p)
     several = len({backend for backend, _, _ in by_cell}) > 1  # then the label names it
-    cells = [
-        row_stats(f"{backend}:{found[0].cell}" if several else found[0].cell, found)
+    return {
+        f"{backend}:{found[0].cell}" if several else found[0].cell: found
         for (backend, _, _), found in by_cell.items()
-    ]
+    }
+
+
+def statistics(pairs: list[Pair], alpha: float = ALPHA) -> tuple[list[RowStats], RowStats]:
+    """(per-cell rows, pooled row), with Holm-adjusted p-values and verdicts filled."""
+    cells = [row_stats(label, found) for label, found in cell_groups(pairs).items()]
     pooled = row_stats("pooled", pairs)
     family = [c for c in cells if c.p_value is not None]
     if len(cells) > 1 and pooled.p_value is not None:

@@ -55,6 +55,13 @@ def render(comparison: Comparison, markdown: bool = False) -> str:
     table = tabulate(
         rows, headers=HEADERS, tablefmt="github" if markdown else "simple", disable_numparse=True
     )
+    if c.sequential is not None:
+        read = [s.line() for s in c.sequential]
+        header = f"sequential (anytime-valid, margin {c.margin:g}, alpha split over the cells):"
+        if markdown:
+            table += "\n\n" + header + "\n" + "\n".join(f"- {line}" for line in read)
+        else:
+            table += "\n\n" + header + "\n" + "\n".join(f"  {line}" for line in read)
     where_b = "same run" if same_run else c.b.run
     if markdown:
         lines = [

@@ -3,7 +3,7 @@
 - success.png: the success pivot as a heatmap (rows mode[@policy], columns family/variation or
   suite), each cell with its rate, 95% Wilson interval and n; errored cells hatched.
 - bars_<family>.png: per family, each variation's success rate per row with its interval.
-`--gap-no-plots` turns them off.
+`--gap-no-plots` (or GAP_NO_PLOTS=1) turns them off.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ session. pytest's own options (-n, --tx, --dist, --collect-only) stay pytest's a
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,7 +137,10 @@ def add_options(parser: pytest.Parser) -> None:
     group.addoption(
         "--gap-no-plots",
         action="store_true",
-        help="do not draw the run dir's plots/ (PNG heatmap and per-family bars)",
+        # read when the session starts: a CI job (or a test suite) that never looks at them
+        default=os.environ.get("GAP_NO_PLOTS", "").strip() not in ("", "0"),
+        help="do not draw the run dir's plots/ (PNG heatmap and per-family bars); "
+        "GAP_NO_PLOTS=1 in the environment does the same",
     )
     group.addoption(
         "--gap-ray",
