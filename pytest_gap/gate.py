@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, model_validator
 
 from pytest_gap import intervals
+from pytest_gap.ab_gate import ABOutcome
 from pytest_gap.baseline import BaselineOutcome
 from pytest_gap.cell_summary import CellSummary, pooled_reference, reference_rate
 from pytest_gap.config.model import GateRule
@@ -54,7 +55,7 @@ class Gate(BaseModel):
 
     passed: bool
     verdict: Verdict
-    rule: GateRule | Literal["baseline"] = "point"
+    rule: GateRule | Literal["baseline", "compare"] = "point"
     success_rate: float
     completion_rate: float
     threshold: float
@@ -80,6 +81,9 @@ class Gate(BaseModel):
     # gate.baseline: the paired reading against the baseline run (rule "baseline"), which
     # decides instead of the threshold.
     baseline: BaselineOutcome | None = None
+    # compare: the in-session A/B test's reading (rule "compare"), deciding instead of the
+    # threshold.
+    ab: ABOutcome | None = None
     # Recorded by an in-process debug session (GAP_PARALLEL_INPROC=1): not for scoring.
     debug: bool = False
 
@@ -94,6 +98,8 @@ class Gate(BaseModel):
     def line(self) -> str:
         if self.baseline is not None:
             return self._baseline_line(self.baseline)
+        if self.ab is not None:
+            return self._ab_line(self.ab)
         values = f"success_rate={self.success_rate:.3f}"
         if self.rule == "wilson" and self.success_ci_low is not None:
             values += f" ci95=[{self.success_ci_low:.3f},{self.success_ci_high:.3f}]"
@@ -122,6 +128,15 @@ class Gate(BaseModel):
         debug = f" {DEBUG_RUN_NOTE}" if self.debug else ""
         return f"gate {self.verdict}: {values}{reasons}{coverage}{debug}"
 
+    def _ab_line(self, ab: ABOutcome) -> str:
+        values = f"success_rate={self.success_rate:.3f} rule=compare:{ab.b}-vs-{ab.a}"
+        values += f" margin={ab.margin:g} alpha={ab.alpha:g}"
+        notes = self.reasons + (ab.notes() if self.verdict == "PASS" else [])
+        reasons = f" ({'; '.join(notes)})" if notes else ""
+        coverage = f"; {self.coverage.line()}" if self.coverage is not None else ""
+        debug = f" {DEBUG_RUN_NOTE}" if self.debug else ""
+        return f"gate {self.verdict}: {values}{reasons}{coverage}{debug}"
+
 
 def _missing_reason(missing: list[str]) -> str:
     shown = ", ".join(missing[:MISSING_SHOWN])
@@ -139,6 +154,7 @@ def evaluate_gate(
     decisions: dict[str, SequentialState] | None = None,
     alpha: float | None = None,
     baseline: BaselineOutcome | None = None,
+    ab: ABOutcome | None = None,
 ) -> Gate:
     """The gate over `cells`. It fails on no scored trial, an errored cell, or (given
     `coverage`) a planned trial with no record; otherwise `rule` decides: `point` passes when
@@ -167,11 +183,12 @@ def evaluate_gate(
     completion_ci = intervals.cluster_bootstrap(completion_groups or [])
     verdict: Verdict = "FAIL" if reasons else "PASS"
     to_decide = None
-    if baseline is not None:
-        # the baseline decides instead of the threshold: fails only where this run is shown
-        # worse than it (or the pairs are not the same episodes)
-        rule, found = "baseline", baseline.reasons()
-        reasons += found
+    if baseline is not None or ab is not None:
+        # the baseline, or the A/B test, decides instead of the threshold: fails only where
+        # this run (arm B) is shown worse than the baseline (arm A), or its pairs are not the
+        # same episodes
+        rule = "baseline" if baseline is not None else "compare"
+        reasons += baseline.reasons() if baseline is not None else ab.reasons()
         verdict = "FAIL" if reasons else "PASS"
     elif rule == "point" and n_trials and rate < threshold:
         reasons.append(f"success rate below threshold ({n_success}/{n_trials})")
@@ -213,6 +230,7 @@ def evaluate_gate(
         alpha=alpha if rule == "sequential" else None,
         decisions=(decisions or {}) if rule == "sequential" else {},
         baseline=baseline,
+        ab=ab,
     )
 
 

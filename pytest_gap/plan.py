@@ -61,6 +61,9 @@ class Cell(BaseModel):
     # gate_rule: sequential: its trials run in blocks of this many seeds of every task, and
     # the gate looks at its rate after each whole block (sequential.py). 0: no blocks.
     block_seeds: int = 0
+    # compare: (an A/B test): the (mode, family, variation) this cell and its partner share;
+    # their blocks run together (`turn_key`) and both stop on one decision (ab_gate.py)
+    ab_pair: str | None = None
 
     @model_validator(mode="after")
     def _names_are_path_parts(self) -> Cell:
@@ -135,6 +138,11 @@ class Cell(BaseModel):
             return [trial for block in self.blocks() for trial in block]
         return [Trial(cell=self, task_id=t, seed=s) for t in self.task_ids for s in self.seeds]
 
+    @property
+    def turn_key(self) -> str:
+        """What takes turns block by block: the cell, or its A/B pair."""
+        return self.ab_pair or self.key
+
     def block_of(self, seed: int) -> int:
         """The index of the block that runs `seed` (0 without blocks)."""
         return self.seeds.index(seed) // self.block_seeds if self.block_seeds else 0
@@ -204,6 +212,14 @@ def plan(
     if config.block_seeds:
         k = config.block_seeds
         cells = [c.model_copy(update={"block_seeds": min(k, len(c.seeds))}) for c in cells]
+    if config.compare is not None:
+        arms = (config.compare.a, config.compare.b)
+        cells = [
+            c.model_copy(update={"ab_pair": f"{c.mode}/{c.family}/{c.variation}"})
+            if c.policy_id in arms
+            else c
+            for c in cells
+        ]
     return cells
 
 

@@ -76,6 +76,8 @@ NOT_COVERED: dict[str, str] = {
     "still run; never what a trial does",
     "baseline.py": "the baseline gate's verdicts on paired records, and so which trials are "
     "still run; never what a trial does",
+    "ab_gate.py": "the A/B test's verdicts on paired records, and so which trials are still "
+    "run; never what a trial does",
     "cell_summary.py": "a cell's rates from its records",
     "intervals.py": "intervals on recorded rates",
     "compare/**/*.py": "statistics over two runs' records",
@@ -238,6 +240,7 @@ PLAN_EXCLUDED: dict[str, tuple[str, ...]] = {
         "benchmark.gate_threshold",
         "benchmark.gate_rule",
         "gate",  # the baseline a run is gated against
+        "compare",  # which two policies are an A/B pair
     ),
     # how many trials run at once, and how servers are started: throughput, not outcomes
     "concurrency": (

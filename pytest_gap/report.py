@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from pytest_gap import ids
+from pytest_gap.ab_gate import outcome as ab_outcome
 from pytest_gap.baseline import Baseline, BaselineOutcome, load_baseline, unreadable
 from pytest_gap.baseline import outcome as baseline_outcome
 from pytest_gap.cell_summary import (
@@ -24,7 +25,7 @@ from pytest_gap.cell_summary import (
     reference_rate,
     summarize_cell,
 )
-from pytest_gap.config.model import GateRule, SequentialGate
+from pytest_gap.config.model import ABCompare, GateRule, SequentialGate
 from pytest_gap.errors import GapError
 from pytest_gap.gate import Gate, coverage, evaluate_gate
 from pytest_gap.plan import Cell
@@ -180,6 +181,7 @@ def fold_run(
     selected: set[str] | None = None,
     sequential: SequentialGate | None = None,
     baseline: Baseline | BaselineOutcome | None = None,
+    ab: ABCompare | None = None,
 ) -> RunSummary:
     """Fold `results` (keyed by trial dir, as `scan_results` returns them) over the planned
     `cells`; records of trials no longer planned are ignored. Given `selected` (the trial ids a
@@ -188,7 +190,8 @@ def fold_run(
     config's settings; default ones if None), and a decided cell's trials with no record are
     not needed: they count in no scope's planned trials. Given a `baseline` (baseline.py),
     the gate reads each cell against it instead of the threshold (a BaselineOutcome: one that
-    could not be read, its problem the gate's reason)."""
+    could not be read, its problem the gate's reason). Given `ab` (a `compare:` block), the
+    gate reads its A/B pairs instead (ab_gate.py)."""
     summaries: list[CellSummary] = []
     by_mode: dict[str, Recorded] = {}
     completion_groups: list[list[float]] = []
@@ -203,6 +206,9 @@ def fold_run(
         decided = frozenset(k for k in stopped if against.states[labels[k]].stopped)
     else:
         decided = frozenset(key for key, state in states.items() if state.stopped)
+    found_ab = None
+    if ab is not None:
+        found_ab, decided = ab_outcome(cells, results, ab)
     for cell in cells:
         trials = cell.trials()
         found = [results[t.key] for t in trials if t.key in results]
@@ -227,6 +233,7 @@ def fold_run(
         decisions={labels[key]: state for key, state in states.items()},
         alpha=(sequential or SequentialGate()).alpha,
         baseline=against,
+        ab=found_ab,
     )
     return RunSummary(cells=summaries, gate=gate, run=run, by_mode=by_mode)
 
@@ -254,6 +261,7 @@ def fold_config(
         selected,
         config.sequential_gate,
         against,
+        config.compare,
     )
 
 

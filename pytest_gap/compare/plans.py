@@ -36,7 +36,7 @@ _PLAN_IGNORED_LEAVES = frozenset(
         "policy_id",
     }
 )
-_PLAN_IGNORED_TOP = frozenset({"policies", "policy_manager", "gate"})
+_PLAN_IGNORED_TOP = frozenset({"policies", "policy_manager", "gate", "compare"})
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

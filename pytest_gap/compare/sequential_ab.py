@@ -42,12 +42,23 @@ class ABState(BaseModel):
     log_e_worse: float
     log_e_better: float
     log_e_not_worse: float
+    planned: int = 0  # in a session: the pairs its plan holds (0: read from records alone)
+    spent: bool = False  # in a session: undecided with every block looked at
+
+    @property
+    def decided(self) -> bool:
+        return self.verdict != "undecided"
+
+    @property
+    def stopped(self) -> bool:
+        """No more of the pair's trials are needed (decided, or every block run)."""
+        return self.decided or self.spent
 
     def line(self) -> str:
         """`libero/object: B worse at n=20 of 50 pairs (A only 9, B only 0)`."""
-        what = self.verdict if self.verdict != "undecided" else "undecided"
+        of = f"{self.planned} planned pairs" if self.planned else f"{self.n_pairs} pairs"
         return (
-            f"{self.cell}: {what} at n={self.n} of {self.n_pairs} pairs "
+            f"{self.cell}: {self.verdict} at n={self.n} of {of} "
             f"(A only {self.a_only}, B only {self.b_only})"
         )
 
@@ -73,11 +84,27 @@ def cell_state(
     cell: str, pairs: list[Pair], margin: float, alpha: float, block_seeds: int
 ) -> ABState:
     """Read `pairs` (one cell's) block by block until a look decides."""
+    n_pairs = sum(not p.excluded for p in pairs)
+    return decide(cell, blocks(pairs, block_seeds), margin, alpha, n_pairs=n_pairs)
+
+
+def decide(
+    cell: str,
+    looks_at: list[list[Pair]],
+    margin: float,
+    alpha: float,
+    *,
+    n_pairs: int,
+    planned: int = 0,
+    last_block: int | None = None,
+) -> ABState:
+    """Look at the complete blocks `looks_at` in order until one decides; `planned` and
+    `last_block` (the plan's number of blocks) say, in a session, when the plan is spent."""
     bar = math.log(1 / alpha)
     a_only = b_only = n = looks = 0
     verdict: ABVerdict = "undecided"
     worse = better = not_worse = 0.0
-    for looks, block in enumerate(blocks(pairs, block_seeds), 1):  # noqa: B007
+    for looks, block in enumerate(looks_at, 1):  # noqa: B007
         for p in block:
             if p.excluded:
                 continue
@@ -99,8 +126,10 @@ def cell_state(
         cell=cell,
         verdict=verdict,
         n=n,
-        n_pairs=sum(not p.excluded for p in pairs),
+        n_pairs=n_pairs,
         looks=looks,
+        planned=planned,
+        spent=verdict == "undecided" and last_block is not None and looks == last_block,
         a_only=a_only,
         b_only=b_only,
         alpha=alpha,

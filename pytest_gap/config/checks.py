@@ -41,20 +41,40 @@ def semantic_problems(data: dict, base: Path, mode_table: ModeTable = BUILTIN) -
 
 
 def _gate_problems(data: dict) -> list[str]:
-    """A baseline decides instead of the threshold: with `gate_rule: sequential` too, two
-    sequential rules would stop the same cells on two questions."""
-    gate = data.get("gate")
-    if not isinstance(gate, dict) or not gate.get("baseline"):
-        return []
+    """One rule decides when a cell stops: a baseline, an A/B `compare:` or `gate_rule:
+    sequential`; and an A/B test names two policies of a grid's policy axis."""
     block = data.get("benchmark")
     where = "benchmark.gate_rule" if isinstance(block, dict) else "gate_rule"
     rule = (block if isinstance(block, dict) else data).get("gate_rule")
-    if rule == "sequential":
-        return [
-            f"{where}: sequential and gate.baseline both decide when a cell stops; a baseline "
-            "gate is sequential by itself (gate.rule), remove gate_rule"
-        ]
-    return []
+    gate, compare = data.get("gate"), data.get("compare")
+    deciders = [where] if rule == "sequential" else []
+    deciders += ["gate.baseline"] if isinstance(gate, dict) and gate.get("baseline") else []
+    deciders += ["compare"] if isinstance(compare, dict) else []
+    problems = []
+    if len(deciders) > 1:
+        problems.append(
+            f"{deciders[1]}: {' and '.join(deciders)} each decide when a cell stops; keep one "
+            "of them"
+        )
+    if isinstance(compare, dict):
+        problems += _compare_problems(compare, block)
+    return problems
+
+
+def _compare_problems(compare: dict, block: Any) -> list[str]:
+    if not isinstance(block, dict):
+        return ["compare: an A/B test pairs two policies of a grid; give a benchmark: block"]
+    axis = block.get("policies") if isinstance(block.get("policies"), list) else []
+    problems = []
+    for side in ("a", "b"):
+        if compare.get(side) is not None and compare[side] not in axis:
+            problems.append(
+                f"compare.{side}: {compare[side]!r} is not in benchmark.policies "
+                f"({', '.join(map(str, axis)) or 'none'}); list it there"
+            )
+    if compare.get("a") is not None and compare.get("a") == compare.get("b"):
+        problems.append("compare.b: the same policy as compare.a; name two policies")
+    return problems
 
 
 def _backend(data: dict, problems: list[str]):

@@ -21,6 +21,7 @@ from pytest_gap.config.llm import LLMConfig
 from pytest_gap.config.messages import EMPTY_HINT, ConfigError, describe_all
 from pytest_gap.config.model import (
     DEFAULT_GATE_THRESHOLD,
+    ABCompare,
     BaselineGate,
     BenchmarkBlock,
     CompositionConfig,
@@ -77,6 +78,8 @@ class BenchmarkConfig(Strict):
     sequential: SequentialGate = SequentialGate()
     # Both shapes: the regression gate against a baseline run (baseline.py).
     gate: BaselineGate = BaselineGate()
+    # A grid's two policies as a sequential A/B test (ab_gate.py).
+    compare: ABCompare | None = None
     smoke: bool = False
     source: Annotated[Path | None, SERVER_PATH] = Field(default=None, exclude=True)
 
@@ -106,6 +109,8 @@ class BenchmarkConfig(Strict):
     @property
     def block_seeds(self) -> int:
         """Seeds of every task per block when a gate looks after blocks (0: no blocks)."""
+        if self.compare is not None:
+            return self.compare.block_seeds
         if self.gate.sequential:
             return self.gate.block_seeds
         return self.sequential_gate.block_seeds if self.rule == "sequential" else 0

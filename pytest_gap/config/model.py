@@ -164,6 +164,20 @@ class BaselineGate(Strict):
         return self.baseline is not None and self.rule == "sequential"
 
 
+class ABCompare(Strict):
+    """`compare:`: a sequential A/B test of two policies of a grid inside one session
+    (ab_gate.py): each (mode, family, variation) cell of A is paired with B's by task and
+    seed, their blocks run together, and both stop once the paired test decides."""
+
+    a: str
+    b: str
+    rule: Literal["sequential"] = "sequential"
+    # How much worse than A's success rate B's may be and count as not worse.
+    margin: float = Field(default=0.05, gt=0.0, lt=1.0)
+    alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
+    block_seeds: PositiveInt = 5  # seeds of every task per block, for both arms
+
+
 class BenchmarkBlock(Strict):
     # The simulator: a registered backend name or an import string module:Class (sim/backend.py)
     backend: Annotated[str, RemoteValue(installed_backend)] = "libero"

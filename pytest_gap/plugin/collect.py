@@ -64,14 +64,21 @@ class TrialGroup(pytest.Collector):
 def order_in_blocks(items: list[pytest.Item]) -> None:
     """The trials of a cell gated sequentially run block by block (Cell.blocks: a few seeds of
     every task, then the next seeds), not task by task as the collection tree holds them: the
-    cell's items keep their places in the list, in the cell's run order (Cell.trials)."""
+    cell's items keep their places in the list, in the cell's run order (Cell.trials). The two
+    cells of an A/B pair (`Cell.turn_key`) share their places: block 1 of A, block 1 of B,
+    block 2 of A, ..., so that the pairs of a block are complete together."""
     places: dict[tuple[Path, str], list[int]] = {}
     for index, item in enumerate(items):
         if isinstance(item, TrialItem) and item.trial.cell.block_seeds:
-            places.setdefault((item.loaded.path, item.trial.cell.key), []).append(index)
+            places.setdefault((item.loaded.path, item.trial.cell.turn_key), []).append(index)
     for indices in places.values():
         group = [items[i] for i in indices]
-        rank = {trial.id: n for n, trial in enumerate(group[0].trial.cell.trials())}
+        cells = {item.trial.cell.key: item.trial.cell for item in group}
+        rank = {
+            trial.id: (cell.block_of(trial.seed), side, position)
+            for side, cell in enumerate(cells.values())
+            for position, trial in enumerate(cell.trials())
+        }
         group.sort(key=lambda item: rank[item.trial.id])
         for index, item in zip(indices, group, strict=True):
             items[index] = item

@@ -17,9 +17,10 @@ import pytest
 from xdist.workermanage import parse_tx_spec_config
 
 from pytest_gap import ids
+from pytest_gap.plan import Trial
 from pytest_gap.plugin.files import is_benchmark_arg, is_trial_nodeid, session_config_paths
 from pytest_gap.plugin.lead import Lead
-from pytest_gap.plugin.scheduling import ModePhaseScheduling, PhaseGate
+from pytest_gap.plugin.scheduling import ModePhaseScheduling, PhaseGate, ab_phase
 from pytest_gap.plugin.session import LoadedConfig
 from pytest_gap.run.workers import capacity_warning, fit_workers
 
@@ -100,18 +101,33 @@ class Controller(Lead):
             return None
         numnodes = len(parse_tx_spec_config(config))
         return ModePhaseScheduling(
-            config, log, gate=PhaseGate(self.phase_dir), numnodes=numnodes, turn_of=self.turn_of
+            config,
+            log,
+            gate=PhaseGate(self.phase_dir),
+            numnodes=numnodes,
+            turn_of=self.turn_of,
+            phase_key=self.phase_key,
         )
 
-    def turn_of(self, nodeid: str) -> tuple[tuple[str, str], int] | None:
-        """(cell, block) of a trial of a cell gated sequentially; None for any other item."""
+    def _trial(self, nodeid: str) -> Trial | None:
         if not is_trial_nodeid(nodeid):
             return None
         yaml_part, trial_id = ids.split_node_id(nodeid)
-        trial = self.session.load(self.config.rootpath / yaml_part).trials.get(trial_id)
+        return self.session.load(self.config.rootpath / yaml_part).trials.get(trial_id)
+
+    def turn_of(self, nodeid: str) -> tuple[tuple[str, str], int] | None:
+        """(cell, block) of a trial of a cell gated sequentially; None for any other item."""
+        trial = self._trial(nodeid)
         if trial is None or not trial.cell.block_seeds:
             return None
-        return (yaml_part, trial.cell.key), trial.cell.block_of(trial.seed)
+        return (ids.path_of(nodeid), trial.cell.turn_key), trial.cell.block_of(trial.seed)
+
+    def phase_key(self, nodeid: str) -> str:
+        """Its mode's phase, or both arms' of an A/B pair (scheduling.ab_phase)."""
+        trial = self._trial(nodeid)
+        if trial is not None and trial.cell.ab_pair:
+            return ab_phase(nodeid, trial.cell.mode)
+        return ids.phase_of(nodeid)
 
     def pytest_unconfigure(self) -> None:
         super().pytest_unconfigure()

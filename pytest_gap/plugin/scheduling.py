@@ -49,10 +49,16 @@ QUEUE_DEPTH = 2
 POLL_S = 0.1
 
 
-def phases(collection: Sequence[str]) -> list[int]:
+def phases(collection: Sequence[str], phase_key: Callable[[str], str] = ids.phase_of) -> list[int]:
     """Each item's phase index: phases numbered in order of first appearance."""
     index: dict[str, int] = {}
-    return [index.setdefault(ids.phase_of(n), len(index)) for n in collection]
+    return [index.setdefault(phase_key(n), len(index)) for n in collection]
+
+
+def ab_phase(nodeid: str, mode: str) -> str:
+    """The phase of a trial of an A/B pair (`compare:`): both arms of a mode share one, so
+    that their blocks can take turns (`in_turn`) instead of one arm waiting for the other."""
+    return f"{ids.path_of(nodeid)}{ids.SEP}{mode}{ids.SEP}ab"
 
 
 class PhaseGate:
@@ -103,10 +109,12 @@ class ModePhaseScheduling:
         gate: PhaseGate,
         numnodes: int,
         turn_of: Callable[[str], Turn | None] = lambda nodeid: None,
+        phase_key: Callable[[str], str] = ids.phase_of,
     ):
         self.config, self.gate, self.numnodes = config, gate, numnodes
         # nodeid -> (its cell, its block) for a trial of a cell gated sequentially, else None
         self.turn_of = turn_of
+        self.phase_key = phase_key  # nodeid -> its phase (ab_phase for an A/B pair's trials)
         self.log = log.modephasesched if log is not None else (lambda *a: None)
         self.node2collection: dict[Any, list[str]] = {}
         self.node2pending: dict[Any, list[int]] = {}
@@ -158,7 +166,7 @@ class ModePhaseScheduling:
                 self._report_collection_diff()
                 return
             self.collection = collections[0]
-            self.phase = phases(self.collection)
+            self.phase = phases(self.collection, self.phase_key)
             self.task = [ids.task_of(n) for n in self.collection]
             self.turn = [self.turn_of(n) for n in self.collection]
             self.unsent = list(range(len(self.collection)))

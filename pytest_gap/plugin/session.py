@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
+from pytest_gap.ab_gate import recorded_pair_state
 from pytest_gap.baseline import Baseline, BaselineState, load_baseline, start_problems
 from pytest_gap.baseline import cell_state as baseline_cell_state
 from pytest_gap.config.messages import ConfigError
@@ -27,6 +28,7 @@ from pytest_gap.sequential import SequentialState, recorded_state
 from pytest_gap.session_plan import SessionPlan, session_mode_table
 
 if TYPE_CHECKING:
+    from pytest_gap.compare.sequential_ab import ABState
     from pytest_gap.modes import ModeTable
     from pytest_gap.plan import Cell
 
@@ -65,10 +67,13 @@ class LoadedConfig(SessionPlan):
             raise ConfigError(str(self.path), problems)
         return baseline
 
-    def stopped(self, cell: Cell) -> SequentialState | BaselineState | None:
+    def stopped(self, cell: Cell) -> SequentialState | BaselineState | ABState | None:
         """The sequential gate's state of `cell` as the run dir records it now, when it needs
         no more trials (decided, or at its cap); None when the config does not gate
         sequentially or the cell goes on."""
+        if self.config.compare is not None and cell.ab_pair:
+            pair = recorded_pair_state(self.run_dir, cell, self.all_cells, self.config.compare)
+            return pair if pair is not None and pair.stopped else None
         if self.baseline is not None and self.baseline.settings.sequential:
             results = {}
             for trial in cell.trials():

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gap.ids import phase_of
 from pytest_gap.layout import new_stamp
 from pytest_gap.plugin.execution import LocalTrials
 from pytest_gap.plugin.item import TrialItem
-from pytest_gap.plugin.scheduling import PhaseGate, phases, wait_for_phase
+from pytest_gap.plugin.scheduling import PhaseGate, ab_phase, phases, wait_for_phase
 from pytest_gap.plugin.session import TRIALS, GapSession, pin_devices
 
 
@@ -37,8 +38,14 @@ class Worker:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Each item's phase, as the controller's scheduler numbers them (same collection)."""
+        keys = {
+            item.nodeid: ab_phase(item.nodeid, item.trial.cell.mode)
+            for item in session.items
+            if isinstance(item, TrialItem) and item.trial.cell.ab_pair
+        }
         ids = [item.nodeid for item in session.items]
-        self.phase_of = dict(zip(ids, phases(ids), strict=True))
+        found = phases(ids, lambda nodeid: keys.get(nodeid) or phase_of(nodeid))
+        self.phase_of = dict(zip(ids, found, strict=True))
 
     def wait_turn(self, item: TrialItem) -> None:
         """A trial of a later mode starts once every earlier mode's trials are done."""

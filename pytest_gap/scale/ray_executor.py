@@ -234,7 +234,7 @@ class RayExecution:
             limit=cell.num_workers,
             timeout_s=cell.timeout_s,
             request=request,
-            turn=((str(p.config), cell.key), cell.block_of(p.trial.seed))
+            turn=((str(p.config), cell.turn_key), cell.block_of(p.trial.seed))
             if cell.block_seeds
             else None,
             needed=p.needed,
