@@ -110,9 +110,13 @@ class Gate(BaseModel):
             values += f" alpha={self.alpha:g}"
         # the sequential gate's decided cells, after the reasons (which name the others)
         decided = [f"{label} {s.line()}" for label, s in self.decisions.items() if s.decided]
-        notes = self.reasons + ([f"decided: {'; '.join(decided)}"] if decided else [])
-        reasons = f" ({'; '.join(notes)})" if notes else ""
-        # Coverage last: what is read (and matched) first stays the spec's `gate V: rate threshold`
+        return self._assembled(values, [f"decided: {'; '.join(decided)}"] if decided else [])
+
+    def _assembled(self, values: str, notes: list[str]) -> str:
+        """`gate V: values (reasons; notes); coverage`: coverage last, so what is read (and
+        matched) first stays the spec's `gate V: rate threshold`."""
+        shown = self.reasons + notes
+        reasons = f" ({'; '.join(shown)})" if shown else ""
         coverage = f"; {self.coverage.line()}" if self.coverage is not None else ""
         debug = f" {DEBUG_RUN_NOTE}" if self.debug else ""
         return f"gate {self.verdict}: {values}{reasons}{coverage}{debug}"
@@ -122,20 +126,12 @@ class Gate(BaseModel):
         values = f"success_rate={self.success_rate:.3f}"
         values += f" baseline={rate:.3f}" if rate is not None else " baseline=-"
         values += f" margin={against.margin:g} rule=baseline:{against.rule} alpha={against.alpha:g}"
-        notes = self.reasons + (against.notes() if self.verdict == "PASS" else [])
-        reasons = f" ({'; '.join(notes)})" if notes else ""
-        coverage = f"; {self.coverage.line()}" if self.coverage is not None else ""
-        debug = f" {DEBUG_RUN_NOTE}" if self.debug else ""
-        return f"gate {self.verdict}: {values}{reasons}{coverage}{debug}"
+        return self._assembled(values, against.notes() if self.verdict == "PASS" else [])
 
     def _ab_line(self, ab: ABOutcome) -> str:
         values = f"success_rate={self.success_rate:.3f} rule=compare:{ab.b}-vs-{ab.a}"
         values += f" margin={ab.margin:g} alpha={ab.alpha:g}"
-        notes = self.reasons + (ab.notes() if self.verdict == "PASS" else [])
-        reasons = f" ({'; '.join(notes)})" if notes else ""
-        coverage = f"; {self.coverage.line()}" if self.coverage is not None else ""
-        debug = f" {DEBUG_RUN_NOTE}" if self.debug else ""
-        return f"gate {self.verdict}: {values}{reasons}{coverage}{debug}"
+        return self._assembled(values, ab.notes() if self.verdict == "PASS" else [])
 
 
 def _missing_reason(missing: list[str]) -> str:
