@@ -201,7 +201,9 @@ class VlaEvalLiberoFormat(ObsFormat):
                 "the vla-eval server asks for absolute_action: true; pytest-gap's "
                 "vla-eval-libero format drives LIBERO with delta actions only"
             )
-        raw = env.libero_obs()
+        # vla-eval's adapter renders the wrist camera at every step; it is only sent when
+        # asked for, and rendering it changes nothing else, so it is rendered only then
+        raw = env.libero_obs(wrist=bool(params.get("send_wrist_image")))
         images = {"agentview": np.ascontiguousarray(raw["agentview_image"][::-1, ::-1])}
         if params.get("send_wrist_image"):
             images["wrist"] = np.ascontiguousarray(raw["robot0_eye_in_hand_image"][::-1, ::-1])

@@ -370,11 +370,15 @@ class LiberoEnv:
             prompt=self.episode.prompt,
         )
 
-    def libero_obs(self, size: int = LIBERO_CAMERA_SIZE) -> dict[str, np.ndarray]:
+    def libero_obs(
+        self, size: int = LIBERO_CAMERA_SIZE, wrist: bool = True
+    ) -> dict[str, np.ndarray]:
         """This state as LIBERO's OffScreenRenderEnv (camera_heights = camera_widths = `size`)
         hands it to an evaluation client: `agentview_image` and `robot0_eye_in_hand_image` as
         robosuite stores them (upside down, 4x MSAA), and robosuite's proprio observables
-        `robot0_eef_pos`, `robot0_eef_quat` (xyzw) and `robot0_gripper_qpos`.
+        `robot0_eef_pos`, `robot0_eef_quat` (xyzw) and `robot0_gripper_qpos`. `wrist=False`
+        leaves the wrist image out, unrendered (a client that does not send it; rendering
+        changes no state, so the episode is the same).
 
         The policy observation formats (policies/formats.py) apply their clients' recipes to
         this dict; tests/test_formats.py checks it against OffScreenRenderEnv itself."""
@@ -395,6 +399,7 @@ class LiberoEnv:
                 resolve_camera(model, camera), size, size, multisample=True, data=data
             )[::-1]
             for key, camera in (("agentview", "agentview"), ("robot0_eye_in_hand", "wrist"))
+            if wrist or key == "agentview"
         }
         for key in ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos"):
             out[key] = np.array(self._robosuite_obs[key], dtype=np.float64)

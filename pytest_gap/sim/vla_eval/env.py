@@ -369,7 +369,7 @@ class VlaEvalEnv:
     def finish_video(self) -> int:
         return 0
 
-    def libero_obs(self):
+    def libero_obs(self, size: int = 256, wrist: bool = True):
         """What run_policy's observation formats read; not offered here (see the class doc)."""
         raise SimInputError(
             "run_policy inside a workflow needs the libero backend; on backend vla-eval, run "
