@@ -25,7 +25,8 @@ from pytest_gap.compare.pairing import Pair
 from pytest_gap.compare.sequential_ab import ABState, decide
 from pytest_gap.config.model import ABCompare
 from pytest_gap.plan import Cell
-from pytest_gap.results import TrialResult
+from pytest_gap.results import TrialResult, recorded_results
+from pytest_gap.sequential import alpha_per_cell
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -108,7 +109,7 @@ def outcome(
     """The gate's reading, and the keys of the cells no longer needed (both arms of a pair
     that is decided or spent)."""
     pairs = arms(cells, settings)
-    share = settings.alpha / max(1, len(pairs))
+    share = alpha_per_cell(settings.alpha, len(pairs))
     states, stopped = {}, set()
     for label, (cell_a, cell_b) in pairs.items():
         states[label] = pair_state(label, cell_a, cell_b, results, settings, share)
@@ -125,16 +126,11 @@ def recorded_pair_state(
 ) -> ABState | None:
     """The state of `cell`'s pair as the run dir records it now (every process reads it before
     each trial); None when `cell` is in no runnable pair."""
-    from pytest_gap.results import read_result
-
     pairs = arms(cells, settings)
     for label, (cell_a, cell_b) in pairs.items():
         if cell.key in (cell_a.key, cell_b.key):
-            results = {}
-            for trial in [*cell_a.trials(), *cell_b.trials()]:
-                found = read_result(run_dir / trial.key)
-                if isinstance(found, TrialResult):
-                    results[trial.key] = found
-            share = settings.alpha / max(1, len(pairs))
+            keys = [t.key for t in (*cell_a.trials(), *cell_b.trials())]
+            results = recorded_results(run_dir, keys)
+            share = alpha_per_cell(settings.alpha, len(pairs))
             return pair_state(label, cell_a, cell_b, results, settings, share)
     return None

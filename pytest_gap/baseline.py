@@ -40,14 +40,15 @@ from pydantic import BaseModel, PrivateAttr
 
 from pytest_gap.compare.noninferiority import log_e_within, log_e_worse, tango_p
 from pytest_gap.compare.pairing import Pair, RunDir, base_row, load_run, row_of
-from pytest_gap.compare.plans import paired_plan
+from pytest_gap.compare.plans import paired_plan, plan_differences
 from pytest_gap.compare.refusals import episode_problems, surface_changes
 from pytest_gap.compare.stats import holm
 from pytest_gap.compare.wording import first_few, short_digest
 from pytest_gap.config.model import BaselineGate
 from pytest_gap.errors import GapError
 from pytest_gap.plan import Cell
-from pytest_gap.results import TrialResult
+from pytest_gap.results import TrialResult, recorded_results
+from pytest_gap.sequential import alpha_per_cell
 
 if TYPE_CHECKING:
     from pytest_gap.config.document import BenchmarkConfig
@@ -188,11 +189,7 @@ def start_problems(
             modes = {r.mode for r in records}
             flat_a = paired_plan(baseline.run.plan, modes, CANDIDATE_KEYS)
             flat_b = paired_plan(echo, modes, CANDIDATE_KEYS)
-            differ = [
-                f"{k}: {flat_a.get(k, '(unset)')!r} vs {flat_b.get(k, '(unset)')!r}"
-                for k in sorted(set(flat_a) | set(flat_b))
-                if flat_a.get(k, "(unset)") != flat_b.get(k, "(unset)")
-            ]
+            differ = plan_differences(flat_a, flat_b)
             if differ:
                 problems.append(
                     f"gate.baseline: {baseline.path} ran another plan on the paired part "
@@ -312,7 +309,7 @@ def cell_states(
     runnable = [c for c in cells if c.error is None]
     alpha = baseline.settings.alpha
     if baseline.settings.rule == "sequential":
-        share = alpha / max(1, len(runnable))
+        share = alpha_per_cell(alpha, len(runnable))
         return {c.key: cell_state(c, results, baseline, share) for c in runnable}
     states = {c.key: cell_state(c, results, baseline, alpha) for c in runnable}
     tested = [k for k, s in states.items() if s.p_value is not None]
@@ -323,6 +320,16 @@ def cell_states(
             state.verdict = "FAIL" if adjusted < alpha else "PASS"
             state.decided_at = state.n
     return states
+
+
+def recorded_state(
+    run_dir: Path, cell: Cell, cells: list[Cell], baseline: Baseline
+) -> BaselineState:
+    """`cell`'s sequential state from the records in `run_dir` now (every process reads them
+    before each trial); `cells`: the config's cells, which share its level."""
+    results = recorded_results(run_dir, (t.key for t in cell.trials()))
+    share = alpha_per_cell(baseline.settings.alpha, sum(c.error is None for c in cells))
+    return cell_state(cell, results, baseline, share)
 
 
 def recorded_pair_problems(

@@ -202,8 +202,11 @@ def fold_run(
     against = baseline
     if isinstance(baseline, Baseline):
         against = baseline_outcome(cells, results, baseline, labels)
-        stopped = {c.key for c in cells if labels[c.key] in against.states}
-        decided = frozenset(k for k in stopped if against.states[labels[k]].stopped)
+        decided = frozenset(
+            c.key
+            for c in cells
+            if (state := against.states.get(labels[c.key])) is not None and state.stopped
+        )
     else:
         decided = frozenset(key for key, state in states.items() if state.stopped)
     found_ab = None

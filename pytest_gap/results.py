@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -248,6 +249,17 @@ def read_result(trial_dir: Path) -> TrialResult | Corrupt | None:
     if result.version != RESULT_VERSION:
         return Corrupt(path=str(path), problem=f"version {result.version}, expected 1")
     return result
+
+
+def recorded_results(run_dir: Path, trial_keys: Iterable[str]) -> dict[str, TrialResult]:
+    """The valid records of the trials `trial_keys` (trial dirs) in a run dir now: what a
+    sequential rule reads before each trial, in every process."""
+    found = {}
+    for key in trial_keys:
+        result = read_result(run_dir / key)
+        if isinstance(result, TrialResult):
+            found[key] = result
+    return found
 
 
 def scan_results(run_dir: Path) -> dict[str, TrialResult]:

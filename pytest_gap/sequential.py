@@ -38,7 +38,7 @@ from pydantic import BaseModel
 
 from pytest_gap.config.model import SequentialGate
 from pytest_gap.plan import Cell
-from pytest_gap.results import TrialResult, read_result
+from pytest_gap.results import TrialResult, recorded_results
 
 Side = Literal["above", "below"]
 SequentialVerdict = Literal["PASS", "FAIL", "UNDECIDED"]
@@ -276,10 +276,6 @@ def recorded_state(
     """`cell`'s state from the records in `run_dir` now (each process reads them itself, so
     an xdist worker or the single process sees a decision before it starts its next trial).
     `cells`: the config's cells, which share its level."""
-    results = {}
-    for trial in cell.trials():
-        found = read_result(run_dir / trial.key)
-        if isinstance(found, TrialResult):
-            results[trial.key] = found
+    results = recorded_results(run_dir, (t.key for t in cell.trials()))
     alpha = alpha_per_cell(settings.alpha, sum(c.error is None for c in cells))
     return cell_state(cell, results, threshold, alpha, settings.max_trials)

@@ -75,6 +75,16 @@ def paired_plan(
     return flat
 
 
+def plan_differences(flat_a: dict[str, Any], flat_b: dict[str, Any]) -> list[str]:
+    """`key: A's value vs B's value` for each dotted key whose values differ (`(unset)` where a
+    side lacks it), in key order."""
+    return [
+        f"{k}: {flat_a.get(k, '(unset)')!r} vs {flat_b.get(k, '(unset)')!r}"
+        for k in sorted(set(flat_a) | set(flat_b))
+        if flat_a.get(k, "(unset)") != flat_b.get(k, "(unset)")
+    ]
+
+
 def plan_problems(
     pairs: list[Pair], run_a: RunDir, run_b: RunDir | None
 ) -> tuple[list[str], list[str]]:
@@ -123,11 +133,7 @@ def plan_problems(
         ], []
     modes = {p.a.mode for p in pairs} | {p.b.mode for p in pairs}
     flat_a, flat_b = paired_plan(run_a.plan, modes), paired_plan(run_b.plan, modes)
-    differ = [
-        f"{k}: {flat_a.get(k, '(unset)')!r} vs {flat_b.get(k, '(unset)')!r}"
-        for k in sorted(set(flat_a) | set(flat_b))
-        if flat_a.get(k, "(unset)") != flat_b.get(k, "(unset)")
-    ]
+    differ = plan_differences(flat_a, flat_b)
     if differ:
         return [
             f"plan differs on the paired part ({first_few(differ)}): run both sides from one "

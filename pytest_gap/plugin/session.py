@@ -17,12 +17,12 @@ import pytest
 
 from pytest_gap.ab_gate import recorded_pair_state
 from pytest_gap.baseline import Baseline, BaselineState, load_baseline, start_problems
-from pytest_gap.baseline import cell_state as baseline_cell_state
+from pytest_gap.baseline import recorded_state as baseline_state
 from pytest_gap.config.messages import ConfigError
 from pytest_gap.errors import GapError
 from pytest_gap.layout import POLICY_LOGS_DIR, resolve_run_dir
 from pytest_gap.plugin.options import GapOptions
-from pytest_gap.results import TrialResult, read_result
+from pytest_gap.results import TrialResult
 from pytest_gap.run.devices import pin
 from pytest_gap.sequential import SequentialState, recorded_state
 from pytest_gap.session_plan import SessionPlan, session_mode_table
@@ -75,14 +75,7 @@ class LoadedConfig(SessionPlan):
             pair = recorded_pair_state(self.run_dir, cell, self.all_cells, self.config.compare)
             return pair if pair is not None and pair.stopped else None
         if self.baseline is not None and self.baseline.settings.sequential:
-            results = {}
-            for trial in cell.trials():
-                found = read_result(self.run_dir / trial.key)
-                if isinstance(found, TrialResult):
-                    results[trial.key] = found
-            runnable = sum(c.error is None for c in self.all_cells)
-            share = self.baseline.settings.alpha / max(1, runnable)  # as baseline.cell_states
-            state = baseline_cell_state(cell, results, self.baseline, share)
+            state = baseline_state(self.run_dir, cell, self.all_cells, self.baseline)
             return state if state.stopped else None
         if self.config.rule != "sequential":
             return None
