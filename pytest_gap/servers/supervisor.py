@@ -250,10 +250,11 @@ class Supervisor:
             + (f"; the last: {error}" if error else "")
             + (f"; its output is in {dead.log}" if dead.log and not error else "")
         )
-        self._publish(**{policy_id: {"state": "down", "reason": reason}})
         line = f"{reason}; its log ended: {' | '.join(log_tail(dead.log)) or '(empty)'}"
+        # The line goes out before the state says down: whoever sees "down" also finds why.
         self.lines.put(line)
         self._append_log(line)
+        self._publish(**{policy_id: {"state": "down", "reason": reason}})
         return False
 
     def _event(self, policy_id: str, code: int, attempt: int, wait: float, outcome, tail, **kw):
