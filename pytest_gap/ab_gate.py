@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from pytest_gap.cells import Cell
 from pytest_gap.compare.pairing import Pair
 from pytest_gap.compare.sequential_ab import ABState, decide
 from pytest_gap.config.model import ABCompare
-from pytest_gap.plan import Cell
 from pytest_gap.results import TrialResult, recorded_results
 from pytest_gap.sequential import alpha_per_cell
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, PrivateAttr
 
+from pytest_gap.cells import Cell
 from pytest_gap.compare.noninferiority import log_e_within, log_e_worse, tango_p
 from pytest_gap.compare.pairing import Pair, RunDir, base_row, load_run, row_of
 from pytest_gap.compare.plans import paired_plan, plan_differences
@@ -46,7 +47,6 @@ from pytest_gap.compare.stats import holm
 from pytest_gap.compare.wording import first_few, short_digest
 from pytest_gap.config.model import BaselineGate
 from pytest_gap.errors import GapError
-from pytest_gap.plan import Cell
 from pytest_gap.results import TrialResult, recorded_results
 from pytest_gap.sequential import alpha_per_cell
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from pytest_gap import intervals
-from pytest_gap.plan import Cell
+from pytest_gap.cells import Cell
+from pytest_gap.control_drop import ControlDrop
 from pytest_gap.results import TrialResult
 from pytest_gap.sequential import SequentialState
 
@@ -57,6 +58,8 @@ class CellSummary(BaseModel):
     ref_success_ci_high: float | None = None
     # gate_rule: sequential: where the cell stands (decided at n=K of N planned, or not yet).
     sequential: SequentialState | None = None
+    # A perturbed cell whose matched control arm ran: the paired drop (control_drop.py).
+    control: ControlDrop | None = None
 
 
 def reference_counts(results: list[TrialResult]) -> tuple[int, int]:

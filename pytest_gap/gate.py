@@ -13,8 +13,8 @@ from pytest_gap import intervals
 from pytest_gap.ab_gate import ABOutcome
 from pytest_gap.baseline import BaselineOutcome
 from pytest_gap.cell_summary import CellSummary, pooled_reference, reference_rate
+from pytest_gap.cells import Cell
 from pytest_gap.config.model import GateRule
-from pytest_gap.plan import Cell
 from pytest_gap.results import TrialResult
 from pytest_gap.sequential import SequentialState
 

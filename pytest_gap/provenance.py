@@ -59,6 +59,8 @@ SURFACE: dict[str, str] = {
     "instruction_references.py": "which object a referring phrase names, from where things are",
     "instruction_stand_ins.py": "which object stands in for one the scene lacks",
     "plan.py": "a config's cells and trials: seeds, task ids, a cell's watchdog limit",
+    "cells.py": "a cell's trials: which (task, seed) episodes it runs, in which blocks",
+    "control_arms.py": "the control arms a plan adds, with the perturbed cells' settings",
     "instruction_steps.py": "which steps a multi-step instruction is read into",
 }
 # The files no outcome depends on, and why. Every file of the package is in exactly one of
@@ -79,6 +81,7 @@ NOT_COVERED: dict[str, str] = {
     "ab_gate.py": "the A/B test's verdicts on paired records, and so which trials are still "
     "run; never what a trial does",
     "cell_summary.py": "a cell's rates from its records",
+    "control_drop.py": "a perturbed cell's drop against its control arm, from the records",
     "intervals.py": "intervals on recorded rates",
     "compare/**/*.py": "statistics over two runs' records",
     "viz/**/*.py": "pictures of the records",

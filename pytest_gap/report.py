@@ -25,10 +25,11 @@ from pytest_gap.cell_summary import (
     reference_rate,
     summarize_cell,
 )
+from pytest_gap.cells import Cell
 from pytest_gap.config.model import ABCompare, GateRule, SequentialGate
+from pytest_gap.control_drop import ControlDrop, control_drops
 from pytest_gap.errors import GapError
 from pytest_gap.gate import Gate, coverage, evaluate_gate
-from pytest_gap.plan import Cell
 from pytest_gap.redaction import redact_tree
 from pytest_gap.results import TrialResult, now_iso
 from pytest_gap.sequential import SequentialState, alpha_per_cell, cell_state
@@ -56,6 +57,22 @@ TSV_COLUMNS = (
 CI_COLUMNS = ("success_ci_low", "success_ci_high", "completion_ci_low", "completion_ci_high")
 # The reference loops' rate (see `reference_counts`), after the intervals for the same reason.
 REF_COLUMNS = ("ref_success_rate", "ref_n_trials", "ref_success_ci_low", "ref_success_ci_high")
+# A perturbed cell against its matched control arm (control_drop.py), empty elsewhere: last, so
+# readers by position keep working, and only in a run where some cell has a control arm.
+CONTROL_COLUMNS = (
+    "control",
+    "control_rate",
+    "perturbed_rate",
+    "drop",
+    "drop_ci_low",
+    "drop_ci_high",
+    "drop_p",
+    "drop_n_pairs",
+)
+DROP_MEANING = (
+    "drop = control arm's success - the perturbed cell's, over the (task, seed) episodes both "
+    "ran; [95% task-bootstrap interval], McNemar's exact p"
+)
 REF_LABEL = "ref_success_rate"
 REF_MEANING = "as openpi's and vla-eval's loops count: infrastructure failures count as failures"
 
@@ -71,6 +88,36 @@ def pivot(cells: list[CellSummary], metric: str) -> tuple[list[str], list[str], 
     return rows, columns, matrix
 
 
+def _control_values(drop: ControlDrop | None) -> dict:
+    """A cell's CONTROL_COLUMNS (all None without a control arm)."""
+    if drop is None:
+        return dict.fromkeys(CONTROL_COLUMNS)
+    return {
+        "control": drop.control,
+        "control_rate": drop.control_rate,
+        "perturbed_rate": drop.perturbed_rate,
+        "drop": drop.drop,
+        "drop_ci_low": drop.drop_ci_low,
+        "drop_ci_high": drop.drop_ci_high,
+        "drop_p": drop.p_value,
+        "drop_n_pairs": drop.n_pairs,
+    }
+
+
+def drop_pivot(cells: list[CellSummary]) -> tuple[list[str], list[str], dict] | None:
+    """Rows and the perturbed cells' columns: each drop (`-` where none); None when no cell
+    has a control arm."""
+    with_control = [c for c in cells if c.control is not None]
+    if not with_control:
+        return None
+    rows = list(dict.fromkeys(c.row for c in with_control))
+    columns = list(dict.fromkeys(c.column for c in with_control))
+    matrix: dict[str, dict[str, float | str]] = {r: dict.fromkeys(columns, "-") for r in rows}
+    for c in with_control:
+        matrix[c.row][c.column] = "-" if c.control.drop is None else round(c.control.drop, 4)
+    return rows, columns, matrix
+
+
 def _fmt(value) -> str:
     if value is None:
         return ""
@@ -81,14 +128,18 @@ def _fmt(value) -> str:
 
 def format_tsv(cells: list[CellSummary]) -> str:
     names = (*TSV_COLUMNS, *CI_COLUMNS, *REF_COLUMNS)
+    if any(c.control is not None for c in cells):
+        names += CONTROL_COLUMNS
     lines = ["\t".join(names)]
     for c in cells:
-        values = c.model_dump()
+        values = c.model_dump() | _control_values(c.control)
         values["wall_clock_s"] = f"{c.wall_clock_s:.1f}"
         lines.append("\t".join(_fmt(values[k]).replace("\t", " ") for k in names))
-    for metric in ("success_rate", "completion_rate"):
-        rows, columns, matrix = pivot(cells, metric)
-        lines += ["", "\t".join([f"{metric}_pivot", *columns])]
+    pivots = [(f"{m}_pivot", pivot(cells, m)) for m in ("success_rate", "completion_rate")]
+    if (drops := drop_pivot(cells)) is not None:
+        pivots.append(("drop_pivot", drops))
+    for title, (rows, columns, matrix) in pivots:
+        lines += ["", "\t".join([title, *columns])]
         lines += ["\t".join([r, *(_fmt(matrix[r][col]) for col in columns)]) for r in rows]
     return "\n".join(lines) + "\n"
 
@@ -120,6 +171,7 @@ def console_table(cells: list[CellSummary]) -> str:
             table, headers=["success_rate", *columns], tablefmt="simple", disable_numparse=True
         )
     ]
+    lines += _drop_block(cells)
     if not any(c.n_infra for c in cells):
         lines.append(f"{REF_LABEL} = success_rate: no trial failed on infrastructure")
         return "\n".join(lines)
@@ -151,6 +203,29 @@ def console_table(cells: list[CellSummary]) -> str:
     )
     lines.append(f"{REF_LABEL} ({REF_MEANING}): pooled {pooled_text}; the gate reads success_rate")
     return "\n".join(lines)
+
+
+def _drop_block(cells: list[CellSummary]) -> list[str]:
+    """The perturbed cells' drops against their control arms, as a pivot and what it means."""
+    found = drop_pivot(cells)
+    if found is None:
+        return []
+    from tabulate import tabulate
+
+    rows, columns, _ = found
+    shown = {r: dict.fromkeys(columns, "-") for r in rows}
+    controls = {}
+    for c in cells:
+        if c.control is not None:
+            shown[c.row][c.column] = c.control.text()
+            controls.setdefault(c.control.control, []).append(c.column)
+    table = [[r, *(shown[r][col] for col in columns)] for r in rows]
+    against = "; ".join(f"{', '.join(dict.fromkeys(v))} vs {k}" for k, v in controls.items())
+    return [
+        "",
+        tabulate(table, headers=["drop", *columns], tablefmt="simple", disable_numparse=True),
+        f"{DROP_MEANING} ({against})",
+    ]
 
 
 class Recorded(BaseModel):
@@ -212,6 +287,7 @@ def fold_run(
     found_ab = None
     if ab is not None:
         found_ab, decided = ab_outcome(cells, results, ab)
+    drops = control_drops(cells, results)
     for cell in cells:
         trials = cell.trials()
         found = [results[t.key] for t in trials if t.key in results]
@@ -221,6 +297,7 @@ def fold_run(
         if found:
             summary = summarize_cell(cell, found)
             summary.sequential = states.get(cell.key)
+            summary.control = drops.get(cell.key)
             summaries.append(summary)
             completion_groups += completions_by_task([r for r in found if not r.errored])
     run = Recorded(
@@ -286,6 +363,8 @@ def summary_document(summary: RunSummary, grid: dict) -> dict:
     with their intervals."""
     gate = summary.gate
     matrix = {m: pivot(summary.cells, m)[2] for m in ("success_rate", "completion_rate")}
+    if (drops := drop_pivot(summary.cells)) is not None:
+        matrix["drop"] = drops[2]
     return {
         "grid": redact_tree(grid),  # a policy url's password, a token in a command
         "cells": [s.model_dump(mode="json") for s in summary.cells],

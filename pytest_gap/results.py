@@ -24,7 +24,7 @@ from pytest_gap.layout import RESULT_FILE, RUNNING_FILE
 from pytest_gap.redaction import redact_tree
 
 if TYPE_CHECKING:
-    from pytest_gap.plan import Trial
+    from pytest_gap.cells import Trial
 
 RESULT_VERSION = 1
 MAX_RESULT_BYTES = 16 * 2**20  # a record is a few KB; a run dir's bigger file is not one

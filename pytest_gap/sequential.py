@@ -36,8 +36,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from pytest_gap.cells import Cell
 from pytest_gap.config.model import SequentialGate
-from pytest_gap.plan import Cell
 from pytest_gap.results import TrialResult, recorded_results
 
 Side = Literal["above", "below"]

@@ -246,3 +246,16 @@ class FakeBackend:
             with open(log, "a") as out:
                 out.write(json.dumps(record) + "\n")
         return FakeEnv(suite, task_id, options or EnvOptions(), egl_device)
+
+
+class ControlledFakeFamily(FakeFamily):
+    """`fake` whose `hard` declares `easy` as its matched control arm (the same tasks and
+    seeds; init states differ by suite, as a perturbation's do)."""
+
+    def control(self, variation: str) -> tuple[str, str] | None:
+        return ("fake", "easy") if variation == "hard" else None
+
+
+class ControlledFakeBackend(FakeBackend):
+    def families(self) -> dict[str, FakeFamily]:
+        return {"fake": ControlledFakeFamily()}

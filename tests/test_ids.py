@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_gap import ids
-from pytest_gap.plan import Cell, Trial
+from pytest_gap.cells import Cell, Trial
 from pytest_gap.results import TrialIdentity
 
 GRID = ("policy_only", "pi05", "libero", "object", None)

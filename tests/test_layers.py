@@ -152,10 +152,18 @@ SESSION = (
     "pytest_gap.report",
     "pytest_gap.gate",
     "pytest_gap.cell_summary",
+    "pytest_gap.control_drop",
     "pytest_gap.provenance",
     "pytest_gap.compare",
 )
-BENCHMARK = ("pytest_gap.config", "pytest_gap.plan", "pytest_gap.modes", "pytest_gap.producers")
+BENCHMARK = (
+    "pytest_gap.config",
+    "pytest_gap.cells",
+    "pytest_gap.plan",
+    "pytest_gap.control_arms",
+    "pytest_gap.modes",
+    "pytest_gap.producers",
+)
 
 # (who, what it must never reach, transitively). `pytest` stands for the pytest package.
 REACH_RULES = [
@@ -251,7 +259,10 @@ REACH_RULES += [
 # (who, what it must never import directly): the layers above reach the ones below only.
 IMPORT_RULES = [
     ("pytest_gap.config", ("pytest", *UPPER, *SESSION, "pytest_gap.results")),
-    ("pytest_gap.plan", ("pytest", *UPPER, *SESSION, "pytest_gap.results")),
+    *[
+        (m, ("pytest", *UPPER, *SESSION, "pytest_gap.results"))
+        for m in ("pytest_gap.cells", "pytest_gap.plan", "pytest_gap.control_arms")
+    ],
     ("pytest_gap.modes", ("pytest", *UPPER, *SESSION, "pytest_gap.config", "pytest_gap.plan")),
     ("pytest_gap.producers", ("pytest", *UPPER, *SESSION)),
     # The wire level knows nothing of the session level's servers (servers/ imports it).

@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from pytest_gap.cells import Cell, Trial
 from pytest_gap.config import load_config, parse_config
 from pytest_gap.layout import EPISODES
 from pytest_gap.outputs.parquet import SCHEMA
-from pytest_gap.plan import Cell, Trial
 from pytest_gap.policies.builtin import HoldPolicy
 from pytest_gap.policies.server import PolicyServer
 from pytest_gap.policies.wire import metadata_digest

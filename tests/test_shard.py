@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from pytest_gap.cells import Cell
 from pytest_gap.errors import GapError
-from pytest_gap.plan import Cell
 from pytest_gap.results import TrialResult
 from pytest_gap.scale.merge import choose
 from pytest_gap.scale.shard import RESET_COST, parse_shard, shard_plan, trial_cost

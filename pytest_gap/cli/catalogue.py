@@ -32,11 +32,14 @@ def _cmd_suites(args: argparse.Namespace) -> int:
 
 
 def _cmd_families(args: argparse.Namespace) -> int:
-    from pytest_gap.sim.backend import get_backend
+    from pytest_gap.sim.backend import declared_control, get_backend
 
-    for name, family in get_backend(args.backend).families().items():
+    backend = get_backend(args.backend)
+    for name, family in backend.families().items():
         for variation in family.variations():
-            print(f"{name + '/' + variation:45s} -> {family.resolve(variation).suite}")
+            line = f"{name + '/' + variation:45s} -> {family.resolve(variation).suite}"
+            control = declared_control(backend, name, variation)
+            print(f"{line:70s}  control: {'/'.join(control)}" if control else line)
     return 0
 
 

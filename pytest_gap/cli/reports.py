@@ -38,6 +38,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             allow_harness_mismatch=args.allow_harness_mismatch,
             alpha=args.alpha,
             sequential=(args.margin, args.block_seeds) if args.sequential else None,
+            controls=args.controls,
         )
     except CompareRefused as exc:
         if args.json:
@@ -136,6 +137,13 @@ def add(subparsers: argparse._SubParsersAction) -> None:
         type=_positive_int,
         default=5,
         help="--sequential: seeds of every task per look (default 5)",
+    )
+    comp.add_argument(
+        "--controls",
+        action="store_true",
+        help="B's perturbed cells (posvar, LIBERO-PRO variants) against the control arms their "
+        "families declare, found in A (one run: --a/--b default to its one row), paired by task "
+        "and seed: exit 1 when a perturbation makes B significantly worse",
     )
     output = comp.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="machine-readable output")

@@ -46,8 +46,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pytest_gap import ids
+    from pytest_gap.cells import Cell, Trial
     from pytest_gap.layout import ERROR_FILE
-    from pytest_gap.plan import Cell, Trial
     from pytest_gap.run.trial import TrialRun
     from pytest_gap.sim.backend import get_backend, resolve_variation
     from pytest_gap.sim.pool import EnvPool

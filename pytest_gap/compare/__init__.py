@@ -36,12 +36,19 @@ Statistics, per cell (family/variation) and pooled over every pair:
   family, since it can fail the comparison too.
 Exit 0 when no row says B is significantly worse after Holm, 1 when one does.
 
+`--controls` pairs each perturbed cell of B (posvar, LIBERO-PRO variants) with the control arm
+its family declares, in A (one run: the same row by default), by (task, seed): the init-state
+and scene digests differ there by design, so the records' init state indices are compared
+instead, and one policy on both sides is expected. B-A is minus the drop the perturbation
+costs; exit 1 when it is significantly negative.
+
 `--sequential` reads each cell instead as an anytime-valid sequential test, block by block
 (`sequential_ab`): B worse, B better, B not worse within a margin, or undecided; valid on runs
 still running or stopped early, however often it is read. Only B worse exits 1.
 
 The modules, bottom to top (each imports only those before it, never this package):
-`wording` (how messages name digests and lists), `pairing` (run dirs, sides, pairs), `plans`
+`wording` (how messages name digests and lists), `pairing` (run dirs, sides, pairs),
+`controls` (`--controls`: perturbed cells paired with their declared control arms), `plans`
 and `refusals` (what refuses a comparison), `stats` (the numbers), `noninferiority` (paired
 tests against a margin: Tango's, and the e-values), `sequential_ab` (`--sequential`),
 `comparison` (`compare`), `table` (`render`). This package re-exports what the CLI, the

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pytest_gap.compare.controls import control_pairing
 from pytest_gap.compare.pairing import RunDir, Side, base_row, pair, select
 from pytest_gap.compare.refusals import refusals
 from pytest_gap.compare.sequential_ab import ABState, sequential_states
@@ -35,6 +36,7 @@ class Comparison(BaseModel):
     # verdict and exit code instead of the McNemar rows
     sequential: list[ABState] | None = None
     margin: float | None = None
+    controls: bool = False  # B's perturbed cells against their control arms in A
 
     @property
     def worse(self) -> list[RowStats]:
@@ -73,6 +75,7 @@ class Comparison(BaseModel):
             if self.sequential is not None
             else None,
             "margin": self.margin,
+            "controls": self.controls,
             "verdict": self.verdict(),
             "exit_code": self.exit_code,
         }
@@ -87,20 +90,40 @@ def compare(
     allow_harness_mismatch: bool = False,
     alpha: float = ALPHA,
     sequential: tuple[float, int] | None = None,
+    controls: bool = False,
 ) -> Comparison:
     """Compare row B with row A: of one run (`run_b` None) or of two. Raises CompareRefused.
-    `sequential` (margin, block seeds): read each cell as an anytime-valid sequential test."""
-    if run_b is None and (row_a is None or row_b is None):
+    `sequential` (margin, block seeds): read each cell as an anytime-valid sequential test.
+    `controls`: B's perturbed cells against their declared control arms in A (controls.py);
+    in one run A and B may be one row (the default when only one is named)."""
+    if controls and run_b is None:
+        row_a = row_a or row_b
+        row_b = row_b or row_a
+    elif run_b is None and (row_a is None or row_b is None):
         raise GapError(
             f"{run_a.path}: comparing two rows of one run needs both --a ROW and --b ROW "
             "(or give two run dirs)"
         )
     a = select(run_a, row_a, "--a")
     b = select(run_b or run_a, row_b, "--b")
-    if run_b is None and base_row(a.row) == base_row(b.row):
+    if run_b is None and not controls and base_row(a.row) == base_row(b.row):
         raise GapError(f"--a and --b name the same row {a.row}; name two rows of the run")
-    pairing = pair(a, b)
-    reasons, notes = refusals(pairing, run_a, run_b, allow_harness_mismatch=allow_harness_mismatch)
+    found: list[str] = []
+    if controls:
+        pairing, found = control_pairing(a, b)
+    else:
+        pairing = pair(a, b)
+    reasons, notes = (
+        (found, [])
+        if found
+        else refusals(
+            pairing,
+            run_a,
+            run_b,
+            allow_harness_mismatch=allow_harness_mismatch,
+            controls=controls,
+        )
+    )
     if reasons:
         raise CompareRefused(reasons)
     cells, pooled = statistics(pairing.pairs, alpha)
@@ -126,4 +149,5 @@ def compare(
         notes=notes,
         sequential=states,
         margin=sequential[0] if sequential is not None else None,
+        controls=controls,
     )

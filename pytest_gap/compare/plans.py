@@ -34,6 +34,7 @@ _PLAN_IGNORED_LEAVES = frozenset(
         "trials_per_generation",
         "policies",
         "policy_id",
+        "controls",  # adds control arms: the grid's extent
     }
 )
 _PLAN_IGNORED_TOP = frozenset({"policies", "policy_manager", "gate", "compare"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_gap.compare.controls import init_state_problems
 from pytest_gap.compare.pairing import Pair, Pairing, RunDir
 from pytest_gap.compare.plans import plan_problems
 from pytest_gap.compare.wording import count_pairs, first_few, short_digest
@@ -86,9 +87,13 @@ def refusals(
     *,
     allow_harness_mismatch: bool = False,
     same_policy_ok: bool = False,
+    controls: bool = False,
 ) -> Problems:
     """(reasons the comparison cannot be made, notes for the output); pure. `same_policy_ok`:
-    one server on both sides is no refusal (a baseline gate re-running its own checkpoint)."""
+    one server on both sides is no refusal (a baseline gate re-running its own checkpoint).
+    `controls`: the pairs are perturbed cells and their declared control arms (controls.py),
+    which start from other sim states by design: their init state indices are checked instead
+    of the digests, and one policy on both arms is the point."""
     reasons: list[str] = []
     notes: list[str] = []
     if pairing.duplicates:
@@ -109,10 +114,10 @@ def refusals(
             "errors (the trials' result.json say why) and rerun with --gap-resume"
         )
     for found_reasons, found_notes in (
-        (episode_problems(pairs), []),
+        (init_state_problems(pairs) if controls else episode_problems(pairs), []),
         _harness_problems(pairs, run_a, run_b, allow_harness_mismatch),
         plan_problems(pairs, run_a, run_b),
-        ([], []) if same_policy_ok else _policy_problems(pairs),
+        ([], []) if same_policy_ok or controls else _policy_problems(pairs),
         ([], _unrecorded(pairs, pairing.without_backend)),
     ):
         reasons += found_reasons

@@ -63,6 +63,8 @@ def render(comparison: Comparison, markdown: bool = False) -> str:
         else:
             table += "\n\n" + header + "\n" + "\n".join(f"  {line}" for line in read)
     where_b = "same run" if same_run else c.b.run
+    if c.controls:  # A is each cell's control arm, B the perturbed cell: B-A is minus the drop
+        where_b += "; A: each B cell's declared control arm, paired by task and seed"
     if markdown:
         lines = [
             f"**A** `{c.a.row}` ({c.a.run})  ",

@@ -199,6 +199,9 @@ class BenchmarkBlock(Strict):
     sequential: SequentialGate = SequentialGate()
     smoke: bool = False
     mode_overrides: dict[str, ModeOverride] = {}
+    # Add each perturbed variation's matched control arm (its family's declaration, e.g.
+    # posvar -> libero/object): the same tasks and seeds unperturbed, for the paired drop.
+    controls: bool = False
 
 
 class SuiteEntry(Strict):

@@ -17,7 +17,7 @@ import pytest
 from xdist.workermanage import parse_tx_spec_config
 
 from pytest_gap import ids
-from pytest_gap.plan import Trial
+from pytest_gap.cells import Trial
 from pytest_gap.plugin.files import is_benchmark_arg, is_trial_nodeid, session_config_paths
 from pytest_gap.plugin.lead import Lead
 from pytest_gap.plugin.scheduling import ModePhaseScheduling, PhaseGate, ab_phase

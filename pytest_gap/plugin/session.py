@@ -28,9 +28,9 @@ from pytest_gap.sequential import SequentialState, recorded_state
 from pytest_gap.session_plan import SessionPlan, session_mode_table
 
 if TYPE_CHECKING:
+    from pytest_gap.cells import Cell
     from pytest_gap.compare.sequential_ab import ABState
     from pytest_gap.modes import ModeTable
-    from pytest_gap.plan import Cell
 
 
 class LoadedConfig(SessionPlan):

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from pytest_gap.cells import Trial
 from pytest_gap.config.llm import LLMConfig
 from pytest_gap.modes import BUILTIN, ModeTable
-from pytest_gap.plan import Trial
 from pytest_gap.producers.base import PRODUCED_FILE, ProduceRequest, produce
 from pytest_gap.workflow.templates import task_placeholders
 

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pytest_gap.cells import Trial
 from pytest_gap.layout import RUNNING_FILE, WARMUP_DIR, inside
-from pytest_gap.plan import Trial
 from pytest_gap.policies.wire import metadata_digest
 from pytest_gap.provenance import record_fields
 from pytest_gap.redaction import redact_text

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pytest_gap.cells import Trial
 from pytest_gap.layout import inside
-from pytest_gap.plan import Trial
 from pytest_gap.results import EarlierAttempt, TrialResult, write_result
 from pytest_gap.run.watchdog import Watchdog
 

@@ -31,9 +31,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pytest_gap.cells import Trial
 from pytest_gap.config.llm import LLMConfig
 from pytest_gap.layout import inside
-from pytest_gap.plan import Trial
 from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.results import EXIT_TIMEOUT, EarlierAttempt, TrialResult
 from pytest_gap.run.devices import DEVICES_VAR

@@ -59,8 +59,8 @@ from pytest_gap.scale.ray_cluster import (
 )
 
 if TYPE_CHECKING:
+    from pytest_gap.cells import Trial
     from pytest_gap.config.policies import RayResources
-    from pytest_gap.plan import Trial
 
 
 @dataclass

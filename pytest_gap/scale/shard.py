@@ -27,8 +27,8 @@ from functools import cache
 from pydantic import BaseModel, ConfigDict
 
 from pytest_gap import ids
+from pytest_gap.cells import Cell, Trial
 from pytest_gap.errors import GapError
-from pytest_gap.plan import Cell, Trial
 
 # Costs in units of one control step with no camera rendered (88-115 per second measured on
 # LIBERO; reference/environment.md "Costs").

@@ -20,9 +20,9 @@ import hashlib
 import json
 from pathlib import Path
 
+from pytest_gap.cells import Cell
 from pytest_gap.config.document import BenchmarkConfig
 from pytest_gap.errors import GapError, InfraFailure
-from pytest_gap.plan import Cell
 from pytest_gap.redaction import redact_text
 
 # (config file, config, cells that will run, policy server log dir)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from pytest_gap.cells import Cell
 from pytest_gap.config.document import BenchmarkConfig
 from pytest_gap.config.policies import PolicyEntry
-from pytest_gap.plan import Cell
 from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.servers.manager import Launcher, PolicyManager, preflight
 from pytest_gap.servers.supervisor import STATE_FILE, Supervisor

@@ -30,6 +30,7 @@ from pydantic import (
     field_validator,
 )
 
+from pytest_gap.cells import Cell, Trial
 from pytest_gap.config.document import BenchmarkConfig, load_config
 from pytest_gap.config.keys import Profile
 from pytest_gap.config.messages import ConfigError
@@ -37,7 +38,7 @@ from pytest_gap.config.reader import read_yaml
 from pytest_gap.doors import new_secret, same_secret
 from pytest_gap.errors import GapError, one_line
 from pytest_gap.layout import RESULT_FILE, SMOKE_DIR, inside
-from pytest_gap.plan import Cell, Trial, all_trials, plan
+from pytest_gap.plan import all_trials, plan
 from pytest_gap.policies.endpoint import PolicyEndpoint
 from pytest_gap.producers.templates import template_names
 from pytest_gap.report import RunSummary, fold_config

@@ -36,12 +36,12 @@ from websockets.http11 import Response
 
 from pytest_gap import ids
 from pytest_gap.bind import LOOPBACK, exposure_notice
+from pytest_gap.cells import Trial
 from pytest_gap.doors import bearer, new_secret, refuse_browsers, same_secret
 from pytest_gap.errors import one_line
 from pytest_gap.layout import SMOKE_DIR
 from pytest_gap.names import is_name
 from pytest_gap.outputs.hook import write_outputs
-from pytest_gap.plan import Trial
 from pytest_gap.policies.server import PolicyServer
 from pytest_gap.policies.wire import HEALTH_PATH, MAX_QUEUED_FRAMES, packb, unpackb
 from pytest_gap.results import now_iso, write_json

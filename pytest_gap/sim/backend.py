@@ -245,7 +245,10 @@ class Family(Protocol):
 
         Optionally a family also has `step_limit(variation, task_id) -> int | None`: the step
         limit of that task's episodes where it differs from its suite's (`--gap-shard` costs
-        trials with it; pytest_gap/scale/shard.py)."""
+        trials with it; pytest_gap/scale/shard.py), and `control(variation) -> (family,
+        variation) | None`: its matched control arm, the same tasks and seeds without the
+        perturbation (task i and seed s there are the episode this variation perturbs), which
+        the summary sets its rate beside (`declared_control`)."""
 
 
 @runtime_checkable
@@ -407,6 +410,36 @@ def resolve_variation(backend: Backend, family: str, variation: str) -> Variatio
         hint = f"did you mean {', '.join(close)}?" if close else f"use one of {options}"
         raise SimInputError(f"unknown variation {variation!r} of family {family}: {hint}")
     return families[family].resolve(variation)
+
+
+def declared_control(backend: Backend, family: str, variation: str) -> tuple[str, str] | None:
+    """The (family, variation) `family/variation` names as its matched control, checked to be
+    one of the backend's; None when it names none (or the family is unknown here)."""
+    found = backend.families().get(family)
+    control = getattr(found, "control", None)
+    named = control(variation) if callable(control) else None
+    if named is None:
+        return None
+    if not (
+        isinstance(named, tuple) and len(named) == 2 and all(isinstance(n, str) for n in named)
+    ):
+        raise SimInputError(
+            f"family {family} of backend {backend.name}: control({variation!r}) returned "
+            f"{named!r}; it must return a (family, variation) pair or None"
+        )
+    if named == (family, variation):
+        raise SimInputError(
+            f"family {family} of backend {backend.name}: {family}/{variation} names itself as "
+            "its control; return None for a variation that perturbs nothing"
+        )
+    try:
+        resolve_variation(backend, *named)
+    except SimInputError as exc:
+        raise SimInputError(
+            f"family {family} of backend {backend.name}: the control of {variation} is "
+            f"{named[0]}/{named[1]}, which this backend cannot run ({exc})"
+        ) from None
+    return named
 
 
 def suite_variation(backend: Backend, suite_name: str) -> Variation:

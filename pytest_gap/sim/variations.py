@@ -46,7 +46,13 @@ from pydantic import BaseModel, ConfigDict
 
 from pytest_gap.errors import SimInputError, VariationError
 from pytest_gap.sim import backend
-from pytest_gap.sim.suites import CLASSIC_SUITES, MAX_STEPS_BY_BASE, TaskSpec, list_suites
+from pytest_gap.sim.suites import (
+    CLASSIC_SUITES,
+    MAX_STEPS_BY_BASE,
+    TaskSpec,
+    get_suite,
+    list_suites,
+)
 
 # Container-centre grid for pos_var, world frame: x from the row of LIBERO's object regions
 # nearest the robot (ROBOT_BASE_XY) to the farthest, y across the table.
@@ -274,6 +280,10 @@ class GeneratedFamily(ABC):
     def resolve(self, variation: str) -> Variation:
         return Variation(family=self.name, variation=variation, suite=GENERATED_BASE_SUITE)
 
+    def control(self, variation: str) -> tuple[str, str] | None:
+        """The unperturbed arm of `variation` (backend.Family.control); none by default."""
+        return None
+
     @abstractmethod
     def plan(
         self, variation: str, task_id: int, rng, layout: SceneLayout, goal: list[tuple[str, ...]]
@@ -289,6 +299,11 @@ class PosVar(GeneratedFamily):
 
     def plan(self, variation, task_id, rng, layout, goal) -> EpisodePlan:
         return EpisodePlan(targets=[p[1] for p in goal if p[0] == "in"], kind=variation)
+
+    def control(self, variation: str) -> tuple[str, str]:
+        """The same scene before it is moved: seed s of the base suite is the init state and
+        jitter posvar perturbs, so libero/object's trials pair with these by (task, seed)."""
+        return "libero", GENERATED_BASE_SUITE.removeprefix("libero_")
 
 
 class GroceryPacking(GeneratedFamily):
@@ -323,9 +338,15 @@ class GroceryPacking(GeneratedFamily):
 class SuiteFamily:
     """A family whose variations are the package's own suites, unchanged (`libero_<variation>`)."""
 
-    def __init__(self, name: str, variations: Callable[[], list[str]]):
+    def __init__(
+        self,
+        name: str,
+        variations: Callable[[], list[str]],
+        control: Callable[[str], tuple[str, str] | None] = lambda variation: None,
+    ):
         self.name = name
         self._variations = variations
+        self._control = control
 
     def variations(self) -> list[str]:
         return self._variations()
@@ -333,9 +354,25 @@ class SuiteFamily:
     def resolve(self, variation: str) -> Variation:
         return Variation(family=self.name, variation=variation, suite=f"libero_{variation}")
 
+    def control(self, variation: str) -> tuple[str, str] | None:
+        return self._control(variation)
+
 
 def libero_pro_variants() -> list[str]:
     return [s.removeprefix("libero_") for s in list_suites() if s not in CLASSIC_SUITES]
+
+
+def libero_pro_control(variation: str) -> tuple[str, str] | None:
+    """A LIBERO-PRO suite's unperturbed arm: its base LIBERO suite, where task i of both is
+    the same task (the position, object, swap, language and instruction variants). Suites
+    that add distractors rename and reorder their tasks (libero_goal_with_milk task 0 is
+    "FLOOR_SCENE1_open_the_middle_layer_of_the_drawer"): they have no matched control."""
+    suite = get_suite(f"libero_{variation}")
+    if suite.base is None or suite.base not in list_suites():
+        return None
+    if get_suite(suite.base).task_names != suite.task_names:
+        return None
+    return "libero", suite.base.removeprefix("libero_")
 
 
 # The LIBERO backend's families, in `gap families` order. A new family is one entry here.
@@ -345,7 +382,7 @@ FAMILIES: dict[str, backend.Family] = {
         PosVar(),
         GroceryPacking(),
         SuiteFamily("libero", lambda: [s.removeprefix("libero_") for s in CLASSIC_SUITES]),
-        SuiteFamily("libero_pro", libero_pro_variants),
+        SuiteFamily("libero_pro", libero_pro_variants, libero_pro_control),
     )
 }
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from pytest_gap import ids, intervals
+from pytest_gap.control_drop import ControlDrop
 from pytest_gap.errors import GapError
 from pytest_gap.gate import Gate
 from pytest_gap.layout import RESULT_FILE, SUMMARY_JSON, is_stamp
@@ -69,6 +70,7 @@ class CellView(BaseModel):
     n_planned: int
     error: str | None
     tasks: list[TaskBar]
+    control: ControlDrop | None = None  # a perturbed cell against its control arm
 
 
 class TrialView(BaseModel):
@@ -147,6 +149,7 @@ def _cell_view(cell: dict[str, Any]) -> CellView:
         n_planned=cell.get("n_planned", 0),
         error=cell.get("error"),
         tasks=tasks,
+        control=ControlDrop.model_validate(cell["control"]) if cell.get("control") else None,
     )
 
 

@@ -622,7 +622,7 @@ def test_a_cell_with_a_name_that_is_no_path_part_cannot_be_planned():
     """The last check before a name becomes a trial key, whatever made the name."""
     from pydantic import ValidationError
 
-    from pytest_gap.plan import Cell
+    from pytest_gap.cells import Cell
 
     fields = dict(mode="policy_only", family="libero", variation="object", suite="s")
     Cell(**fields, task_ids=(0,), seeds=(0,), policy_id="remote")

@@ -67,12 +67,35 @@ function heatmap(metric, id) {
       },
         h("div", { class: "rate" }, c.error ? "ERR" : fmt(rate)),
         h("div", { class: "ci" }, ci(interval)),
-        h("div", { class: "n" }, `n=${c.n_trials}` + (c.n_errored ? `, ${c.n_errored} errored` : "")));
+        h("div", { class: "n" }, `n=${c.n_trials}` + (c.n_errored ? `, ${c.n_errored} errored` : "")),
+        metric === "success_rate" && c.control && c.control.drop !== null
+          ? h("div", { class: "drop", title: `drop vs ${c.control.control}` }, `drop ${fmt(c.control.drop)}`)
+          : null);
       tr.append(td);
     }
     table.append(tr);
   }
   return table;
+}
+
+function dropTable() {
+  const rows = DATA.cells.filter((c) => c.control);
+  if (!rows.length) return [];
+  const head = ["cell", "control arm", "control", "perturbed", "drop [95% CI]", "McNemar p", "pairs"];
+  return [
+    h("h2", {}, "Drop against the control arm (paired by task and seed)"),
+    h("table", { class: "trials", id: "drops" },
+      h("thead", {}, h("tr", {}, head.map((x) => h("th", {}, x)))),
+      h("tbody", {}, rows.map((c) => {
+        const d = c.control;
+        return h("tr", { "data-cell": c.key },
+          h("td", {}, link(cellHash(c.key), `${c.row} ${c.column}`)), h("td", {}, d.control),
+          h("td", {}, fmt(d.control_rate)), h("td", {}, fmt(d.perturbed_rate)),
+          h("td", {}, d.drop === null ? "-" : `${fmt(d.drop)} ${ci(d.drop_ci_low === null ? null : [d.drop_ci_low, d.drop_ci_high])}`),
+          h("td", {}, d.p_value === null ? "-" : d.p_value.toPrecision(3)), h("td", {}, d.n_pairs));
+      }))),
+    h("p", { class: "muted" }, "drop = the control arm's success minus the perturbed cell's, over the (task, seed) episodes both ran; interval: bootstrap over tasks"),
+  ];
 }
 
 function counts(trials) {
@@ -94,6 +117,7 @@ function overview() {
     heatmap("success_rate", "heat-success"),
     h("h2", {}, "Completion rate (95% task-bootstrap interval)"),
     heatmap("completion_rate", "heat-completion"),
+    ...dropTable(),
     h("h2", {}, `Trials that did not succeed (${notOk.length})`),
     notOk.length ? trialTable(shown, false, true) : h("p", { class: "muted" }, "none"),
     notOk.length > shown.length ? h("p", { class: "muted" }, `first ${shown.length}; open a cell for the rest`) : null,
@@ -181,6 +205,9 @@ function cellPage(key) {
       `completion ${fmt(cell.completion_rate)} ${ci(cell.completion_ci)}, planned ${cell.n_planned}` +
       (cell.n_errored ? `, ${cell.n_errored} errored` : "") + (cell.n_infra ? `, ${cell.n_infra} infra` : "")),
     cell.error ? h("p", { class: "note" }, cell.error) : null,
+    cell.control ? h("p", { id: "cell-drop" }, `against its control arm ${cell.control.control}: ` +
+      `${fmt(cell.control.control_rate)} -> ${fmt(cell.control.perturbed_rate)}, drop ${cell.control.drop === null ? "-" : fmt(cell.control.drop)} ` +
+      `over ${cell.control.n_pairs} paired episodes (McNemar p ${cell.control.p_value === null ? "-" : cell.control.p_value.toPrecision(3)})`) : null,
     h("h2", {}, "Per task (95% Wilson interval)"), taskBars(cell),
     h("h2", {}, "Trials"), trialTable(trials, true),
   ];

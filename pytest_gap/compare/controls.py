@@ -1,0 +1,109 @@
+"""`gap compare --controls`: each perturbed cell of B against its declared control arm in A
+(a family's `control`, sim/backend.py `declared_control`), paired by (task, seed).
+
+Two arms of a declared control pair run different initial sim states by design (the
+perturbation moved the scene), so the init-state and scene digests are not compared; what must
+hold instead is that both started from the same init state of the suite (the records'
+`init_state` index) and that the pair is declared: any other two cells stay unpaired.
+"""
+
+from __future__ import annotations
+
+from pytest_gap.compare.pairing import Key, Pair, Pairing, Side
+from pytest_gap.compare.wording import count_pairs, first_few
+from pytest_gap.errors import GapError, SimInputError
+from pytest_gap.results import TrialResult
+
+DEFAULT_BACKEND = "libero"  # records written before the backend was kept ran on LIBERO
+
+
+def declared_controls(records: list[TrialResult]) -> dict[tuple[str, str, str], tuple[str, str]]:
+    """(backend, family, variation) of `records` -> its declared control (family, variation),
+    for the cells that declare one."""
+    from pytest_gap.sim.backend import declared_control, get_backend
+
+    found = {}
+    for backend_name, family, variation in {
+        (r.backend or DEFAULT_BACKEND, r.family, r.variation) for r in records
+    }:
+        try:
+            control = declared_control(get_backend(backend_name), family, variation)
+        except SimInputError as exc:
+            raise GapError(
+                f"--controls: cannot read the control arm {family}/{variation} declares: {exc}"
+            ) from None
+        if control is not None:
+            found[(backend_name, family, variation)] = control
+    return found
+
+
+def control_pairing(a: Side, b: Side) -> tuple[Pairing, list[str]]:
+    """(B's perturbed trials paired with A's control arms, refusals). A pair's key is B's
+    episode; one control trial may pair with several perturbed cells (posvar's four
+    variations share libero/object)."""
+    declared = declared_controls(b.records)
+    if not declared:
+        cells = first_few(sorted({f"{r.family}/{r.variation}" for r in b.records}))
+        return Pairing(pairs=[], only_a=0, only_b=0, without_backend=False, duplicates=[]), [
+            f"--controls: no cell of B ({cells}) declares a control arm (`gap families` lists "
+            "the families; posvar and LIBERO-PRO's position, object, swap and language "
+            "variants do)"
+        ]
+    control_records: dict[Key, TrialResult] = {}
+    twice = []
+    for r in a.records:
+        key = (r.backend or DEFAULT_BACKEND, r.family, r.variation, r.task_id, r.seed)
+        if key in control_records:
+            twice.append(f"{a.row} in {a.run}: {r.family}/{r.variation} task {r.task_id}")
+        control_records[key] = r
+    pairs, used, only_b = [], set(), 0
+    for r in b.records:
+        backend = r.backend or DEFAULT_BACKEND
+        control = declared.get((backend, r.family, r.variation))
+        if control is None:
+            continue
+        key = (backend, *control, r.task_id, r.seed)
+        if key in control_records:
+            used.add(key)
+            pairs.append(
+                Pair(
+                    key=(backend, r.family, r.variation, r.task_id, r.seed),
+                    a=control_records[key],
+                    b=r,
+                )
+            )
+        else:
+            only_b += 1
+    controls = {c for c in declared.values()}
+    only_a = sum(1 for k in control_records if k[1:3] in controls and k not in used)
+    pairs.sort(key=lambda p: (p.key[1], p.key[2], p.key[3], p.key[4]))
+    pairing = Pairing(
+        pairs=pairs, only_a=only_a, only_b=only_b, without_backend=False, duplicates=twice
+    )
+    if not pairs:
+        wanted = first_few(sorted({f"{f}/{v}" for f, v in declared.values()}))
+        return pairing, [
+            f"--controls: A ({a.row} in {a.run}) holds no trial of the control arms B's cells "
+            f"declare ({wanted}) with B's tasks and seeds; run them (benchmark.controls: true)"
+        ]
+    return pairing, []
+
+
+def init_state_problems(pairs: list[Pair]) -> list[str]:
+    """Pairs whose two arms started from different init states of their suites: not the same
+    episode, perturbed and not."""
+    differ = [
+        p
+        for p in pairs
+        if p.a.init_state is not None
+        and p.b.init_state is not None
+        and p.a.init_state != p.b.init_state
+    ]
+    if not differ:
+        return []
+    return [
+        f"init state index differs for {count_pairs(len(differ))} "
+        f"({first_few([f'{p.where}: {p.a.init_state} vs {p.b.init_state}' for p in differ])}): "
+        "the control arm did not start where its perturbation started; the two suites ship "
+        "different numbers of init states, so compare seeds below the smaller count"
+    ]
