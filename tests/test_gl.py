@@ -6,6 +6,9 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tests.fake_session import GIVE_UP, write_workflow
 
@@ -110,15 +113,16 @@ def test_a_broken_user_backend_names_the_variable_and_the_fix():
     assert "unset MUJOCO_GL" in out["error"]
 
 
-pytest_plugins = ["pytester"]
-
-
-def test_robosuite_macro_advice_stays_out_of_trial_reports(pytester):
-    """robosuite says "No private macro file found!" at its first import in every process:
-    under xdist it landed in the first failed trial of each worker (stderr, log, warnings)."""
+@pytest.fixture(scope="module")
+def rendered_session(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One real session for the two tests below (each asserts its own side of it): two trials
+    that give up (task 0 and 1 of libero_object) under `-n 2 -rA`, with record_video (each env
+    gets a camera, which renders the episode's first frame at reset) and _LATE_TEARDOWN as its
+    conftest. Returns its dir and the finished process (stdout, stderr)."""
     import yaml
 
-    write_workflow(pytester.path / "give_up", GIVE_UP)
+    home = tmp_path_factory.mktemp("gl_session")
+    write_workflow(home / "give_up", GIVE_UP)
     grid = {
         "families": ["libero"],
         "variations": ["object"],
@@ -126,14 +130,31 @@ def test_robosuite_macro_advice_stays_out_of_trial_reports(pytester):
         "task_ids": [0, 1],
         "n_seeds": 1,
         "output_dir": "runs",
-        "mode_overrides": {"workflow": {"workflow_dir": str(pytester.path / "give_up")}},
+        "mode_overrides": {"workflow": {"workflow_dir": str(home / "give_up")}},
     }
-    (pytester.path / "grid.yaml").write_text(yaml.safe_dump({"benchmark": grid}))
-    result = pytester.runpytest_subprocess("grid.yaml", "-n", "2", "-rA", timeout=300)
-    out = result.stdout.str() + result.stderr.str()
+    config = {"trials": {"record_video": True}, "benchmark": grid}
+    (home / "grid.yaml").write_text(yaml.safe_dump(config))
+    (home / "conftest.py").write_text(_LATE_TEARDOWN)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # as pytester's
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "grid.yaml", "-p", "no:cacheprovider", "-n", "2", "-rA"],
+        cwd=home,
+        env={**env, "PY_COLORS": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return home, done
+
+
+def test_robosuite_macro_advice_stays_out_of_trial_reports(rendered_session):
+    """robosuite says "No private macro file found!" at its first import in every process:
+    under xdist it landed in the first failed trial of each worker (stderr, log, warnings)."""
+    _, result = rendered_session
+    out = result.stdout + result.stderr
     # The short summary repeats each reason only where pytest does not truncate it (CI=1 does not).
     failure_sections = out.split("short test summary info")[0]
-    assert result.ret == 1 and failure_sections.count("task not completed: task") == 2, out
+    assert result.returncode == 1 and failure_sections.count("task not completed: task") == 2, out
     assert out.count("No private macro file") <= 1
     assert "Captured" not in out and "warnings summary" not in out
 
@@ -201,30 +222,14 @@ atexit.register(free_the_pool_late)
 """
 
 
-def test_a_session_that_rendered_exits_without_tracebacks(pytester):
+def test_a_session_that_rendered_exits_without_tracebacks(rendered_session):
     """A session whose trials rendered ends quietly. MuJoCo terminates its EGL display at exit
     (atexit); a renderer freed after that printed an "Exception ignored in ... __del__"
     traceback for itself and one for its GL context: about 60 lines at the end of
     `pytest benchmarks/ -n 2`. sim/gl.py `close_at_exit` closes every renderer before."""
-    import yaml
-
-    write_workflow(pytester.path / "give_up", GIVE_UP)
-    grid = {
-        "families": ["libero"],
-        "variations": ["object"],
-        "modes": ["workflow"],
-        "task_ids": [0],
-        "n_seeds": 1,
-        "output_dir": "runs",
-        "mode_overrides": {"workflow": {"workflow_dir": str(pytester.path / "give_up")}},
-    }
-    # record_video: the env gets a camera, which renders the episode's first frame at reset.
-    config = {"trials": {"record_video": True}, "benchmark": grid}
-    (pytester.path / "grid.yaml").write_text(yaml.safe_dump(config))
-    pytester.makeconftest(_LATE_TEARDOWN)
-    result = pytester.runpytest_subprocess("grid.yaml", "-n", "1", timeout=300)
-    out = result.stdout.str() + "\n" + result.stderr.str()
-    assert result.ret == 1 and "1 failed" in out, out  # give_up fails its one trial
-    assert list((pytester.path / "runs").rglob("video.mp4")), out  # a camera rendered
+    home, result = rendered_session
+    out = result.stdout + "\n" + result.stderr
+    assert result.returncode == 1 and "2 failed" in out, out  # give_up fails both trials
+    assert len(list((home / "runs").rglob("video.mp4"))) == 2, out  # each worker's camera rendered
     noisy = [ln for ln in out.splitlines() if "Traceback" in ln or "Exception ignored in" in ln]
     assert noisy == [], out

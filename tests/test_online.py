@@ -99,8 +99,8 @@ def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
     retried = _submit(url, "m1", "5", "--print-endpoint")
     assert json.loads(retried.stdout) == ready  # the same task, not a second one
 
-    second = _submit(url, "m2", "3")
-    assert second.returncode == 1 and "is still queued after 3 s" in second.stderr
+    second = _submit(url, "m2", "1")  # the first holds the one place: no wait can end it
+    assert second.returncode == 1 and "is still queued after 1 s" in second.stderr
     queued_id = second.stderr.split()[1]
     waiting = _online(url, "ready", ALICE, "--task-id", queued_id)
     assert waiting.returncode == 1 and waiting.stdout.strip() == f"task {queued_id}: queued"

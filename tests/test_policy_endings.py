@@ -168,7 +168,7 @@ def test_bring_up_homes_the_hand_without_looking_and_is_not_charged(env, monkeyp
 
 def test_the_policy_only_template_gives_the_policy_the_whole_budget_with_no_window_cap():
     """Above the 70 windows x 5 = 350 steps the template used to stop at (libero_10: 520)."""
-    steps = 400
+    steps = 360  # 72 windows of 5: past the old cap
     template = load_workflow(template_dir("policy_only"), {"policy_id": "p"})
     with make_env("libero_object", 0, EnvOptions(max_steps=steps)) as long_env:
         run = _run(long_env, template, HoldPolicy())

@@ -415,8 +415,9 @@ def test_a_killed_node_loses_no_finished_trial_and_its_trials_rerun_then_lf_and_
         assert broken["rerun_because"].startswith("its Ray actor died")
     assert "re-run on another Ray actor" in out
 
-    # --lf: the failed trials only, on the head alone, into the same run dir
-    last = fake.run("bench.yaml", f"--gap-ray={cluster.address}", "--lf")
+    # --lf: the failed trials only, on the head alone, into the same run dir; no node is
+    # killed under these sessions, so their trials need no step cost (4 trials of 2 s saved)
+    last = fake.run("bench.yaml", f"--gap-ray={cluster.address}", "--lf", GAP_FAKE_STEP_S=None)
     last.assert_outcomes(failed=4, deselected=4)
     assert "gap: ray: 4 trials on 1 actor over 1 node" in last.stdout.str()
     assert fake.run_dir() == run_dir

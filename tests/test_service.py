@@ -37,10 +37,16 @@ LONG_STEPS = 120  # with SlowHold, about 10 s of episode: long enough to interru
 
 
 class SlowHold(HoldPolicy):
-    """Holds still, taking its time: an episode lasts long enough to be interrupted."""
+    """Holds still, taking its time: an episode lasts long enough to be interrupted. With
+    `once`, only once it says so (quick until then: the episodes before need no time)."""
+
+    def __init__(self, once=None):
+        super().__init__()
+        self.once = once
 
     def infer(self, obs: dict) -> dict:
-        time.sleep(0.4)
+        if self.once is None or self.once():
+            time.sleep(0.4)
         return super().infer(obs)
 
 
@@ -275,8 +281,9 @@ def test_a_client_killed_mid_episode_has_its_episode_handed_out_again(home, star
         assert broken["saved"] == 0 and broken["remaining"] == 1
         (record,) = _records(home, "r2").values()
         assert record["infra_failure"] and record["error"]
-        # the same worker id again, now that the first is gone
-        again = server.eval("r2", slow.url, "--worker-ids", "3")
+    # the same worker id again, now that the first is gone (no episode to interrupt: no hurry)
+    with PolicyServer(HoldPolicy()).start() as quick:
+        again = server.eval("r2", quick.url, "--worker-ids", "3")
         out, err = again.communicate(timeout=TIMEOUT)
     assert again.returncode == 0, out + err
     (record,) = _records(home, "r2").values()
@@ -289,7 +296,9 @@ def test_a_killed_server_restarted_on_its_runs_dir_loses_nothing(home, start, ho
     server = start()
     long = _config(home / "run.yaml", tasks=(0, 1), steps=LONG_STEPS)
     assert server.submit(long, "r3").returncode == 0
-    with PolicyServer(SlowHold()).start() as slow:
+    # slow once the first episode is recorded: the server dies in the middle of the second
+    recorded = lambda: any((home / "runs/r3").rglob("result.json"))  # noqa: E731
+    with PolicyServer(SlowHold(once=recorded)).start() as slow:
         client = server.eval("r3", slow.url)
         _wait(lambda: server.status("r3")["saved"] == 1, "one saved episode")
         saved = {k: v for k, v in _records(home, "r3").items() if v["error"] is None}
