@@ -21,6 +21,7 @@ from pytest_gap.plan import plan
 from pytest_gap.results import TrialResult
 from pytest_gap.sim import backend as sim
 from tests.fake_session import FakeSession
+from tests.test_report import _result
 
 pytest_plugins = ["pytester"]
 
@@ -160,23 +161,6 @@ def test_a_suites_config_pairs_the_entries_it_lists():
 
 
 # -- the drop -------------------------------------------------------------------------------------
-def _record(cell: Cell, task: int, seed: int, success: bool, errored: bool = False) -> TrialResult:
-    return TrialResult(
-        nodeid=f"x::{cell.key}::{task}::{seed}",
-        config="grid.yaml",
-        mode=cell.mode,
-        policy_id=cell.policy_id,
-        family=cell.family,
-        variation=cell.variation,
-        suite=cell.suite,
-        task_id=task,
-        seed=seed,
-        success=success and not errored,
-        completion=float(success),
-        error="boom" if errored else None,
-    )
-
-
 def test_the_drop_is_control_minus_perturbed_over_the_pairs_with_mcnemar_and_a_task_interval():
     cells = _cells(
         _grid(families=["posvar"], variations=["pos_var"], task_ids=[0, 1], seeds=[0, 1, 2, 3])
@@ -200,7 +184,9 @@ def test_the_drop_is_control_minus_perturbed_over_the_pairs_with_mcnemar_and_a_t
         for cell, ok in ((control, c_ok), (perturbed, p_ok)):
             errored = cell is perturbed and (task, seed) == (1, 3)
             trial = next(t for t in cell.trials() if (t.task_id, t.seed) == (task, seed))
-            results[trial.key] = _record(cell, task, seed, ok, errored)
+            results[trial.key] = _result(
+                trial, ok and not errored, error="boom" if errored else None
+            )
     drop = control_drop(perturbed, control, results)
     assert (drop.n_pairs, drop.n_excluded, drop.n_tasks) == (7, 1, 2)
     assert drop.control_rate == pytest.approx(6 / 7) and drop.perturbed_rate == pytest.approx(3 / 7)
