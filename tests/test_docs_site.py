@@ -1,0 +1,57 @@
+"""The docs site (mkdocs.yml) builds strictly, its reference pages are generated from the code
+(every config key the models validate, every `gap` command), and a built page loads nothing
+from the network."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from pytest_gap.config.document import BenchmarkConfig
+from pytest_gap.config.reference import key_rows
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_config_reference_reads_types_defaults_bounds_and_comments_from_the_models():
+    rows = {r.key: r for r in key_rows(BenchmarkConfig)}
+    threshold = rows["benchmark.gate_threshold"]
+    assert (threshold.type, threshold.default, threshold.allowed) == (
+        "float",
+        "0.9",
+        ">= 0.0, <= 1.0",
+    )
+    rule = rows["benchmark.gate_rule"]
+    assert rule.allowed == "'point', 'wilson', 'sequential'" and rule.default == "'point'"
+    # a description from the comment above the field, and a nested model's keys under it
+    assert "matched control arm" in rows["benchmark.controls"].description
+    assert rows["benchmark.mode_overrides.<id>.template"].type == "str | null"
+    assert "policies.<id>.url" in rows and "suites[].suite_name" in rows
+    assert "source" not in rows  # set by the loader, never by a user
+    assert not any("Usage Documentation" in r.description for r in rows.values())
+
+
+def test_the_site_builds_strictly_with_generated_references_and_nothing_fetched(tmp_path):
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+         "-d", str(site)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    config_page = (site / "reference/config/index.html").read_text()
+    for row in key_rows(BenchmarkConfig):
+        assert row.key.replace("<", "&lt;").replace(">", "&gt;") in config_page, row.key
+    cli_page = (site / "reference/cli/index.html").read_text()
+    for command in ("benchmark", "compare", "viz", "families", "policy", "serve", "run"):
+        assert f"gap {command}" in cli_page, command
+    assert "--controls" in cli_page  # an argument added this week is there without an edit
+    for page in site.rglob("*.html"):
+        text = page.read_text()
+        loaded = re.findall(r'<(?:script|img)[^>]+src="(https?://[^"]+)"', text)
+        loaded += re.findall(r'<link[^>]+rel="stylesheet"[^>]+href="(https?://[^"]+)"', text)
+        assert loaded == [], f"{page.relative_to(site)} fetches {loaded}"
