@@ -61,25 +61,32 @@ def implicit_policy_modes(config: BenchmarkConfig, table: ModeTable) -> list[str
 class BenchmarkConfig(Strict):
     """A whole benchmark YAML. `source` is the file it came from (set by `load_config`)."""
 
+    # auto: each task's instruction comes from LIBERO's metadata (the spec's only value).
     task: str = "auto"
     # Suites mode's simulator backend (grid mode's lives in benchmark.backend).
     backend: Annotated[str, RemoteValue(installed_backend)] = "libero"
     llm: LLMConfig = LLMConfig()
     skills: SkillsConfig = SkillsConfig()
+    # The policy registry: id -> where its server is or how to start it.
     policies: dict[PolicyId, PolicyEntry] = {}
     policy_manager: PolicyManagerConfig = PolicyManagerConfig()
     trials: TrialsConfig = TrialsConfig()
     composition: CompositionConfig = CompositionConfig()
+    # Present: the grid shape (modes x families/variations x policies).
     benchmark: BenchmarkBlock | None = None
+    # Without a benchmark block: the suites shape, one cell per entry.
     suites: list[SuiteEntry] | None = None
     # Suites mode's gate threshold and rule (grid mode's live in the benchmark: block).
     gate_threshold: float = Field(default=DEFAULT_GATE_THRESHOLD, ge=0.0, le=1.0)
+    # Suites mode's gate rule: point, wilson or sequential (as benchmark.gate_rule).
     gate_rule: GateRule = "point"
+    # Suites mode's sequential settings (as benchmark.sequential).
     sequential: SequentialGate = SequentialGate()
     # Both shapes: the regression gate against a baseline run (baseline.py).
     gate: BaselineGate = BaselineGate()
     # A grid's two policies as a sequential A/B test (ab_gate.py).
     compare: ABCompare | None = None
+    # An inert marker of smoke configs (the spec's); changes nothing.
     smoke: bool = False
     source: Annotated[Path | None, SERVER_PATH] = Field(default=None, exclude=True)
 

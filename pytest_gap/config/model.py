@@ -57,13 +57,21 @@ def installed_backend(value: Any) -> str | None:
 
 
 class TrialsConfig(Strict):
+    """How each trial runs and what it records; in suites mode also the entries' defaults."""
+
+    # Suites mode: seeds per entry (0..N-1) where an entry names none (alias `total`).
     trials_per_generation: Seeds = Field(
         default=1, validation_alias=AliasChoices("trials_per_generation", "total")
     )
+    # Suites mode: the tasks of an entry that names neither task_ids nor task_prompts.
     task_ids: list[int] | None = None
+    # Suites mode: where run dirs go (<output_dir>/<YYYYMMDD_HHMMSS>), relative to the YAML.
     output_dir: Annotated[Path, SERVER_PATH] = Path("gap_runs")
+    # Suites mode: concurrent trials per entry where an entry names none.
     num_workers: Workers = 1
+    # An mp4 of the agentview camera per trial, hard-linked into <run dir>/videos/.
     record_video: bool = False
+    # Each trial's workflow trace (nodes, inputs, outputs, timings) in its trace/ dir.
     enable_tracing: bool = True
     # 0 turns the per-trial watchdog off.
     task_timeout_secs: NonNegativeFloat = 0.0
@@ -86,6 +94,9 @@ class TrialsConfig(Strict):
 
 
 class CompositionConfig(Strict):
+    """How an LLM-written workflow is checked and fixed before it runs."""
+
+    # How often an LLM-written workflow that fails validation is sent back to be fixed.
     max_validation_retries: int = Field(default=2, ge=0)
 
 
@@ -96,7 +107,10 @@ class SkillsConfig(Strict):
     overhead one and may ask the simulator's goal check; `policy_cameras` sees only through the
     two cameras a policy gets (front and wrist) and never asks the goal check."""
 
+    # How skills move the arm: the builtin IK servo (cuRobo is refused).
     planner: Literal["ik"] = "ik"
+    # privileged: front and overhead cameras and the goal check; policy_cameras: only the
+    # two cameras a policy gets.
     perception: Perception = "privileged"
     # User skill packages (pytest_gap/skills/packages.py): importable module names, or
     # directories of skill modules relative to the config; loaded by every process of a session.
@@ -117,15 +131,20 @@ class SkillsConfig(Strict):
 
 
 class ModeOverride(Strict):
+    # This mode's seeds: the first n of the grid's.
     n_seeds: Seeds | None = None
+    # This mode's concurrent trials (a shared policy server serializes them anyway).
     num_workers: Workers | None = None
     # What a prebuilt mode runs: a template shipped with pytest-gap (by name), or a directory.
     template: str | None = None
+    # A directory holding the workflow.json this mode runs (instead of a shipped template).
     workflow_dir: Annotated[
         Path | None,
         ServerOnly("a path on the server", "name a shipped template instead (template: NAME)"),
     ] = None
+    # The registry policy a template's run_policy nodes use when benchmark.policies is empty.
     policy_id: str | None = None
+    # Free-form settings for a mode a plugin adds; the built-in modes read none.
     extra: dict[str, Any] = {}
 
 
@@ -154,6 +173,7 @@ class BaselineGate(Strict):
     # sequential: looked at after every block, a decided cell stops; fixed: Tango's score
     # test once every trial has run, Holm across the cells.
     rule: Literal["sequential", "fixed"] = "sequential"
+    # The chance of failing a run that is not worse by more than the margin, split across cells.
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
     block_seeds: PositiveInt = 5  # seeds of every task per block (rule: sequential)
     # Compare with a baseline recorded on other harness code or simulator packages.
@@ -169,11 +189,15 @@ class ABCompare(Strict):
     (ab_gate.py): each (mode, family, variation) cell of A is paired with B's by task and
     seed, their blocks run together, and both stop once the paired test decides."""
 
+    # The reference arm: a policy id on the grid's policy axis.
     a: str
+    # The candidate arm, compared with a by (task, seed).
     b: str
+    # Only the anytime-valid sequential test exists in a session (gap compare has the fixed ones).
     rule: Literal["sequential"] = "sequential"
     # How much worse than A's success rate B's may be and count as not worse.
     margin: float = Field(default=0.05, gt=0.0, lt=1.0)
+    # The level of the whole A/B test, split across its cells.
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
     block_seeds: PositiveInt = 5  # seeds of every task per block, for both arms
 
@@ -181,23 +205,38 @@ class ABCompare(Strict):
 class BenchmarkBlock(Strict):
     # The simulator: a registered backend name or an import string module:Class (sim/backend.py)
     backend: Annotated[str, RemoteValue(installed_backend)] = "libero"
+    # The variation families of the grid (`gap families` lists them).
     families: list[str] = ["posvar"]
     # None: every variation of each family.
     variations: list[str] | None = None
+    # How each cell's workflow is produced (llm_generation, llm_plus_policy, policy_only,
+    # workflow, or a plugin's).
     modes: list[str] = list(DEFAULT_MODES)
+    # The first n tasks of each variation's suite (where task_ids is unset).
     n_tasks: PositiveInt = 10
+    # The tasks of every cell; overrides n_tasks.
     task_ids: list[int] | None = None
+    # Seeds 0..n-1 per task; seed s starts from the suite's init state s mod its count.
     n_seeds: Seeds = 50
+    # Exactly these seeds; overrides n_seeds.
     seeds: list[int] | None = None
+    # Concurrent trials per cell (under xdist, the workers a cell's trials may use at once).
     num_workers: Workers = 8
+    # The policy axis: registry ids each policy-taking mode runs once per.
     policies: list[str] = []
     # None inherits trials.record_video.
     record_video: bool | None = None
+    # Where run dirs go (<output_dir>/<YYYYMMDD_HHMMSS>), relative to the YAML.
     output_dir: Annotated[Path, SERVER_PATH] = Path("benchmark_runs")
+    # The success rate the gate asks for (pooled, or per cell under gate_rule: sequential).
     gate_threshold: float = Field(default=DEFAULT_GATE_THRESHOLD, ge=0.0, le=1.0)
+    # point: pooled rate >= threshold; wilson: its 95% interval decides; sequential: per
+    # cell, anytime-valid, stopping early.
     gate_rule: GateRule = "point"
     sequential: SequentialGate = SequentialGate()
+    # An inert marker of smoke configs (the spec's); changes nothing.
     smoke: bool = False
+    # Per-mode settings, keyed by mode name.
     mode_overrides: dict[str, ModeOverride] = {}
     # Add each perturbed variation's matched control arm (its family's declaration, e.g.
     # posvar -> libero/object): the same tasks and seeds unperturbed, for the paired drop.
@@ -207,12 +246,21 @@ class BenchmarkBlock(Strict):
 class SuiteEntry(Strict):
     """One suites-mode cell. `suite_name` is a LIBERO suite (`gap suites`) or family/variation."""
 
+    # A LIBERO suite (`gap suites`) or family/variation: the cell's scenes.
     suite_name: str
+    # Task id -> the instruction the workflow is given instead of the suite's.
     task_prompts: dict[int, str] = {}
+    # The entry's tasks (else task_prompts' keys, else trials.task_ids).
     task_ids: list[int] | None = None
+    # Seeds 0..n-1 per task (else trials.trials_per_generation).
     trials_per_generation: Seeds | None = None
+    # Exactly these seeds; overrides trials_per_generation.
     seeds: list[int] | None = None
+    # Per-trial watchdog limit (else trials.task_timeout_secs).
     timeout_secs: NonNegativeFloat | None = None
+    # Concurrent trials of this entry (else trials.num_workers).
     num_workers: Workers | None = None
+    # Object hints for the LLM: name -> what it is, added to the task text.
     objects: dict[str, str] = {}
+    # A directory holding the workflow.json this entry runs, instead of producing one.
     workflow_dir: Annotated[Path | None, SERVER_PATH] = None

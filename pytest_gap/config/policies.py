@@ -64,8 +64,11 @@ class RayResources(Strict):
     resources of the long-lived actor that runs it, one actor per slot of a node. `memory` is
     bytes (Ray's unit); None reserves none."""
 
+    # CPUs each actor holds.
     num_cpus: NonNegativeFloat = 1.0
+    # GPUs (or a fraction) each actor holds; Ray sets its CUDA_VISIBLE_DEVICES.
     num_gpus: NonNegativeFloat = 0.0
+    # Bytes of memory each actor reserves; None reserves none.
     memory: PositiveInt | None = None
 
     @model_validator(mode="after")
@@ -87,23 +90,30 @@ class PolicyEntry(Strict):
     format (openpi -> openpi-libero, vla-eval -> vla-eval-libero). See `resolved_obs_format`.
     """
 
+    # An external server (ws://host:port): probed before any trial, never started.
     url: str | None = None
+    # A server the session starts and stops: argv list or string with {port} (alias start_cmd).
     command: Annotated[
         list[str] | str | None, ServerOnly("a command the server would run", SERVER_COMMAND)
     ] = Field(default=None, validation_alias=AliasChoices("command", "start_cmd"))
+    # A named openpi server (pi05-libero, pi0-libero, pi0-fast-libero) run in $GAP_OPENPI_DIR.
     preset: Annotated[
         str | None, ServerOnly("a policy server the server would start", SERVER_COMMAND)
     ] = None
+    # Extra environment variables of a started server.
     env: Annotated[
         dict[str, str], ServerOnly("the environment of a command the server would run")
     ] = {}
+    # The wire protocol the server speaks.
     protocol: Literal["openpi", "vla-eval"] = "openpi"
+    # What observations are sent and how replies are read (see the entry's description).
     obs_format: ObsFormatName | None = None
+    # Send simulator ground truth (oracle policies only; their rows are labelled [privileged]).
     privileged_state: Annotated[bool, RemoteValue(_no_ground_truth)] = False
     # Seconds a measured reply may take (a later one is an infrastructure failure, never a stale
     # action applied), and the one warm-up inference per process (openpi compiles on its first).
     timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=3600)
-    warmup_timeout_s: float = Field(DEFAULT_WARMUP_TIMEOUT_S, gt=0, le=7200)
+    warmup_timeout_s: float = Field(DEFAULT_WARMUP_TIMEOUT_S, gt=0, le=7200)  # first inference
     # The largest frame its server may send us (policies/client.py); actions are kilobytes.
     max_reply_mb: float = Field(DEFAULT_MAX_REPLY_MB, gt=0, le=4096)
     # Under --gap-ray, a managed server runs in a Ray actor holding these resources, on a node
@@ -179,9 +189,13 @@ def _is_gap_policy_serve(command: list[str] | str | None) -> bool:
 
 
 class PolicyManagerConfig(Strict):
+    """How the session starts, stops and restarts the policy servers it manages."""
+
+    # Seconds a started server has to accept connections before the session fails.
     startup_timeout_s: NonNegativeFloat = 120.0
+    # Seconds between SIGTERM and SIGKILL when a server is stopped.
     evict_grace_s: NonNegativeFloat = 10.0
     # A managed server that dies mid-session is restarted at most max_restarts times (0: never),
     # the k-th restart after restart_backoff_s * 2**(k-1) s (pytest_gap/servers/supervisor.py).
     max_restarts: NonNegativeInt = 3
-    restart_backoff_s: NonNegativeFloat = 1.0
+    restart_backoff_s: NonNegativeFloat = 1.0  # the first restart's wait; doubles each time

@@ -40,7 +40,7 @@ def _comments(model: type[BaseModel]) -> dict[str, str]:
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
             comment_at[token.start[0]] = token.string.lstrip("#").strip()
-    found = {}
+    found: dict[str, str] = {}
     for node in ast.parse(source).body[0].body:
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
             continue
