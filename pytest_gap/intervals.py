@@ -15,7 +15,7 @@ Both intervals are computed here with the standard library and numpy, not scipy:
 scipy.stats costs 1-2 s, and every session's end (the summaries) would pay it. The test suite
 checks them against scipy (`binomtest(...).proportion_ci(method="wilson")` and
 `scipy.stats.bootstrap(method="percentile")` with the same ratio statistic). statsmodels only
-sizes runs (`trials_per_arm`, for the README), never in a session.
+sizes runs (`trials_per_arm`, for docs/benchmarks.md), never in a session.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def trials_per_arm(base: float, difference: float, power: float = 0.8, alpha: fl
 def power_table(
     bases: Sequence[float] = (0.5, 0.8), differences: Sequence[float] = (0.05, 0.10, 0.20)
 ) -> str:
-    """The README's table: trials per arm at 80% power, alpha 0.05, one row per base rate."""
+    """The table in docs/benchmarks.md: trials per arm at 80% power, alpha 0.05, per base rate."""
     header = "| base rate | " + " | ".join(f"drop {d:.2f}" for d in differences) + " |"
     rule = "|---|" + "---|" * len(differences)
     rows = [

@@ -70,8 +70,8 @@ CONTROL_COLUMNS = (
     "drop_n_pairs",
 )
 DROP_MEANING = (
-    "drop = control arm's success - the perturbed cell's, over the (task, seed) episodes both "
-    "ran; [95% task-bootstrap interval], McNemar's exact p"
+    "drop = control arm's success - the cell's on the same (task, seed) episodes "
+    "[95% task bootstrap], McNemar p"
 )
 REF_LABEL = "ref_success_rate"
 REF_MEANING = "as openpi's and vla-eval's loops count: infrastructure failures count as failures"

@@ -57,3 +57,15 @@ def test_the_site_builds_strictly_with_generated_references_and_nothing_fetched(
         loaded = re.findall(r'<(?:script|img)[^>]+src="(https?://[^"]+)"', text)
         loaded += re.findall(r'<link[^>]+rel="stylesheet"[^>]+href="(https?://[^"]+)"', text)
         assert loaded == [], f"{page.relative_to(site)} fetches {loaded}"
+
+
+def test_the_readme_is_a_front_door_whose_links_resolve():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    # the two commands come first, and the second is exactly what CI runs
+    commands = [line for line in readme.splitlines() if line.startswith("bash scripts/setup.sh")]
+    ci = (ROOT / ".ci/run").read_text().strip().splitlines()[-1]
+    assert commands[0].endswith("pytest benchmarks/ -n 2") and commands[1].endswith(ci)
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
+        if not target.startswith(("http://", "https://")):
+            assert (ROOT / target).exists(), f"README links to {target}, which is not there"
