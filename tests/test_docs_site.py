@@ -52,6 +52,17 @@ def test_the_site_builds_strictly_with_generated_references_and_nothing_fetched(
     for command in ("benchmark", "compare", "viz", "families", "policy", "serve", "run"):
         assert f"gap {command}" in cli_page, command
     assert "--controls" in cli_page  # an argument added this week is there without an edit
+    pages = {name: (site / f"reference/{name}/index.html").read_text() for name in
+             ("pytest", "hooks", "skills", "parquet")}  # fmt: skip
+    assert "--gap-resume" in pages["pytest"] and "gap_benchmark_dirs" in pages["pytest"]
+    from pytest_gap import hookspecs
+    from pytest_gap.outputs.parquet import SCHEMA
+    from pytest_gap.skills.catalogue import catalogue
+
+    hooks = [n for n in vars(hookspecs) if n.startswith("pytest_gap_")]
+    assert hooks and all(n in pages["hooks"] for n in hooks)
+    assert all(entry["name"] in pages["skills"] for entry in catalogue())
+    assert all(field.name in pages["parquet"] for field in SCHEMA)
     for page in site.rglob("*.html"):
         text = page.read_text()
         loaded = re.findall(r'<(?:script|img)[^>]+src="(https?://[^"]+)"', text)
