@@ -1,0 +1,101 @@
+"""The docs site read as a person reads it: built, served on loopback over HTTP, opened in a real
+headless Chromium (as the `gap viz` tests do; without Chromium they skip, under CI they fail):
+no console error on the home page or a reference page, no request leaves loopback, the search
+box finds `gate_threshold` on the config reference, and every internal link of every page
+resolves to a built file."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+import sys
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlparse
+
+import pytest
+
+from tests.needs import missing
+from tests.test_viz_browser import MISSING, WAIT_S, _errors, _requests, browser  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("docs") / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+         "-d", str(out)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(site):
+    handler = functools.partial(_Quiet, directory=str(site))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # the test reads the pages, not the access log
+        pass
+
+
+def test_every_internal_link_of_every_page_resolves(site):
+    broken = []
+    for page in site.rglob("*.html"):
+        base = "http://site/" + page.relative_to(site).as_posix()
+        for href in re.findall(r'href="([^"]+)"', page.read_text()):
+            url = urlparse(urljoin(base, href))
+            if url.scheme != "http" or url.netloc != "site":
+                continue
+            target = site / unquote(url.path).lstrip("/")
+            if target.is_dir() or not url.path.rsplit("/", 1)[-1]:
+                target = target / "index.html"
+            if not target.exists():
+                broken.append(f"{page.relative_to(site)} -> {href}")
+    assert broken == []
+
+
+def test_the_home_page_and_a_reference_page_open_clean_and_search_finds_a_key(served, browser):  # noqa: F811
+    if MISSING:
+        missing(MISSING)
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    for path in ("", "reference/config/"):
+        browser.get("about:blank")
+        browser.get_log("browser")
+        browser.get(served + path)
+        WebDriverWait(browser, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "h1"))
+        assert _errors(browser) == [], path
+        assert all(url.startswith(served) for url in _requests(browser)), _requests(browser)
+    assert "gate_threshold" in browser.page_source
+    # the search box, as a reader uses it: type the key, follow the first result
+    browser.get(served)
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "label.md-search__icon, .md-search__input")
+    )
+    browser.execute_script("document.querySelector('.md-search__input').focus()")
+    box = browser.find_element(By.CSS_SELECTOR, ".md-search__input")
+    box.send_keys("gate_threshold")
+    results = WebDriverWait(browser, WAIT_S).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")
+    )
+    links = [r.get_attribute("href") for r in results]
+    assert any("reference/config/" in link for link in links), links
+    box.send_keys(Keys.ESCAPE)
+    assert _errors(browser) == []
