@@ -7,10 +7,7 @@ resolves to a built file."""
 from __future__ import annotations
 
 import functools
-import os
 import re
-import subprocess
-import sys
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,6 +16,7 @@ from urllib.parse import unquote, urljoin, urlparse
 import pytest
 
 from tests.needs import missing
+from tests.test_docs_site import build_site
 from tests.test_viz_browser import MISSING, WAIT_S, _errors, _requests, browser  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,15 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("docs") / "site"
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
-         "-d", str(out)],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    return out
+    return build_site(tmp_path_factory.mktemp("docs") / "site")
 
 
 @pytest.fixture(scope="module")

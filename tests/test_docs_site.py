@@ -36,8 +36,8 @@ def test_the_config_reference_reads_types_defaults_bounds_and_comments_from_the_
     assert [key for key, row in rows.items() if not row.description] == []
 
 
-def test_the_site_builds_strictly_with_generated_references_and_nothing_fetched(tmp_path):
-    site = tmp_path / "site"
+def build_site(site: Path) -> Path:
+    """`mkdocs build --strict` of the repository's site into `site` (any warning fails it)."""
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
@@ -45,6 +45,11 @@ def test_the_site_builds_strictly_with_generated_references_and_nothing_fetched(
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+    return site
+
+
+def test_the_site_builds_strictly_with_generated_references_and_nothing_fetched(tmp_path):
+    site = build_site(tmp_path / "site")
     config_page = (site / "reference/config/index.html").read_text()
     for row in key_rows(BenchmarkConfig):
         assert row.key.replace("<", "&lt;").replace(">", "&gt;") in config_page, row.key
