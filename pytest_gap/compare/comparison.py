@@ -108,22 +108,12 @@ def compare(
     b = select(run_b or run_a, row_b, "--b")
     if run_b is None and not controls and base_row(a.row) == base_row(b.row):
         raise GapError(f"--a and --b name the same row {a.row}; name two rows of the run")
-    found: list[str] = []
-    if controls:
-        pairing, found = control_pairing(a, b)
-    else:
-        pairing = pair(a, b)
-    reasons, notes = (
-        (found, [])
-        if found
-        else refusals(
-            pairing,
-            run_a,
-            run_b,
-            allow_harness_mismatch=allow_harness_mismatch,
-            controls=controls,
+    pairing, reasons = control_pairing(a, b) if controls else (pair(a, b), [])
+    notes: list[str] = []
+    if not reasons:
+        reasons, notes = refusals(
+            pairing, run_a, run_b, allow_harness_mismatch=allow_harness_mismatch, controls=controls
         )
-    )
     if reasons:
         raise CompareRefused(reasons)
     cells, pooled = statistics(pairing.pairs, alpha)

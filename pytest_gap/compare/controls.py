@@ -9,7 +9,7 @@ hold instead is that both started from the same init state of the suite (the rec
 
 from __future__ import annotations
 
-from pytest_gap.compare.pairing import Key, Pair, Pairing, Side
+from pytest_gap.compare.pairing import Key, Pair, Pairing, Side, episode_keys
 from pytest_gap.compare.wording import count_pairs, first_few
 from pytest_gap.errors import GapError, SimInputError
 from pytest_gap.results import TrialResult
@@ -49,32 +49,23 @@ def control_pairing(a: Side, b: Side) -> tuple[Pairing, list[str]]:
             "the families; posvar and LIBERO-PRO's position, object, swap and language "
             "variants do)"
         ]
-    control_records: dict[Key, TrialResult] = {}
-    twice = []
-    for r in a.records:
-        key = (r.backend or DEFAULT_BACKEND, r.family, r.variation, r.task_id, r.seed)
-        if key in control_records:
-            twice.append(f"{a.row} in {a.run}: {r.family}/{r.variation} task {r.task_id}")
-        control_records[key] = r
-    pairs, used, only_b = [], set(), 0
+    control_records, twice_keys = episode_keys(a.records, with_backend=True)
+    twice = [f"{a.row} in {a.run}: {k[1]}/{k[2]} task {k[3]} seed {k[4]}" for k in twice_keys]
+    pairs: list[Pair] = []
+    used: set[Key] = set()
+    only_b = 0
     for r in b.records:
-        backend = r.backend or DEFAULT_BACKEND
-        control = declared.get((backend, r.family, r.variation))
+        control = declared.get((r.backend or DEFAULT_BACKEND, r.family, r.variation))
         if control is None:
             continue
-        key = (backend, *control, r.task_id, r.seed)
+        key = (r.backend, *control, r.task_id, r.seed)
         if key in control_records:
             used.add(key)
-            pairs.append(
-                Pair(
-                    key=(backend, r.family, r.variation, r.task_id, r.seed),
-                    a=control_records[key],
-                    b=r,
-                )
-            )
+            own = (r.backend, r.family, r.variation, r.task_id, r.seed)
+            pairs.append(Pair(key=own, a=control_records[key], b=r))
         else:
             only_b += 1
-    controls = {c for c in declared.values()}
+    controls = set(declared.values())
     only_a = sum(1 for k in control_records if k[1:3] in controls and k not in used)
     pairs.sort(key=lambda p: (p.key[1], p.key[2], p.key[3], p.key[4]))
     pairing = Pairing(

@@ -197,7 +197,8 @@ class Pairing(BaseModel):
     duplicates: list[str]  # a side with two records of one episode
 
 
-def _keys(records: list[TrialResult], with_backend: bool) -> tuple[dict, list[Key]]:
+def episode_keys(records: list[TrialResult], with_backend: bool) -> tuple[dict, list[Key]]:
+    """Records by the episode they ran (backend None where left out), and the keys seen twice."""
     found: dict[Key, TrialResult] = {}
     twice: list[Key] = []
     for r in records:
@@ -213,8 +214,8 @@ def pair(a: Side, b: Side) -> Pairing:
     left out of the key when a record does not name it (records written before it was kept).
     In the pair list, cells keep the order A recorded them in; tasks and seeds are sorted."""
     with_backend = all(r.backend for r in [*a.records, *b.records])
-    ka, twice_a = _keys(a.records, with_backend)
-    kb, twice_b = _keys(b.records, with_backend)
+    ka, twice_a = episode_keys(a.records, with_backend)
+    kb, twice_b = episode_keys(b.records, with_backend)
     duplicates = [
         f"{side.row} in {side.run}: {k[1]}/{k[2]} task {k[3]} seed {k[4]}"
         for side, twice in ((a, twice_a), (b, twice_b))
