@@ -196,6 +196,7 @@ def test_gap_policy_serve_serves_until_terminated():
     )
     try:
         assert proc.stdout.readline().startswith(f"serving hold on ws://127.0.0.1:{port}")
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()  # listening by then
         client = _connect_when_listening(port)
         assert client.get_server_metadata() == {"policy": "hold"}
         assert client.infer(_obs())["actions"].shape == (10, 7)
@@ -206,6 +207,19 @@ def test_gap_policy_serve_serves_until_terminated():
         code = proc.wait(10)
         proc.stdout.close()
     assert code == -signal.SIGTERM  # it served until the signal ended it, and that ended it
+
+
+def test_gap_policy_serve_says_serving_only_once_it_listens():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [GAP, "policy", "serve", "hold", "--port", str(port)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode != 0
+    assert "serving" not in done.stdout  # a reader waiting for the line would wait for nothing
 
 
 @OPENPI_CONNECT

@@ -36,9 +36,12 @@ def _cmd_policy_serve(args: argparse.Namespace) -> int:
         max_message_bytes=round(args.max_message_mb * 2**20),
         debug=args.debug,
     )
-    print(f"serving {args.name} on ws://{args.host}:{args.port}", flush=True)
+
+    def listening(port: int) -> None:
+        print(f"serving {args.name} on ws://{args.host}:{port}", flush=True)
+
     with contextlib.suppress(KeyboardInterrupt):
-        server.run()
+        server.run(listening)
     return 0
 
 

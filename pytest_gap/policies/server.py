@@ -45,6 +45,7 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
@@ -241,9 +242,17 @@ class PolicyServer:
                 started.set_result(self.port)
             await asyncio.get_running_loop().create_future()  # until cancelled
 
-    def run(self) -> None:
-        """Serve in the foreground until interrupted."""
-        asyncio.run(self.serve())
+    def run(self, listening: Callable[[int], None] | None = None) -> None:
+        """Serve in the foreground until interrupted; `listening` gets the port once it is
+        bound (a "serving" line printed before that would let a client race the bind)."""
+
+        async def main() -> None:
+            started = asyncio.get_running_loop().create_future()
+            if listening is not None:
+                started.add_done_callback(lambda done: listening(done.result()))
+            await self.serve(started)
+
+        asyncio.run(main())
 
     def start(self) -> RunningServer:
         """Serve from a background thread (in-process use and tests)."""
