@@ -59,21 +59,24 @@ def test_every_internal_link_of_every_page_resolves(site):
     assert broken == []
 
 
-def test_the_home_page_and_a_reference_page_open_clean_and_search_finds_a_key(served, browser):  # noqa: F811
+def test_home_a_reference_and_a_tutorial_open_clean_and_search_finds_a_key(served, browser):  # noqa: F811
     if MISSING:
         missing(MISSING)
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    for path in ("", "reference/config/"):
+    # each page with a word its reader comes for
+    pages = {"": "pytest-native evaluation harness", "reference/config/": "gate_threshold"}
+    pages["tutorials/policy-server/"] = "ref_success_rate"
+    for path, word in pages.items():
         browser.get("about:blank")
         browser.get_log("browser")
         browser.get(served + path)
         WebDriverWait(browser, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "h1"))
         assert _errors(browser) == [], path
         assert all(url.startswith(served) for url in _requests(browser)), _requests(browser)
-    assert "gate_threshold" in browser.page_source
+        assert word in browser.page_source, path
     # the search box, as a reader uses it: type the key, follow the first result
     browser.get(served)
     WebDriverWait(browser, WAIT_S).until(
