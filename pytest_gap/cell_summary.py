@@ -15,47 +15,53 @@ from pytest_gap.sequential import SequentialState
 
 
 class TaskRow(BaseModel):
-    task_id: int
-    success_rate: float | None
-    completion_rate: float | None
-    avg_reward: float | None
-    n_trials: int
-    n_success: int
+    """One task of a cell: its scored trials' rates."""
+
+    task_id: int  # the task's index in its suite
+    success_rate: float | None  # None when no trial of the task was scored
+    completion_rate: float | None  # mean completion of the task's scored trials
+    avg_reward: float | None  # mean final reward
+    n_trials: int  # scored trials
+    n_success: int  # of them, successes
 
 
 class CellSummary(BaseModel):
-    mode: str
-    policy_id: str | None
+    """One cell (mode x policy x family/variation): an entry of summary.json's `cells`, its
+    `<cell key>/cell_result.json`, and a row of summary.tsv (the columns it has)."""
+
+    mode: str  # the cell's mode
+    policy_id: str | None  # its policy registry entry (policy modes)
     privileged: bool = False  # an oracle reading ground truth: not comparable with policies
-    family: str
-    variation: str
-    suite_name: str | None
-    key: str
-    row: str
-    column: str
+    family: str  # the benchmark family
+    variation: str  # the family's variation
+    suite_name: str | None  # a suites-mode entry's name
+    key: str  # the cell's key, its folder in the run dir (`mode/policy/family/variation`)
+    row: str  # its row in the pivot (`mode` or `mode@policy`)
+    column: str  # its column in the pivot (`family/variation`, or a suite's name)
     success_rate: float | None  # None when no trial of the cell was scored
-    completion_rate: float | None
-    avg_reward: float | None
-    n_success: int
+    completion_rate: float | None  # mean completion of the scored trials
+    avg_reward: float | None  # mean final reward of the scored trials
+    n_success: int  # scored trials that succeeded
     n_trials: int  # scored trials; errored ones are not counted
-    n_infra: int
-    n_errored: int
-    n_planned: int
-    wall_clock_s: float
-    produce_s: float
-    eval_s: float
-    error: str | None
-    tasks: list[TaskRow]
+    n_infra: int  # trials errored by infrastructure (server down, worker died)
+    n_errored: int  # all errored trials, infrastructure ones included
+    n_planned: int  # trials the plan has for the cell
+    wall_clock_s: float  # the sum of its trials' wall_s
+    produce_s: float  # the sum of its trials' produce_s
+    eval_s: float  # the sum of its trials' eval_s
+    error: str | None  # why the cell is errored (it then fails the gate), else empty
+    tasks: list[TaskRow]  # one row per task
+    # 95% intervals: Wilson for the success rate, a task-resampling bootstrap for completion.
     success_ci_low: float | None = None  # None with the rate (no scored trial)
-    success_ci_high: float | None = None
-    completion_ci_low: float | None = None
-    completion_ci_high: float | None = None
+    success_ci_high: float | None = None  # None with the rate (no scored trial)
+    completion_ci_low: float | None = None  # of completion_rate (task bootstrap)
+    completion_ci_high: float | None = None  # of completion_rate (task bootstrap)
     # The reference loops' rate (`reference_counts`): None when no trial of the cell was run.
     # Defaults: a cell_result.json written before these fields existed still loads.
     ref_success_rate: float | None = None
-    ref_n_trials: int = 0
-    ref_success_ci_low: float | None = None
-    ref_success_ci_high: float | None = None
+    ref_n_trials: int = 0  # trials run: n_trials + n_infra
+    ref_success_ci_low: float | None = None  # Wilson, over ref_n_trials
+    ref_success_ci_high: float | None = None  # Wilson, over ref_n_trials
     # gate_rule: sequential: where the cell stands (decided at n=K of N planned, or not yet).
     sequential: SequentialState | None = None
     # A perturbed cell whose matched control arm ran: the paired drop (control_drop.py).

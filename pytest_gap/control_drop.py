@@ -20,12 +20,12 @@ from pytest_gap.results import TrialResult
 class ControlDrop(BaseModel):
     control: str  # the control arm's column in the pivot (family/variation, or a suite name)
     n_pairs: int  # (task, seed) pairs scored on both arms
-    n_tasks: int
+    n_tasks: int  # tasks among the pairs (the bootstrap resamples them)
     control_rate: float | None  # over the pairs; None without a scored pair
-    perturbed_rate: float | None
+    perturbed_rate: float | None  # the cell's own rate over the same pairs
     drop: float | None  # control_rate - perturbed_rate
-    drop_ci_low: float | None
-    drop_ci_high: float | None
+    drop_ci_low: float | None  # 95% interval of the drop, resampling tasks
+    drop_ci_high: float | None  # 95% interval of the drop, resampling tasks
     p_value: float | None  # McNemar's exact test, two-sided
     n_excluded: int  # pairs left out: an errored trial on either arm
 

@@ -2,10 +2,11 @@
 
     <output_dir>/<YYYYMMDD_HHMMSS>/                 a run dir (its stamp: STAMP_FORMAT)
       summary.json  summary.tsv  episodes.parquet  run_manifest.json  aaa_done_flag.txt
-      videos/  frames/  warmup/  policy_logs/  smoke/ (a service run's fake-action episodes)
+      videos/  frames/  plots/  warmup/  policy_logs/  smoke/ (a service run's fake episodes)
       <cell key>/cell_result.json
       <cell key>/task_03/workflow/                 what a trial runs (run/produce.py)
       <cell key>/task_03/seed_007/result.json      one trial (its key: ids.py)
+      <cell key>/task_03/seed_007/trace/dag_trace.json   every node's inputs, outputs, timing
 
 The keys of cells and trials are ids.py's; every other name of a run dir is here, and so is
 `inside`, checked before the harness deletes or writes a path it made from names.
@@ -19,17 +20,19 @@ from pathlib import Path
 
 from pytest_gap.errors import GapError, one_line
 
-SUMMARY_JSON = "summary.json"
-SUMMARY_TSV = "summary.tsv"
-EPISODES = "episodes.parquet"
-MANIFEST = "run_manifest.json"
-DONE_FLAG = "aaa_done_flag.txt"  # sorts first: a reader sees at a glance that the run ended
-CELL_RESULT = "cell_result.json"
-RESULT_FILE = "result.json"
-RUNNING_FILE = "running.json"
+SUMMARY_JSON = "summary.json"  # every cell, the matrix, the gate, the config's echo
+SUMMARY_TSV = "summary.tsv"  # one row per cell, the spec's columns first, then the pivots
+EPISODES = "episodes.parquet"  # one row per recorded trial (docs: reference/parquet)
+MANIFEST = "run_manifest.json"  # the session: command, config, hosts, provenance, servers
+# Written when the session ended; sorts first: a reader sees at a glance that the run ended.
+DONE_FLAG = "aaa_done_flag.txt"
+CELL_RESULT = "cell_result.json"  # a cell's summary (as its entry in summary.json)
+RESULT_FILE = "result.json"  # one trial's record, written last and atomically
+RUNNING_FILE = "running.json"  # a trial in flight (its pid, its start); gone once recorded
 ERROR_FILE = "error.txt"  # beside result.json: the traceback of a trial the harness broke
-VIDEOS_DIR = "videos"
+VIDEOS_DIR = "videos"  # the session's videos, one per recorded trial (recording on)
 FRAMES_DIR = "frames"  # <run dir>/frames/<trial slug>.webp: every trial's strip, side by side
+PLOTS_DIR = "plots"  # PNG figures of the summary (off: --gap-no-plots, GAP_NO_PLOTS=1)
 WARMUP_DIR = "warmup"  # policy servers' warm-up inferences, one file per server and process
 POLICY_LOGS_DIR = "policy_logs"  # server logs, servers.json, restarts.log
 SMOKE_DIR = "smoke"  # fake-action episodes: recorded here, never folded into a rate

@@ -85,13 +85,13 @@ class EarlierAttempt(BaseModel):
     """An attempt of a trial that its policy server's death broke (an infrastructure failure),
     replaced by the re-run after the server's restart (servers/supervisor.py)."""
 
-    error: str | None = None
-    exit_code: int = EXIT_ERROR
-    steps: int = 0
-    policy_url: str | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
-    rerun_because: str
+    error: str | None = None  # what broke it
+    exit_code: int = EXIT_ERROR  # as the record's exit_code
+    steps: int = 0  # control steps it took before it broke
+    policy_url: str | None = None  # the server that died under it
+    started_at: str | None = None  # ISO 8601 with the local offset
+    finished_at: str | None = None  # ISO 8601 with the local offset
+    rerun_because: str  # the restart that replaced it (server id, exit status)
 
     @classmethod
     def of(cls, result: TrialResult, because: str) -> EarlierAttempt:
@@ -104,46 +104,50 @@ class EarlierAttempt(BaseModel):
 
 
 class TrialResult(BaseModel):
-    version: int = RESULT_VERSION
-    nodeid: str
-    config: str
-    mode: str
-    policy_id: str | None = None
-    family: str
-    variation: str
-    suite: str
-    suite_name: str | None = None
-    task_id: int
-    seed: int
-    init_state: int | None = None
+    """One trial's record, `<run dir>/<cell key>/task_NN/seed_NNN/result.json`: written once the
+    trial ended, atomically, and read back by resume, `--lf`, the summaries, `gap compare`."""
+
+    version: int = RESULT_VERSION  # of this record's layout
+    nodeid: str  # the pytest item's node id (`bench.yaml::mode::family/variation::task00::seed000`)
+    config: str  # the benchmark config file it was planned from
+    mode: str  # the cell's mode (workflow, policy_only, ...)
+    policy_id: str | None = None  # the cell's policy registry entry (policy modes)
+    family: str  # the benchmark family (libero, posvar, grocery_packing, ...)
+    variation: str  # the family's variation (object, spatial, ...)
+    suite: str  # the LIBERO suite the episode ran in
+    suite_name: str | None = None  # a suites-mode entry's name
+    task_id: int  # the task's index in its suite
+    seed: int  # the trial's seed: the init state (seed mod the suite's count) and fixture jitter
+    init_state: int | None = None  # the index of the suite's init state the episode started from
     prompt: str | None = None  # the instruction the workflow was produced for
     env_prompt: str | None = None  # the env's own instruction, when different sources matter
     workflow: str | None = None  # the workflow dir it ran, relative to the run dir
-    success: bool = False
-    completion: float = 0.0
-    reward: float = 0.0
-    steps: int = 0
+    success: bool = False  # the simulator's goal check held
+    completion: float = 0.0  # the fraction of the goal's conjuncts held at the end; 1 on success
+    reward: float = 0.0  # the env's reward at the end
+    steps: int = 0  # control steps (20 Hz) the episode took, settle steps not counted
     # Of `steps`, those a bring-up took (policy_only: home, open the gripper) before the policy
     # acted; not charged to the episode's step budget (the policy had all of it).
     bringup_steps: int = 0
-    exit_code: int = EXIT_RAN
+    exit_code: int = EXIT_RAN  # 0 it ran, 1 the harness could not run it, 124 watchdog, 137 died
     exit_status: str | None = None  # how the workflow ended (executor exit status)
     reason: str | None = None  # why a trial that ran did not succeed
     error: str | None = None  # why the harness could not score it (errored trial)
-    infra_failure: bool = False
-    wall_s: float = 0.0
+    infra_failure: bool = False  # errored by infrastructure (a policy server down, a dead worker)
+    wall_s: float = 0.0  # wall-clock seconds of the whole trial
     slot_wait_s: float = 0.0  # waiting for a num_workers slot; not charged to the watchdog
-    produce_s: float = 0.0
-    eval_s: float = 0.0
+    produce_s: float = 0.0  # producing the workflow (an LLM call, a template; cached: ~0)
+    eval_s: float = 0.0  # running the episode
     video: str | None = None  # relative to the run dir
     frames: str | None = None  # the trial's WebP frame strip, relative to the run dir
     trace: str | None = None  # relative to the run dir
-    worker: str | None = None
+    worker: str | None = None  # the xdist worker, Ray actor or service slot that ran it
     # What a backend running its own episode loop reported (vla-eval: its version, the server)
     backend_info: dict[str, Any] = {}
-    devices: dict[str, str] = {}
+    devices: dict[str, str] = {}  # the GPU pinning it ran under (CUDA/EGL device variables)
     # Provenance (issue 15): what exactly produced this record, for episodes.parquet and
     # `gap compare`. Optional: records written before these fields existed still load.
+
     backend: str | None = None  # the simulator backend's name (or import string)
     plan_digest: str | None = None  # the benchmark config, output paths and recording removed
     init_state_digest: str | None = None  # the sim state the episode started from
@@ -152,11 +156,11 @@ class TrialResult(BaseModel):
     scene_digest: str | None = None
     policy_url: str | None = None  # the server that answered (policy modes)
     policy_digest: str | None = None  # the server's metadata frame, hashed
-    harness_version: str | None = None
+    harness_version: str | None = None  # pytest-gap's version
     harness_surface: str | None = None  # digest of the code and packages that decide outcomes
     packages: dict[str, str] = {}  # simulator package versions (mujoco, robosuite, ...)
-    started_at: str | None = None
-    finished_at: str | None = None
+    started_at: str | None = None  # ISO 8601 with the local offset
+    finished_at: str | None = None  # ISO 8601 with the local offset
     # Attempts a policy server's death broke before this one (re-run once after its restart).
     earlier_attempts: list[EarlierAttempt] = []
 

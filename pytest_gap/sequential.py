@@ -174,10 +174,10 @@ class Block(BaseModel):
 class SequentialState(BaseModel):
     """Where a cell stands under the sequential gate."""
 
-    verdict: SequentialVerdict
+    verdict: SequentialVerdict  # PASS, FAIL, or UNDECIDED so far
     alpha: float  # the cell's level
     n: int  # scored trials of the blocks looked at
-    successes: int
+    successes: int  # of those, successes
     planned: int  # the cell's planned trials
     looks: int  # blocks looked at (each complete, in order)
     decided_at: int | None = None  # n when the verdict was reached
@@ -185,7 +185,7 @@ class SequentialState(BaseModel):
     # At the last look: the least success count that would have passed, the most that would
     # have failed (None before any look).
     pass_at: int | None = None
-    fail_at: int | None = None
+    fail_at: int | None = None  # at the last look: the most successes that would have failed
 
     @property
     def decided(self) -> bool:

@@ -7,13 +7,22 @@ code, never written by hand. A page holds a marker line; the hook replaces it:
   `add_options`, given a parser);
 - `<!-- gap:hooks -->`: the plugin's hooks (hookspecs.py: signature and docstring);
 - `<!-- gap:skills -->`: the skill catalogue (`gap skills --json`);
-- `<!-- gap:parquet -->`: the columns of episodes.parquet (outputs/parquet.py's schema).
+- `<!-- gap:parquet -->`: the columns of episodes.parquet (outputs/parquet.py's schema);
+- `<!-- gap:run-dir -->`: the run dir's layout and every name in it (layout.py: its docstring's
+  tree, its name constants and their comments);
+- `<!-- gap:result -->`, `<!-- gap:cell -->`: result.json's fields (results.TrialResult) and a
+  cell's (cell_summary.CellSummary: summary.json, cell_result.json), with summary.tsv's columns
+  in their order (report.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import inspect
+import io
+import textwrap
+import tokenize
 import warnings
 
 CONFIG_MARKER = "<!-- gap:config-keys -->"
@@ -118,6 +127,69 @@ def parquet_reference() -> str:
     return "\n".join(rows)
 
 
+def layout_names() -> list[tuple[str, str, str]]:
+    """(constant, name, comment) of every run-dir name layout.py declares, in source order."""
+    from pytest_gap import layout
+
+    source = inspect.getsource(layout)
+    comments = {
+        t.start[0]: t.string.lstrip("#").strip()
+        for t in tokenize.generate_tokens(io.StringIO(source).readline)
+        if t.type == tokenize.COMMENT
+    }
+    names = []
+    for node in ast.parse(source).body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+            and not node.targets[0].id.endswith(("_FORMAT", "_RE"))
+        ):
+            note = comments.get(node.lineno) or comments.get(node.lineno - 1, "")
+            names.append((node.targets[0].id, node.value.value, note))
+    return names
+
+
+def run_dir_reference() -> str:
+    from pytest_gap import layout
+
+    doc = inspect.cleandoc(layout.__doc__ or "")
+    tree = "\n".join(line for line in doc.splitlines() if line.startswith("    "))
+    rows = ["| name | in the code | what it holds |", "| --- | --- | --- |"]
+    rows += [f"| `{name}` | `layout.{c}` | {_cell(note)} |" for c, name, note in layout_names()]
+    return f"```text\n{textwrap.dedent(tree)}\n```\n\n" + "\n".join(rows)
+
+
+def _fields(model) -> str:
+    from pytest_gap.config.reference import key_rows
+
+    rows = ["| field | type | what it holds |", "| --- | --- | --- |"]
+    rows += [f"| `{r.key}` | {_cell(r.type)} | {_cell(r.description)} |" for r in key_rows(model)]
+    return "\n".join(rows)
+
+
+def result_reference() -> str:
+    from pytest_gap.results import TrialResult
+
+    return _fields(TrialResult)
+
+
+def cell_reference() -> str:
+    from pytest_gap.cell_summary import CellSummary
+    from pytest_gap.report import CI_COLUMNS, CONTROL_COLUMNS, REF_COLUMNS, TSV_COLUMNS
+
+    groups = [
+        ("the spec's columns", TSV_COLUMNS),
+        ("95% intervals", CI_COLUMNS),
+        ("the reference loops' rate", REF_COLUMNS),
+        ("against the matched control arm (only in a run where a cell has one)", CONTROL_COLUMNS),
+    ]
+    tsv = "\n".join(f"- {what}: {', '.join(f'`{c}`' for c in cols)}" for what, cols in groups)
+    return f"{_fields(CellSummary)}\n\nsummary.tsv's columns, in order:\n\n{tsv}"
+
+
 MARKERS = {
     CONFIG_MARKER: config_reference,
     CLI_MARKER: cli_reference,
@@ -125,6 +197,9 @@ MARKERS = {
     "<!-- gap:hooks -->": hooks_reference,
     "<!-- gap:skills -->": skills_reference,
     "<!-- gap:parquet -->": parquet_reference,
+    "<!-- gap:run-dir -->": run_dir_reference,
+    "<!-- gap:result -->": result_reference,
+    "<!-- gap:cell -->": cell_reference,
 }
 
 

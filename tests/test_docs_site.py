@@ -37,6 +37,25 @@ def test_the_config_reference_reads_types_defaults_bounds_and_comments_from_the_
     assert [key for key, row in rows.items() if not row.description] == []
 
 
+def test_every_run_dir_name_and_record_field_has_a_description():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from docs_hooks import layout_names
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    from pytest_gap import layout
+    from pytest_gap.cell_summary import CellSummary
+    from pytest_gap.results import TrialResult
+
+    names = {const: (name, note) for const, name, note in layout_names()}
+    assert names["RESULT_FILE"][0] == layout.RESULT_FILE and "plots" in dict(names.values())
+    assert [const for const, (_, note) in names.items() if not note] == []
+    for model in (TrialResult, CellSummary):
+        rows = key_rows(model)
+        assert {"seed", "success"} <= {r.key for r in rows} or "n_trials" in {r.key for r in rows}
+        assert [r.key for r in rows if not r.description] == [], model.__name__
+
+
 def build_site(site: Path) -> Path:
     """`mkdocs build --strict` of the repository's site into `site` (any warning fails it)."""
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
@@ -73,6 +92,16 @@ def test_the_site_builds_strictly_with_generated_references_and_nothing_fetched(
     ).stdout  # fmt: skip
     assert all(entry["name"] in pages["skills"] for entry in json.loads(listed))
     assert all(field.name in pages["parquet"] for field in SCHEMA)
+    from pytest_gap import layout
+    from pytest_gap.cell_summary import CellSummary
+    from pytest_gap.report import CONTROL_COLUMNS, TSV_COLUMNS
+    from pytest_gap.results import TrialResult
+
+    run_dir = (site / "reference/run-dir/index.html").read_text()
+    for name in (layout.SUMMARY_TSV, layout.RESULT_FILE, layout.DONE_FLAG, layout.WARMUP_DIR):
+        assert f"<code>{name}</code>" in run_dir, name
+    fields = [r.key for model in (TrialResult, CellSummary) for r in key_rows(model)]
+    assert all(f"<code>{f}</code>" in run_dir for f in [*fields, *TSV_COLUMNS, *CONTROL_COLUMNS])
     for page in site.rglob("*.html"):
         text = page.read_text()
         loaded = re.findall(r'<(?:script|img)[^>]+src="(https?://[^"]+)"', text)

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gap.cell_summary import CellSummary
+from pytest_gap.layout import PLOTS_DIR
 from pytest_gap.outputs.hook import hookimpl
 from pytest_gap.report import RunSummary, pivot
 
-PLOTS = "plots"
 SUITES = "suites"  # the family name a suites-mode cell is drawn under
 
 
@@ -99,7 +99,7 @@ def write_plots(run_dir: Path, cells: list[CellSummary]) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")  # no display; never opens a window on a workstation
-    out = run_dir / PLOTS
+    out = run_dir / PLOTS_DIR
     out.mkdir(exist_ok=True)
     written = [out / "success.png"]
     heatmap(cells, written[0])
