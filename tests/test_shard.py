@@ -348,6 +348,30 @@ def test_a_trial_in_two_inputs_is_kept_once_by_the_stated_rule(project, runs, tm
     assert len(_trials(tmp_path / "m")) == 24
 
 
+def test_a_workflow_two_shards_produced_alike_is_not_said_to_differ(project, runs, tmp_path):
+    """A (cell, task) whose seeds are split across shards has its workflow produced in each;
+    the copies differ only in produced.json's `produce_s` (the time each production took): the
+    merge keeps one and does not warn. The same workflow.json written anew still does (above).
+    Shard 1 is cut here into its even and its odd seeds, the odd ones' workflows produced
+    again (slower)."""
+    halves = {parity: tmp_path / f"seeds_{parity}" for parity in ("even", "odd")}
+    for parity, half in halves.items():
+        shutil.copytree(runs["shard_1"], half)
+        for result in sorted(half.rglob("result.json")):
+            if json.loads(result.read_text())["seed"] % 2 != (parity == "odd"):
+                shutil.rmtree(result.parent)
+    produced = sorted(halves["odd"].rglob("produced.json"))
+    assert produced
+    for path in produced:
+        meta = json.loads(path.read_text())
+        path.write_text(json.dumps({**meta, "produce_s": meta["produce_s"] + 1.5}, indent=1))
+    inputs = [halves["even"], halves["odd"], runs["shard_2"], runs["shard_3"]]
+    done = _gap(project, "merge", *inputs, "--out", tmp_path / "m")
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert "24 of 24 planned" in done.stdout, done.stdout + done.stderr
+    assert "differs between the inputs" not in done.stderr, done.stderr
+
+
 def test_run_dirs_of_different_plans_are_refused(project, runs, tmp_path):
     other = tmp_path / "other"
     other.mkdir()
