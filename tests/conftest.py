@@ -43,28 +43,47 @@ _TRIP_LOGS = pytest.StashKey[Path | None]()
 def pytest_configure(config: pytest.Config) -> None:
     armed = tripwire.deselects_libero(config)
     config.stash[_TRIP_LOGS] = tripwire.arm(config) if armed else None
+    # xdist's loadfile hands files out by their number of tests, most first, unless told not to:
+    # then the longest files (a few long tests each: the twins, the fault campaign) start last
+    # and end the run alone on one worker. The order below is the one to hand out.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
-# The files that take longest under `-n 2 --dist loadfile` (docs/testing.md), handed out first:
-# in collection order the longest one starts last and ends the run alone on one worker. A
-# stale entry only changes the order.
+# The files that take longest under `-n 2 --dist loadfile` (docs/testing.md; the junit times of
+# a fresh-clone run), handed out first, then the other files that build a simulator, then those
+# that start processes, then the rest, which fill the end evenly. A stale entry only changes
+# the order.
 LONGEST_FIRST = (
     "test_twins.py",
-    "test_service.py",
     "test_ray_cluster.py",
+    "test_service.py",
     "test_plugin.py",
     "test_faults_campaign.py",
-    "test_shard.py",
     "test_bench_speed.py",
     "test_scene_determinism.py",
+    "test_tutorial_scale_out.py",
+    "test_llm.py",
+    "test_shard.py",
 )
+
+
+def _handed_out_first(items: list[pytest.Item]):
+    """A sort key keeping each file's tests together (module fixtures are built once) and in
+    their order: the files of LONGEST_FIRST, then by the costliest tier a file holds."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    tier: dict[Path, int] = {}
+    for item in items:
+        cost = 0 if item.get_closest_marker(tiers.LIBERO) else 1
+        cost = cost if cost == 0 or item.get_closest_marker(tiers.SLOW) else 2
+        tier[item.path] = min(tier.get(item.path, 2), cost)
+    return lambda item: (rank.get(item.path.name, len(rank)), tier[item.path])
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by them
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tiers.mark(items)
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order kept within
+    items.sort(key=_handed_out_first(items))  # stable: order kept within a file
 
 
 @pytest.hookimpl(tryfirst=True)

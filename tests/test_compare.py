@@ -1,25 +1,22 @@
 """`gap compare`: paired statistics checked against answers computed here independently (exact
-binomial sums, the bootstrap's lattice, Holm by hand), every refusal, and one real A/B run on
-LIBERO compared through the `gap` console script."""
+binomial sums, the bootstrap's lattice, Holm by hand) and every refusal. The real A/B run on
+LIBERO compared through the `gap` console script is the A/B tutorial's
+(tests/test_tutorial_ab_compare.py)."""
 
 from __future__ import annotations
 
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from pytest_gap.cli import main
 from pytest_gap.compare import cluster_interval
-from pytest_gap.results import TrialResult, scan_results, write_json, write_result
-
-pytest_plugins = ["pytester"]
+from pytest_gap.results import TrialResult, write_json, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 GAP = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
@@ -488,63 +485,3 @@ def test_rows_and_run_dirs_a_user_can_get_wrong(tmp_path, capsys):
         code, out, err = _gap_compare(capsys, *args)
         assert code == 2, (args, out, err)
         assert err.count("\n") == 1 and message in err, (args, err)
-
-
-# -- one real A/B run on LIBERO ------------------------------------------------------------------
-def test_a_real_policy_ab_run_compares_through_the_gap_command(pytester, capsys):
-    """benchmarks/policy_ab.yaml shortened to one task and two seeds: the scripted oracle
-    against the random baseline, each on its own managed server. Two pairs can never make B
-    significantly worse (the smallest McNemar p with two discordant pairs is 0.5): exit 0 both
-    ways round, and the table's counts are the session's own."""
-    config = yaml.safe_load((ROOT / "benchmarks/policy_ab.yaml").read_text())
-    config["benchmark"].update(task_ids=[0], n_seeds=2, num_workers=1, output_dir="runs")
-    # the oracle needs about 150 steps here; the random policy would use the suite's 280
-    config["trials"]["max_steps"] = 170
-    (pytester.path / "ab.yaml").write_text(yaml.safe_dump(config))
-    session = pytester.runpytest_subprocess("ab.yaml", "-p", "no:cacheprovider", timeout=120)
-    assert session.ret in (0, 1), session.stdout.str()
-    (run,) = (pytester.path / "runs").iterdir()
-    records = scan_results(run)
-    assert len(records) == 4 and not any(r.errored for r in records.values())
-    wins = {
-        p: sum(r.success for r in records.values() if r.policy_id == p)
-        for p in ("scripted", "random")
-    }
-    assert wins["scripted"] > wins["random"], wins  # counts that cannot be a table of zeros
-
-    def gap_compare(*args):
-        return subprocess.run(
-            [GAP, "compare", str(run), *args], capture_output=True, text=True, timeout=60
-        )
-
-    done = gap_compare("--a", "policy_only@scripted", "--b", "policy_only@random")
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0] == f"A  policy_only@scripted[privileged]  ({run})"
-    row = next(line for line in lines if line.startswith("libero/object")).split()
-    assert row[1:4] == ["2", f"{wins['scripted']}/2", f"{wins['random']}/2"]
-    assert row[4] == f"{(wins['random'] - wins['scripted']) / 2:+.3f}"
-    assert lines[-1] == "B is not significantly worse than A anywhere (Holm, alpha 0.05)"
-    # Provenance is in every record, so every check ran (no note says one was skipped): the
-    # pairs started from the same sim states, on one plan and harness, from two servers.
-    assert not any(line.startswith("note: not recorded") for line in lines), done.stdout
-    by_policy = {
-        p: sorted(
-            (r.seed, r.init_state_digest, r.policy_url)
-            for r in records.values()
-            if r.policy_id == p
-        )
-        for p in ("scripted", "random")
-    }
-    for (seed_a, digest_a, url_a), (seed_b, digest_b, url_b) in zip(
-        by_policy["scripted"], by_policy["random"], strict=True
-    ):
-        assert seed_a == seed_b and digest_a == digest_b and digest_a
-        assert url_a and url_b and url_a != url_b
-    assert len({r.plan_digest for r in records.values()}) == 1
-    # the other way round, in-process (a second `gap` would import scipy again)
-    capsys.readouterr()  # what pytester printed about the session
-    code, data = _json(capsys, run, "--a", "policy_only@random", "--b", "policy_only@scripted")
-    assert code == 0, data
-    assert data["b"]["row"] == "policy_only@scripted[privileged]"
-    assert data["pooled"]["diff"] == pytest.approx((wins["scripted"] - wins["random"]) / 2)

@@ -2,7 +2,7 @@
 headless Chromium (as the `gap viz` tests do; without Chromium they skip, under CI they fail):
 no console error on the home page or a reference page, no request leaves loopback, the search
 box finds `gate_threshold` on the config reference, and every internal link of every page
-resolves to a built file."""
+resolves to a built file. The pages it opened are saved to test-artifacts/docs/ (look at them)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.test_docs_site import build_site
 from tests.test_viz_browser import MISSING, WAIT_S, _errors, _requests, browser  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts" / "docs"
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +78,10 @@ def test_home_a_reference_and_a_tutorial_open_clean_and_search_finds_a_key(serve
         assert _errors(browser) == [], path
         assert all(url.startswith(served) for url in _requests(browser)), _requests(browser)
         assert word in browser.page_source, path
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(
+            str(ARTIFACTS / f"{path.strip('/').replace('/', '-') or 'home'}.png")
+        )
     # the search box, as a reader uses it: type the key, follow the first result
     browser.get(served)
     WebDriverWait(browser, WAIT_S).until(
