@@ -9,6 +9,7 @@ import pytest
 
 from pytest_gap.sim.gl import ensure_gl_backend
 from pytest_gap.sim.libero import make_env
+from pytest_gap.sim.scene_cache import scene_cache_from_env
 from tests import tiers, tripwire
 
 # Before any test imports LIBERO, robosuite or mujoco directly (reference clients, BDDL parsers):
@@ -28,6 +29,14 @@ import matplotlib.pyplot  # noqa: E402
 # test is about them and unsets this (test_viz.py): as cameras are off unless a test is about
 # images. Every session here and in the processes the tests start reads it.
 os.environ.setdefault("GAP_NO_PLOTS", "1")
+
+# pytester points HOME at each test's own tmp dir, and the compiled-scene cache lives under HOME
+# unless GAP_SCENE_CACHE names it: every pytester session on LIBERO compiled its scenes afresh
+# (3-4 s) and wrote each into that tmp dir (about 250 MB). The sessions share the user's cache,
+# named here while HOME is still the user's; a test about the cache sets its own.
+_scenes = scene_cache_from_env()
+if _scenes is not None:
+    os.environ.setdefault("GAP_SCENE_CACHE", str(_scenes.root))
 
 
 @pytest.fixture(scope="module")
