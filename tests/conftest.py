@@ -38,6 +38,19 @@ _scenes = scene_cache_from_env()
 if _scenes is not None:
     os.environ.setdefault("GAP_SCENE_CACHE", str(_scenes.root))
 
+# The pytest sessions the tests start load no anyio plugin: with trio installed (selenium's, for
+# the browser tests) it imports trio as every session starts, 0.3 s of a 1.2 s fake session;
+# nothing here uses it. pytester drops PYTEST_ADDOPTS, so its tests get it back below.
+NO_ANYIO = "-p no:anyio"
+os.environ.setdefault("PYTEST_ADDOPTS", NO_ANYIO)
+
+
+@pytest.fixture(autouse=True)
+def _sessions_without_anyio(request: pytest.FixtureRequest) -> None:
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")  # which clears PYTEST_ADDOPTS as it starts
+        request.getfixturevalue("monkeypatch").setenv("PYTEST_ADDOPTS", NO_ANYIO)
+
 
 @pytest.fixture(scope="module")
 def object_env():
