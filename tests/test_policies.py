@@ -209,17 +209,27 @@ def test_gap_policy_serve_serves_until_terminated():
     assert code == -signal.SIGTERM  # it served until the signal ended it, and that ended it
 
 
-def test_gap_policy_serve_says_serving_only_once_it_listens():
+@pytest.mark.parametrize("protocol", ["openpi", "vla-eval"])
+def test_gap_policy_serve_says_serving_only_once_it_listens(protocol):
+    command = [GAP, "policy", "serve", "hold", "--protocol", protocol, "--port"]
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run(
-            [GAP, "policy", "serve", "hold", "--port", str(port)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        done = subprocess.run([*command, str(port)], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "serving" not in done.stdout  # a reader waiting for the line would wait for nothing
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([*command, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith(f"serving hold on ws://127.0.0.1:{port}")
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()  # listening by then
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        proc.stdout.close()
 
 
 @OPENPI_CONNECT

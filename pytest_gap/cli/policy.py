@@ -99,9 +99,12 @@ def _serve_vla_eval(policy, args: argparse.Namespace) -> int:
             "no such option (drop it, or serve with --protocol openpi)"
         )
     server = model_server(policy, args.name)  # refuses a policy vla-eval cannot serve
-    print(f"serving {args.name} on ws://{args.host}:{args.port} (vla-eval protocol)", flush=True)
+
+    def listening(port: int) -> None:
+        print(f"serving {args.name} on ws://{args.host}:{port} (vla-eval protocol)", flush=True)
+
     with contextlib.suppress(KeyboardInterrupt):
-        serve(server, args.host, args.port)
+        serve(server, args.host, args.port, listening)
     return 0
 
 

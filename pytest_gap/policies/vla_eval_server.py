@@ -33,6 +33,7 @@ import logging
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -132,10 +133,12 @@ def _guarded(process_request: Any) -> Any:
     return guarded
 
 
-def guarded_ws_serve() -> Any:
+def guarded_ws_serve(listening: Callable[[int], None] | None = None) -> Any:
     """websockets' `serve`, with every request a browser made refused first, frames above
     the server's message limit refused by the websocket layer (vla-eval asks for no limit) and
-    one frame read ahead per connection (wire.MAX_QUEUED_FRAMES), as our own server reads."""
+    one frame read ahead per connection (wire.MAX_QUEUED_FRAMES), as our own server reads.
+    `listening` gets the port once it is bound (vla-eval's runner enters the server with
+    `async with`)."""
     from websockets.asyncio.server import serve as ws_serve
 
     from pytest_gap.policies.server import DEFAULT_MAX_MESSAGE_MB
@@ -143,9 +146,25 @@ def guarded_ws_serve() -> Any:
 
     def serve(handler: Any, *args: Any, process_request: Any = None, **kwargs: Any) -> Any:
         kwargs |= {"max_size": DEFAULT_MAX_MESSAGE_MB * 2**20, "max_queue": MAX_QUEUED_FRAMES}
-        return ws_serve(handler, *args, process_request=_guarded(process_request), **kwargs)
+        inner = ws_serve(handler, *args, process_request=_guarded(process_request), **kwargs)
+        return inner if listening is None else _Announced(inner, listening)
 
     return serve
+
+
+class _Announced:
+    """websockets' server context, calling `listening(port)` once it is bound."""
+
+    def __init__(self, inner: Any, listening: Callable[[int], None]):
+        self._inner, self._listening = inner, listening
+
+    async def __aenter__(self) -> Any:
+        server = await self._inner.__aenter__()
+        self._listening(server.sockets[0].getsockname()[1])
+        return server
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._inner.__aexit__(*exc)
 
 
 def bounded_unpack(unpack_message: Any) -> Any:
@@ -170,8 +189,11 @@ def bounded_unpack(unpack_message: Any) -> Any:
     return unpack
 
 
-def serve(server: Any, host: str, port: int) -> None:
-    """Serve a `model_server(...)` with vla-eval's runner in the foreground until interrupted."""
+def serve(
+    server: Any, host: str, port: int, listening: Callable[[int], None] | None = None
+) -> None:
+    """Serve a `model_server(...)` with vla-eval's runner in the foreground until interrupted;
+    `listening` gets the port once it is bound."""
     import vla_eval.model_servers.serve as runner
     from websockets.asyncio.server import serve as ws_serve
 
@@ -186,7 +208,8 @@ def serve(server: Any, host: str, port: int) -> None:
         log.warning(notice)
     unpack_message = runner.unpack_message
     # this process serves this one server, for life
-    runner.ws_serve, runner.unpack_message = guarded_ws_serve(), bounded_unpack(unpack_message)
+    runner.ws_serve = guarded_ws_serve(listening)
+    runner.unpack_message = bounded_unpack(unpack_message)
     try:
         runner.serve(server, host=host, port=port)
     finally:
