@@ -63,14 +63,20 @@ def follow(name: str, workdir: Path) -> None:
 
 
 def _stop(groups: list[int]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = False
-        for group in groups:
-            try:
-                os.killpg(group, sig)
-                alive = True
-            except (ProcessLookupError, PermissionError):
-                pass
-        if not alive:
-            return
+    """SIGTERM to every group still holding a process, then, a second later, SIGKILL to those
+    that outlived it."""
+    if _signal(groups, signal.SIGTERM):
         time.sleep(1.0)
+        _signal(groups, signal.SIGKILL)
+
+
+def _signal(groups: list[int], sig: signal.Signals) -> bool:
+    """Send `sig` to each group; whether any group still had a process."""
+    alive = False
+    for group in groups:
+        try:
+            os.killpg(group, sig)
+            alive = True
+        except (ProcessLookupError, PermissionError):
+            pass
+    return alive

@@ -36,13 +36,18 @@ def _cmd_policy_serve(args: argparse.Namespace) -> int:
         max_message_bytes=round(args.max_message_mb * 2**20),
         debug=args.debug,
     )
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(_announcer(args))
+    return 0
+
+
+def _announcer(args: argparse.Namespace, suffix: str = ""):
+    """What a server calls once its port is bound: the "serving" line a reader waits for."""
 
     def listening(port: int) -> None:
-        print(f"serving {args.name} on ws://{args.host}:{port}", flush=True)
+        print(f"serving {args.name} on ws://{args.host}:{port}{suffix}", flush=True)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        server.run(listening)
-    return 0
+    return listening
 
 
 def _exec_policy_entry(args: argparse.Namespace) -> int:
@@ -99,12 +104,8 @@ def _serve_vla_eval(policy, args: argparse.Namespace) -> int:
             "no such option (drop it, or serve with --protocol openpi)"
         )
     server = model_server(policy, args.name)  # refuses a policy vla-eval cannot serve
-
-    def listening(port: int) -> None:
-        print(f"serving {args.name} on ws://{args.host}:{port} (vla-eval protocol)", flush=True)
-
     with contextlib.suppress(KeyboardInterrupt):
-        serve(server, args.host, args.port, listening)
+        serve(server, args.host, args.port, _announcer(args, " (vla-eval protocol)"))
     return 0
 
 
