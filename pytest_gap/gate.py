@@ -167,14 +167,7 @@ def evaluate_gate(
     completion = (
         sum((c.completion_rate or 0.0) * c.n_trials for c in cells) / n_trials if n_trials else 0.0
     )
-    reasons = []
-    if n_trials == 0:
-        reasons.append("no trial was scored")
-    errored = [c.column if c.suite_name else f"{c.row} {c.column}" for c in cells if c.error]
-    if errored:
-        reasons.append(f"errored cells: {', '.join(errored)}")
-    if coverage is not None and coverage.missing:
-        reasons.append(_missing_reason(coverage.missing))
+    reasons = _what_fails_any_rule(cells, n_trials, coverage)
     success_ci = intervals.wilson(n_success, n_trials)
     completion_ci = intervals.cluster_bootstrap(completion_groups or [])
     verdict: Verdict = "FAIL" if reasons else "PASS"
@@ -190,18 +183,9 @@ def evaluate_gate(
         reasons.append(f"success rate below threshold ({n_success}/{n_trials})")
         verdict = "FAIL"
     elif rule == "wilson" and n_trials and success_ci[0] < threshold:
-        if success_ci[1] < threshold:
-            reasons.append(f"interval below threshold ({n_success}/{n_trials})")
-            verdict = "FAIL"
-        else:
-            to_decide = intervals.trials_to_decide(n_success, n_trials, threshold)
-            more = (
-                f"about {to_decide} more trials at {rate:.3f} would decide it"
-                if to_decide is not None
-                else f"no number of further trials at {rate:.3f} decides it"
-            )
-            reasons.append(f"interval straddles the threshold ({n_success}/{n_trials}); {more}")
-            verdict = "FAIL" if verdict == "FAIL" else "INCONCLUSIVE"
+        short, found, to_decide = _wilson_short(n_success, n_trials, threshold, success_ci)
+        reasons.append(found)
+        verdict = "FAIL" if verdict == "FAIL" else short
     elif rule == "sequential" and n_trials:
         verdict, found = _sequential_verdict(decisions or {})
         verdict = "FAIL" if reasons else verdict
@@ -228,6 +212,39 @@ def evaluate_gate(
         baseline=baseline,
         ab=ab,
     )
+
+
+def _what_fails_any_rule(
+    cells: list[CellSummary], n_trials: int, coverage: Coverage | None
+) -> list[str]:
+    """Why the gate fails whatever its rule: nothing scored, an errored cell, a trial missing."""
+    reasons = []
+    if n_trials == 0:
+        reasons.append("no trial was scored")
+    errored = [c.column if c.suite_name else f"{c.row} {c.column}" for c in cells if c.error]
+    if errored:
+        reasons.append(f"errored cells: {', '.join(errored)}")
+    if coverage is not None and coverage.missing:
+        reasons.append(_missing_reason(coverage.missing))
+    return reasons
+
+
+def _wilson_short(
+    n_success: int, n_trials: int, threshold: float, ci: tuple[float, float]
+) -> tuple[Verdict, str, int | None]:
+    """A Wilson interval whose low end misses `threshold`: FAIL when it lies below, else
+    INCONCLUSIVE with the further trials at the observed rate that would decide it; and why."""
+    if ci[1] < threshold:
+        return "FAIL", f"interval below threshold ({n_success}/{n_trials})", None
+    rate = n_success / n_trials
+    to_decide = intervals.trials_to_decide(n_success, n_trials, threshold)
+    more = (
+        f"about {to_decide} more trials at {rate:.3f} would decide it"
+        if to_decide is not None
+        else f"no number of further trials at {rate:.3f} decides it"
+    )
+    why = f"interval straddles the threshold ({n_success}/{n_trials}); {more}"
+    return "INCONCLUSIVE", why, to_decide
 
 
 def _sequential_verdict(decisions: dict[str, SequentialState]) -> tuple[Verdict, list[str]]:

@@ -96,8 +96,10 @@ def _handed_out_first(items: list[pytest.Item]):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     tier: dict[Path, int] = {}
     for item in items:
-        cost = 0 if item.get_closest_marker(tiers.LIBERO) else 1
-        cost = cost if cost == 0 or item.get_closest_marker(tiers.SLOW) else 2
+        if item.get_closest_marker(tiers.SLOW):
+            cost = 1
+        else:
+            cost = 0 if item.get_closest_marker(tiers.LIBERO) else 2
         tier[item.path] = min(tier.get(item.path, 2), cost)
     return lambda item: (rank.get(item.path.name, len(rank)), tier[item.path])
 

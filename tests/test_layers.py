@@ -566,3 +566,23 @@ def test_session_packages_have_no_circle_and_read_no_private_name_across_modules
     assert import_circles(inside) == []
     assert [m for m in inside if package in imports(m)] == []
     assert [u for m in inside for u in _private_uses(MODULES[m].read_text(), m)] == []
+
+
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_module_over_500_lines_and_no_function_over_80():
+    """The sizes of issue 34's house: past them a module holds two jobs, a function three."""
+    long_modules, long_functions = [], []
+    for name, path in sorted(MODULES.items()):
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.append(f"{name}.{node.name}: {length} lines")
+    assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
+    assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"

@@ -4,14 +4,18 @@ requirement does under CI and outside it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
+import sys
 import types
 
 import pytest
 
+from pytest_gap.servers.manager import PolicyManager
 from pytest_gap.sim.libero import make_env
-from tests import needs, tiers
+from tests import needs, tiers, tripwire
 from tests.fake_session import BACKEND
 from tests.sim_guard import gap_sim_guard
 
@@ -52,6 +56,22 @@ def _sample_api_run():
     benchmark.run("bench.yaml")
 
 
+@contextlib.contextmanager
+def _serving():
+    server = subprocess.Popen(["gap", "policy", "serve", "hold"])
+    yield server
+    server.kill()
+
+
+def _sample_decorated_helper():
+    with _serving():
+        pass
+
+
+def _sample_managed_server(tmp_path):
+    PolicyManager(log_dir=tmp_path).start_all({})
+
+
 def _sample_logic():
     assert sorted([2, 1]) == [1, 2]
 
@@ -71,6 +91,8 @@ def _item(fn) -> types.SimpleNamespace:
         (_sample_gap_command, tiers.SLOW),
         (_sample_pytester_run, tiers.SLOW),
         (_sample_api_run, tiers.SLOW),
+        (_sample_decorated_helper, tiers.SLOW),
+        (_sample_managed_server, tiers.SLOW),
         (_sample_logic, None),
     ],
 )
@@ -78,8 +100,14 @@ def test_the_rule_reads_the_tier_from_what_a_test_runs(sample, tier):
     assert tiers.tier_of(_item(sample)) == tier
 
 
-def test_this_module_is_in_the_fast_tier(request):
-    """It names make_env (in a sample), yet no test of it calls a sample that builds one."""
+def test_the_fast_tier_command_leaves_out_both_simulator_and_process_tests():
+    """`-m "not libero"` is the fast tier: a process test carries `libero` too."""
+    assert tiers.MARKERS[tiers.LIBERO] == (tiers.LIBERO,)
+    assert set(tiers.MARKERS[tiers.SLOW]) == {tiers.LIBERO, tiers.SLOW}
+
+
+def test_these_logic_tests_are_in_the_fast_tier(request):
+    """The module names make_env (in a sample), yet this test calls no sample that builds one."""
     assert not {m.name for m in request.node.iter_markers()} & {tiers.LIBERO, tiers.SLOW}
 
 
@@ -116,6 +144,74 @@ def test_an_armed_process_cannot_build_a_model_and_says_which_test_did(tmp_path,
         mujoco.MjModel.from_binary_path("scene.mjb")
     (record,) = [json.loads(line) for line in log.read_text().splitlines()]
     assert record["built"] == "mujoco.MjModel.from_binary_path"
+
+
+# -- the tripwire on processes
+def _start_python(env: dict[str, str]) -> None:
+    guard = str(tripwire.GUARD_DIR)
+    env = {**os.environ, gap_sim_guard.NO_PROCESS: "1", **env, "PYTHONPATH": guard}
+    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True, timeout=60)
+
+
+def test_a_python_process_a_test_starts_records_itself_one_a_session_starts_does_not(
+    tmp_path, request
+):
+    assert {tiers.LIBERO, tiers.SLOW} <= {m.name for m in request.node.iter_markers()}
+    session_log = tmp_path / gap_sim_guard.SESSION_LOG
+    test_log = tmp_path / "tests_test_x.py.jsonl"
+    _start_python({gap_sim_guard.ENV: str(session_log)})  # as an xdist worker starts
+    assert not session_log.exists()
+    _start_python({gap_sim_guard.ENV: str(test_log)})
+    (record,) = [json.loads(line) for line in test_log.read_text().splitlines()]
+    assert record["started"][:3] == [sys.executable, "-c", "pass"]
+    _start_python({gap_sim_guard.ENV: ""})  # not armed
+    _start_python({gap_sim_guard.ENV: str(test_log), gap_sim_guard.NO_PROCESS: ""})  # `-m slow`
+    assert len(test_log.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("expr", "simulator", "processes"),
+    [
+        ("", False, False),
+        ("not libero", True, True),
+        ("not libero and not images", True, True),
+        ("slow", True, False),
+        ("libero and not slow", False, False),
+        ("not slow", False, False),
+        ("libero", False, False),
+    ],
+)
+def test_what_a_marker_expression_forbids(expr, simulator, processes):
+    config = types.SimpleNamespace(getoption=lambda name, default=None: expr)
+    assert tripwire.deselects_libero(config) is simulator
+    assert tripwire.fast_tier_only(config) is processes
+
+
+def _watched_item(tmp_path) -> types.SimpleNamespace:
+    item = types.SimpleNamespace(nodeid="tests/test_x.py::test_y", stash=pytest.Stash())
+    tripwire.watch(tmp_path, item)
+    return item
+
+
+def test_the_tripwire_fails_a_test_that_built_a_simulator_or_started_a_process(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv(gap_sim_guard.ENV, "")
+    quiet = _watched_item(tmp_path)
+    tripwire.check(quiet)  # nothing recorded: passes
+    started = _watched_item(tmp_path)
+    log = os.environ[gap_sim_guard.ENV]
+    with open(log, "a") as trips:
+        trips.write(json.dumps({"pid": 1, "started": ["python", "-m", "gap"]}) + "\n")
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)started a Python process.*started:.*gap"):
+        tripwire.check(started)
+    built = _watched_item(tmp_path)  # a later test of the module reads from its own start
+    tripwire.check(built)
+    with open(log, "a") as trips:
+        trips.write(json.dumps({"pid": 2, "built": "mujoco.MjModel.from_xml_path"}) + "\n")
+        trips.write(json.dumps({"pid": 2, "started": ["python"]}) + "\n")
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)builds one.*built:.*from_xml_path"):
+        tripwire.check(built)
 
 
 # -- outside requirements

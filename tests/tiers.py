@@ -1,26 +1,30 @@
 """The test tiers, decided at collection from the code each test runs (tests/conftest.py).
 
-- `libero`: the test builds a real simulator (LIBERO through the libero or vla-eval backend,
-  robosuite, a MuJoCo model), in this process or in one it starts, or runs a harness session
-  over a LIBERO config. Env creation costs seconds per env.
-- `slow`: no simulator, but the test starts other processes (pytest sessions, `gap` commands,
+The fast tier is `pytest tests -m "not libero" -n 2`: the harness's logic in this process, on
+the fake backend (tests/fake_backend.py) where it needs a simulator. Every test it leaves out
+carries `libero`, the full tier's marker, for one of two reasons:
+
+- the test builds a real simulator (LIBERO through the libero or vla-eval backend, robosuite, a
+  MuJoCo model), in this process or in one it starts, or runs a harness session over a LIBERO
+  config: env creation costs seconds per env. It carries `libero` alone.
+- the test builds no simulator but starts other processes (pytest sessions, `gap` commands,
   servers, spawned workers, a Ray cluster): a second or more each, and process-level behaviour
-  (kills, hangs, xdist) is what such tests are about.
-- neither: the fast tier, `pytest tests -m "not libero and not slow" -n 2`: the harness's logic
-  in this process, on the fake backend (tests/fake_backend.py) where it needs a simulator.
+  (kills, hangs, xdist) is what such tests are about. It carries `slow` as well, so that
+  `-m "libero and not slow"` selects the simulator tests and `-m slow` the process tests.
 
 Nothing is marked by hand. The rule reads what a test can reach: its function, the fixtures it
 requests, and the functions, classes (the methods it calls by name) and constants of tests/ they
-use, with the strings among them (configs, scripts) and its parameters. A test is `libero` when
-that reaches
-  1. a simulator: the mujoco or robosuite package, a builder of real envs (SIMULATOR_BUILDERS),
-     bench/ (whose scripts drive LIBERO), or a script text that imports or builds one; or
+use, with the strings among them (configs, scripts) and its parameters. A test builds a
+simulator when that reaches
+  1. the mujoco or robosuite package, a builder of real envs (SIMULATOR_BUILDERS), bench/
+     (whose scripts drive LIBERO), or a script text that imports or builds one; or
   2. a session (pytester, a subprocess) over a config naming a LIBERO suite or family, or a
-     path under benchmarks/, examples/ or bench/, without naming the fake backend.
+     path under benchmarks/, examples/ or bench/, without naming the fake backend;
+and starts processes when it reaches one of PROCESSES, or a subprocess-style `run`.
 Where the rule errs towards the fast tier, the tripwire of tests/tripwire.py catches it: with
-`libero` left out, building a simulator in any process is an error that names the test. Where
-it errs towards `libero` (a session over a LIBERO config that stops at a config error), the
-test only moves to the full tier.
+`libero` left out, building a simulator in any process, or starting a Python process, fails the
+test and names what it built or started. Where it errs the other way (a session over a LIBERO
+config that stops at a config error), the test only moves to the full tier.
 """
 
 from __future__ import annotations
@@ -64,8 +68,10 @@ SESSIONS = frozenset(
     {"runpytest", "runpytest_inprocess", "runpytest_subprocess", "inline_run", "Popen"}
 )
 # Calls that start another process (with `run` and `check_output`: subprocess's, when the test
-# reaches the subprocess module).
-PROCESSES = frozenset({"runpytest_subprocess", "Popen", "Process", "get_context", "Pool"})
+# reaches the subprocess module), the harness's managed policy servers among them.
+PROCESSES = frozenset(
+    {"runpytest_subprocess", "Popen", "Process", "get_context", "Pool", "PolicyManager"}
+)
 SUBPROCESS_CALLS = frozenset({"run", "check_output", "check_call", "call"})
 # Modules whose `run` starts a process: subprocess's, and the Python API's (`benchmark.run` and
 # `run_benchmark` launch a pytest session); pytester's `run` when the test requests pytester.
@@ -138,6 +144,8 @@ def _function(value: Any) -> Callable | None:
         value = value.__func__
     if isinstance(value, property):
         value = value.fget
+    # A decorated function (contextmanager, functools.wraps) runs the code it wraps.
+    value = inspect.unwrap(value) if callable(value) else value
     return value if inspect.isfunction(value) else None
 
 
@@ -188,8 +196,8 @@ class _Walker:
             reach.modules.add(value.__name__)
         elif inspect.isclass(value) and _ours(value):
             self._classes.add(value)
-        elif inspect.isfunction(value) and _ours(value):
-            self.add(value)
+        elif _function(value) is not None and _ours(value):
+            self.add(_function(value))
         elif isinstance(value, str | dict | list | tuple | set | frozenset):
             _strings(value, reach.strings)
         else:
@@ -247,9 +255,12 @@ def tier_of(item: pytest.Item) -> str | None:
     return None
 
 
+# The markers of each tier: all the fast tier leaves out carries `libero`.
+MARKERS = {LIBERO: (LIBERO,), SLOW: (LIBERO, SLOW)}
+
+
 def mark(items: Iterable[pytest.Item]) -> None:
-    """Add the `libero` or `slow` marker to each item its code calls for."""
+    """Add the markers of the tier each item's code calls for."""
     for item in items:
-        tier = tier_of(item)
-        if tier is not None:
-            item.add_marker(tier)
+        for marker in MARKERS.get(tier_of(item), ()):
+            item.add_marker(marker)

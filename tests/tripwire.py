@@ -1,9 +1,11 @@
 """The tripwire of a session that leaves out the `libero` tests (tests/tiers.py): armed in this
 process and in every Python process it starts (tests/sim_guard/), so that a test which builds a
-real simulator all the same fails, naming what it built, instead of slowing the tier down."""
+real simulator or starts a Python process all the same fails, naming what it built or started,
+instead of slowing the tier down."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -14,18 +16,27 @@ import pytest
 from _pytest.mark.expression import Expression
 
 from tests.sim_guard import gap_sim_guard
-from tests.tiers import LIBERO
+from tests.tiers import LIBERO, SLOW
 
 GUARD_DIR = Path(gap_sim_guard.__file__).resolve().parent
 _WATCHED = pytest.StashKey[tuple[Path, int]]()
 
 
-def deselects_libero(config: pytest.Config) -> bool:
-    """Whether this session's `-m` expression leaves out a test that carries only `libero`."""
+def _selects(config: pytest.Config, markers: set[str]) -> bool:
     expr = config.getoption("markexpr", "")
-    if not expr:
-        return False
-    return not Expression.compile(expr).evaluate(lambda name, **kwargs: name == LIBERO)
+    return not expr or Expression.compile(expr).evaluate(lambda name, **kwargs: name in markers)
+
+
+def deselects_libero(config: pytest.Config) -> bool:
+    """Whether this session's `-m` expression leaves out a test that carries only `libero`
+    (one that builds a simulator): then no test of it may build one."""
+    return not _selects(config, {LIBERO})
+
+
+def fast_tier_only(config: pytest.Config) -> bool:
+    """Whether it also leaves out the tests that start processes (`libero` and `slow`): then no
+    test of it may start a Python process either."""
+    return deselects_libero(config) and not _selects(config, {LIBERO, SLOW})
 
 
 def arm(config: pytest.Config) -> Path:
@@ -33,7 +44,9 @@ def arm(config: pytest.Config) -> Path:
     xdist workers and every subprocess inherit) for all it starts; returns the folder of this
     process's trip logs (a worker arms again, for a folder of its own)."""
     logs = Path(tempfile.mkdtemp(prefix="gap-sim-trips-"))
-    os.environ[gap_sim_guard.ENV] = str(logs / "session.jsonl")
+    os.environ[gap_sim_guard.ENV] = str(logs / gap_sim_guard.SESSION_LOG)
+    if fast_tier_only(config):
+        os.environ[gap_sim_guard.NO_PROCESS] = "1"
     path = os.environ.get("PYTHONPATH", "")
     if str(GUARD_DIR) not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(GUARD_DIR), path) if p)
@@ -53,11 +66,17 @@ def watch(logs: Path, item: pytest.Item) -> None:
 
 
 def check(item: pytest.Item) -> None:
-    """After `item`'s teardown: fail it if a process built a real simulator while it ran."""
+    """After `item`'s teardown: fail it if a process built a real simulator, or a Python
+    process started, while it ran."""
     log, offset = item.stash[_WATCHED]
-    trips = _read_from(log, offset)
+    trips = [json.loads(line) for line in _read_from(log, offset).splitlines() if line]
+    built = [trip for trip in trips if "built" in trip]
+    if built:
+        lines = "\n".join(json.dumps(trip) for trip in built)
+        pytest.fail(f"{gap_sim_guard.HOW_TO_FIX}; built:\n{lines}", pytrace=False)
     if trips:
-        pytest.fail(f"{gap_sim_guard.HOW_TO_FIX}; built:\n{trips}", pytrace=False)
+        lines = "\n".join(json.dumps(trip) for trip in trips)
+        pytest.fail(f"{gap_sim_guard.HOW_TO_FIX_PROCESS}; started:\n{lines}", pytrace=False)
 
 
 def _read_from(log: Path, offset: int) -> str:

@@ -1,4 +1,5 @@
-"""The fast tier's tripwire: with it armed, building a real simulator raises.
+"""The fast tier's tripwire: with it armed, building a real simulator raises, and a Python
+process started by a test is recorded.
 
 Every simulator the harness runs (LIBERO through the libero and vla-eval backends, robosuite,
 the scene cache) ends in MuJoCo compiling or loading a model; the fake backend never does. So a
@@ -7,6 +8,11 @@ model built while GAP_TEST_NO_SIMULATOR names a file is a test of the fast tier
 tests/conftest.py missed. The build raises SimulatorForbidden, and because a harness session may
 turn that into an infra-failed trial (or a child process may swallow it), it is also appended to
 that file, which tests/conftest.py reads after every test to fail it loudly.
+
+The fast tier starts no other process either (tests/tiers.py gives a test that does `libero`
+too, with `slow`): a Python process that starts while ENV names a test's log rather than the
+session's (xdist's workers start under the session's) records itself there when NO_PROCESS is
+set too, and the test fails the same way.
 
 This module is imported in the test process by tests/conftest.py, and in every Python process
 started under an armed session through sitecustomize.py next to it (its folder is put first on
@@ -22,9 +28,16 @@ import os
 import sys
 
 ENV = "GAP_TEST_NO_SIMULATOR"  # GAP_*: passes the harness's child-environment allow-list
+NO_PROCESS = "GAP_TEST_NO_PROCESS"  # set when the session holds only fast-tier tests
+SESSION_LOG = "session.jsonl"  # ENV's file while no test runs (a session's start, its workers)
 HOW_TO_FIX = (
     "the fast tier (-m 'not libero') forbids building a real simulator: this test builds one "
-    "but is not marked `libero`; make the marking rule in tests/conftest.py cover it"
+    "but is not marked `libero`; make the marking rule in tests/tiers.py cover it"
+)
+HOW_TO_FIX_PROCESS = (
+    "the fast tier (-m 'not libero') starts no other process: this test started a Python "
+    "process but is not marked `libero` and `slow`; make the marking rule in tests/tiers.py "
+    "cover it"
 )
 # MjModel's constructors (robosuite, LIBERO and the scene cache build through them) and MjSpec's
 # compile (newer MuJoCo scene building).
@@ -40,16 +53,27 @@ def armed() -> bool:
     return bool(os.environ.get(ENV))
 
 
-def _trip(what: str) -> None:
-    if not armed():
-        return
-    record = {"pid": os.getpid(), "built": what, "argv": sys.argv[:6]}
+def _record(record: dict) -> None:
     try:
         with open(os.environ[ENV], "a") as log:
             log.write(json.dumps(record) + "\n")
     except OSError:
-        pass  # the raise below still fails the build
+        pass  # a build still raises; a start goes unrecorded only if the log is gone
+
+
+def _trip(what: str) -> None:
+    if not armed():
+        return
+    _record({"pid": os.getpid(), "built": what, "argv": sys.orig_argv[:6]})
     raise SimulatorForbidden(f"{what}: {HOW_TO_FIX}")
+
+
+def started() -> None:
+    """Record this process's start if a test of an armed session started it."""
+    if not (armed() and os.environ.get(NO_PROCESS)):
+        return
+    if os.path.basename(os.environ[ENV]) != SESSION_LOG:
+        _record({"pid": os.getpid(), "started": sys.orig_argv[:6]})
 
 
 def _guarded(cls_name: str, name: str, original, *, method: bool):

@@ -1,6 +1,6 @@
 """Started first in every Python process of an armed fast-tier session (this folder leads
-PYTHONPATH there): guard it against building a real simulator (gap_sim_guard.py), then run the
-sitecustomize this one shadows, if there is one."""
+PYTHONPATH there): record its start if a test started it, guard it against building a real
+simulator (gap_sim_guard.py), then run the sitecustomize this one shadows, if there is one."""
 
 import importlib.machinery
 import importlib.util
@@ -9,6 +9,7 @@ import sys
 
 import gap_sim_guard
 
+gap_sim_guard.started()
 gap_sim_guard.install()
 
 _here = os.path.dirname(os.path.abspath(__file__))
