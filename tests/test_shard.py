@@ -350,10 +350,11 @@ def test_a_trial_in_two_inputs_is_kept_once_by_the_stated_rule(project, runs, tm
 
 def test_a_workflow_two_shards_produced_alike_is_not_said_to_differ(project, runs, tmp_path):
     """A (cell, task) whose seeds are split across shards has its workflow produced in each;
-    the copies differ only in produced.json's `produce_s` (the time each production took): the
-    merge keeps one and does not warn. The same workflow.json written anew still does (above).
-    Shard 1 is cut here into its even and its odd seeds, the odd ones' workflows produced
-    again (slower)."""
+    the copies differ only in what describes each production (produced.json's `produce_s`, an
+    LLM production's `calls` and `cached`, its agents' transcripts): the merge keeps one and
+    does not warn. The same workflow.json written anew still does (above). Shard 1 is cut here
+    into its even and its odd seeds, the odd ones' workflows produced again (slower, from the
+    LLM cache)."""
     halves = {parity: tmp_path / f"seeds_{parity}" for parity in ("even", "odd")}
     for parity, half in halves.items():
         shutil.copytree(runs["shard_1"], half)
@@ -364,7 +365,10 @@ def test_a_workflow_two_shards_produced_alike_is_not_said_to_differ(project, run
     assert produced
     for path in produced:
         meta = json.loads(path.read_text())
-        path.write_text(json.dumps({**meta, "produce_s": meta["produce_s"] + 1.5}, indent=1))
+        again = {**meta, "produce_s": meta["produce_s"] + 1.5, "calls": 0, "cached": True}
+        path.write_text(json.dumps(again, indent=1))
+        (path.parent / "agent_traces").mkdir(exist_ok=True)
+        (path.parent / "agent_traces" / "01_planner.json").write_text('{"cached": true}')
     inputs = [halves["even"], halves["odd"], runs["shard_2"], runs["shard_3"]]
     done = _gap(project, "merge", *inputs, "--out", tmp_path / "m")
     assert done.returncode in (0, 1), done.stdout + done.stderr

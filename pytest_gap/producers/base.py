@@ -27,6 +27,11 @@ from pytest_gap.config.llm import LLMConfig
 from pytest_gap.throttle import slot
 
 PRODUCED_FILE = "produced.json"
+# What describes one production rather than the workflow it produced: produced.json's time, LLM
+# call count and cache hit, and the agents' transcripts beside it. Two productions of the same
+# workflow (two shards, a cache hit and a miss) differ in these alone.
+PRODUCTION_FIELDS = ("produce_s", "calls", "cached")
+PRODUCTION_DIRS = ("agent_traces",)
 
 
 class ProduceRequest(BaseModel):

@@ -34,7 +34,7 @@ from pydantic import BaseModel
 from pytest_gap.cells import Trial
 from pytest_gap.errors import GapError
 from pytest_gap.layout import MANIFEST, RESULT_FILE, is_stamp
-from pytest_gap.producers.base import PRODUCED_FILE
+from pytest_gap.producers.base import PRODUCED_FILE, PRODUCTION_DIRS, PRODUCTION_FIELDS
 from pytest_gap.results import Corrupt, TrialResult, now_iso, read_result, write_json
 
 SHOWN = 3  # missing trials / duplicates a one-line message names before "(+N more)"
@@ -334,28 +334,38 @@ class Merge:
 
 
 def _same(a: Path, b: Path) -> bool:
-    """Whether two inputs' copies of a file or dir hold the same thing. A produced workflow's
-    produced.json is compared without `produce_s` (how long that shard took to produce it),
-    which differs between any two productions of the same workflow."""
+    """Whether two inputs' copies of a file or dir hold the same thing. A produced workflow is
+    compared without what describes its production alone (producers.base: produced.json's
+    time, LLM calls and cache hit, the agents' transcripts), which differs between any two
+    productions of the same workflow."""
     if a.is_file() and b.is_file():
         if a.name == PRODUCED_FILE:
             return _produced(a) == _produced(b)
         return filecmp.cmp(a, b, shallow=False)
     if a.is_dir() and b.is_dir():
-        left = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
-        right = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+        left, right = _compared_files(a), _compared_files(b)
         return left == right and all(_same(a / p, b / p) for p in left)
     return False
 
 
+def _compared_files(directory: Path) -> list[Path]:
+    produced = (directory / PRODUCED_FILE).is_file()
+    return sorted(
+        p.relative_to(directory)
+        for p in directory.rglob("*")
+        if p.is_file() and not (produced and p.relative_to(directory).parts[0] in PRODUCTION_DIRS)
+    )
+
+
 def _produced(path: Path) -> Any:
-    """produced.json's fields but the time the production took (its bytes if not JSON)."""
+    """produced.json's fields but those of the production alone (its bytes if not JSON)."""
     try:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return path.read_bytes()
     if isinstance(meta, dict):
-        meta.pop("produce_s", None)
+        for field in PRODUCTION_FIELDS:
+            meta.pop(field, None)
     return meta
 
 
