@@ -23,7 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from pytest_gap.outputs import plots
 from pytest_gap.policies.builtin import HoldPolicy
+from pytest_gap.report import RunSummary
 from pytest_gap.results import write_json
 from pytest_gap.service.client import EvalClient, ServiceError, run_status
 from pytest_gap.service.runs import register
@@ -88,8 +90,9 @@ def fake_backend_on_path(monkeypatch):
 
 
 def test_two_clients_finish_a_run_and_it_leaves_its_records_and_summary(
-    tmp_path, fake_backend_on_path
+    tmp_path, fake_backend_on_path, monkeypatch
 ):
+    monkeypatch.delenv("GAP_NO_PLOTS", raising=False)  # the run's plots are checked below
     runs = tmp_path / "runs"
     registered = register(runs, "r1", _config(tmp_path / "run.yaml"))
     assert registered.created and registered.trials == 4 and registered.run_secret
@@ -189,3 +192,15 @@ def test_two_slots_writing_one_record_at_once_both_succeed(tmp_path):
         thread.join(60)
     assert errors == []
     assert json.loads(path.read_text())["i"] == 99
+
+
+@pytest.mark.parametrize(("value", "drawn"), [("1", False), ("0", True), ("", True)])
+def test_a_service_run_draws_its_plots_unless_gap_no_plots_says_not(
+    tmp_path, monkeypatch, value, drawn
+):
+    """Outside a pytest session (a service run: no pytest config) the environment decides."""
+    calls = []
+    monkeypatch.setattr(plots, "write_plots", lambda run_dir, cells: calls.append(run_dir))
+    monkeypatch.setenv("GAP_NO_PLOTS", value)
+    plots.pytest_gap_write_outputs(None, tmp_path, RunSummary.model_construct(cells=[]))
+    assert calls == ([tmp_path] if drawn else [])

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -113,8 +114,18 @@ def write_plots(run_dir: Path, cells: list[CellSummary]) -> list[Path]:
     return written
 
 
+NO_PLOTS_ENV = "GAP_NO_PLOTS"
+
+
+def off_in_environment() -> bool:
+    """GAP_NO_PLOTS=1 (anything but empty or 0): a CI job or test suite that never looks."""
+    return os.environ.get(NO_PLOTS_ENV, "").strip() not in ("", "0")
+
+
 @hookimpl
 def pytest_gap_write_outputs(config: Any, run_dir: Path, summary: RunSummary) -> None:
-    # config: the pytest session's, or None outside one (the evaluation service draws them)
-    if config is None or not config.getoption("gap_no_plots", False):
+    # config: the pytest session's (--gap-no-plots, defaulting to the environment), or None
+    # outside one (the evaluation service), where the environment alone says
+    off = off_in_environment() if config is None else config.getoption("gap_no_plots", False)
+    if not off:
         write_plots(run_dir, summary.cells)

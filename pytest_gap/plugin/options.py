@@ -9,7 +9,6 @@ session. pytest's own options (-n, --tx, --dist, --collect-only) stay pytest's a
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from pytest_gap.config.model import FRAMES_EVERY_HINT
 from pytest_gap.errors import GapError
+from pytest_gap.outputs import plots
 from pytest_gap.scale.shard import ShardSpec, parse_shard
 from pytest_gap.session_plan import session_selection
 
@@ -138,7 +138,7 @@ def add_options(parser: pytest.Parser) -> None:
         "--gap-no-plots",
         action="store_true",
         # read when the session starts: a CI job (or a test suite) that never looks at them
-        default=os.environ.get("GAP_NO_PLOTS", "").strip() not in ("", "0"),
+        default=plots.off_in_environment(),
         help="do not draw the run dir's plots/ (PNG heatmap and per-family bars); "
         "GAP_NO_PLOTS=1 in the environment does the same",
     )
