@@ -3,19 +3,27 @@
 `mode_overrides.<mode>.num_workers` (and a suite's `num_workers`) bound a mode's concurrent
 trials below the session's `-n`, e.g. so that one websocket VLA server is not queued by every
 worker. A slot is an flock'ed file in the run dir: the kernel releases it when its holder dies,
-so a crashed worker never leaks one.
+so a crashed worker never leaks one. Waiters queue first come, first served: each holds a
+ticket (an flock'ed file named by when it arrived) while it waits, and only the oldest live
+ticket may take a free slot. Without the queue a worker that frees a slot and asks again at once
+would take it back before a waiter's next poll, over and over, until that waiter's trial ran out
+of budget.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 POLL_S = 0.2
+QUEUE_DIR = "queue"
+_TICKET = "wait_"
+_tickets = itertools.count()  # tells apart the tickets of one process's threads
 
 
 class SlotTimeout(TimeoutError):
@@ -31,32 +39,89 @@ class Slot:
         self._fd: int | None = None
 
     def acquire(self, timeout: float | None = None) -> int:
-        """Take a free slot, waiting at most `timeout` seconds (None: as long as it takes)."""
+        """Take a free slot, waiting at most `timeout` seconds (None: as long as it takes), after
+        every waiter that came before."""
         self.directory.mkdir(parents=True, exist_ok=True)
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            for index in range(self.limit):
-                fd = os.open(self.directory / f"slot_{index}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
+        with _ticket(self.directory / QUEUE_DIR) as ticket:
+            while True:
+                if _first(ticket):
+                    index = self._take_free()
+                    if index is not None:
+                        return index
+                if deadline is None:
+                    time.sleep(POLL_S)
                     continue
-                self.index, self._fd = index, fd
-                return index
-            if deadline is None:
-                time.sleep(POLL_S)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SlotTimeout(f"no slot of {self.limit} came free within {timeout:g} s")
+                time.sleep(min(POLL_S, left))
+
+    def _take_free(self) -> int | None:
+        for index in range(self.limit):
+            fd = os.open(self.directory / f"slot_{index}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
                 continue
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise SlotTimeout(f"no slot of {self.limit} came free within {timeout:g} s")
-            time.sleep(min(POLL_S, left))
+            self.index, self._fd = index, fd
+            return index
+        return None
 
     def release(self) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self.index, self._fd = None, None
+
+
+@contextlib.contextmanager
+def _ticket(queue: Path) -> Iterator[Path]:
+    """A place in `queue` for as long as the block runs: a file named by the arrival time,
+    locked before it appears under that name (so no reader takes it for a dead waiter's)."""
+    queue.mkdir(parents=True, exist_ok=True)
+    name = f"{_TICKET}{time.time_ns():020d}_{os.getpid():010d}_{next(_tickets):06d}.lock"
+    path = queue / name
+    staging = queue / f".{name}"
+    fd = os.open(staging, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(staging, path)
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        os.close(fd)
+
+
+def _live(ticket: Path) -> bool:
+    """Whether a waiter holds `ticket`; a dead waiter's is removed."""
+    try:
+        fd = os.open(ticket, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        ticket.unlink()  # its waiter died waiting (the kernel let go of its lock)
+    return False
+
+
+def _first(ticket: Path) -> bool:
+    """Whether no live waiter arrived before `ticket`'s."""
+    older = sorted(p for p in ticket.parent.glob(f"{_TICKET}*") if p.name < ticket.name)
+    return not any(_live(p) for p in older)
+
+
+def waiters(directory: Path) -> int:
+    """How many waiters are queued for a slot under `directory`."""
+    queue = directory / QUEUE_DIR
+    return sum(1 for p in queue.glob(f"{_TICKET}*") if _live(p)) if queue.is_dir() else 0
 
 
 @contextlib.contextmanager

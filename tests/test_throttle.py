@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import threading
 import time
 
 import pytest
 
-from pytest_gap.throttle import SlotTimeout, slot
+from pytest_gap.throttle import Slot, SlotTimeout, slot, waiters
 
 
 def _hold(directory, limit, seconds, starts):
@@ -60,6 +61,56 @@ def test_at_most_limit_holders_run_at_once(tmp_path):
         for proc in procs:
             proc.join(30)
     assert [proc.exitcode for proc in procs] == [0, 0, 0]
+
+
+def _until(condition, what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.01)
+
+
+def test_a_waiter_gets_the_slot_before_its_holder_takes_it_back(tmp_path):
+    """First come, first served: a holder that lets go and asks again at once (a worker
+    between two trials) queues behind the waiter, whose trial would otherwise wait out its
+    budget while the holder took the slot back before every poll."""
+    order = []
+    held = Slot(tmp_path, 1)
+    held.acquire()
+
+    def wait():
+        with slot(tmp_path, 1, timeout=30):
+            order.append("waiter")
+            time.sleep(0.1)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    _until(lambda: waiters(tmp_path) == 1, "queued")
+    held.release()
+    for _ in range(3):
+        with slot(tmp_path, 1, timeout=30):
+            order.append("holder")
+    waiter.join(30)
+    assert order == ["waiter", "holder", "holder", "holder"]
+    assert waiters(tmp_path) == 0
+
+
+def _wait_for_slot(directory, limit):
+    with slot(directory, limit):
+        pass
+
+
+def test_a_waiter_that_died_in_the_queue_holds_up_nobody(tmp_path):
+    ctx = mp.get_context("spawn")
+    with slot(tmp_path, 1):
+        proc = ctx.Process(target=_wait_for_slot, args=(tmp_path, 1))
+        proc.start()
+        _until(lambda: waiters(tmp_path) == 1, "queued")
+        proc.kill()
+        proc.join()
+    with slot(tmp_path, 1, timeout=2.0) as index:  # not behind the dead waiter's ticket
+        assert index == 0
+    assert waiters(tmp_path) == 0
 
 
 def test_a_dead_holder_frees_its_slot(tmp_path):
