@@ -36,6 +36,8 @@ PLOTS_DIR = "plots"  # PNG figures of the summary (off: --gap-no-plots, GAP_NO_P
 WARMUP_DIR = "warmup"  # policy servers' warm-up inferences, one file per server and process
 POLICY_LOGS_DIR = "policy_logs"  # server logs, servers.json, restarts.log
 SMOKE_DIR = "smoke"  # fake-action episodes: recorded here, never folded into a rate
+# .slots/<mode or suite>/: the num_workers slots' lock files and the queue of their waiters
+SLOTS_DIR = ".slots"
 STAMP_FORMAT = "%Y%m%d_%H%M%S"
 STAMP_RE = re.compile(r"^\d{8}_\d{6}$")
 

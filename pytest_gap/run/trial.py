@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from pytest_gap.cells import Trial
 from pytest_gap.errors import GapError, InfraFailure, VideoError
-from pytest_gap.layout import ERROR_FILE, FRAMES_DIR, RUNNING_FILE, inside
+from pytest_gap.layout import ERROR_FILE, FRAMES_DIR, RUNNING_FILE, SLOTS_DIR, inside
 from pytest_gap.policies.warmup import warm_up, warmed_servers
 from pytest_gap.producers.base import PRODUCED_FILE
 from pytest_gap.results import (
@@ -389,7 +389,7 @@ class TrialRun:
         """Hold one of the cell's `num_workers` slots; the wait is not charged to the watchdog
         and is bounded by the trial's budget (`timeout_s`; 0 waits as long as it takes)."""
         cell = self.trial.cell
-        held = Slot(self.run_dir / ".slots" / cell.throttle_key, cell.num_workers)
+        held = Slot(self.run_dir / SLOTS_DIR / cell.throttle_key, cell.num_workers)
         budget = cell.timeout_s or None
         t0 = time.perf_counter()
         self.watchdog.pause()
