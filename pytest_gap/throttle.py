@@ -78,10 +78,11 @@ class Slot:
 
 @contextlib.contextmanager
 def _ticket(queue: Path) -> Iterator[Path]:
-    """A place in `queue` for as long as the block runs: a file named by the arrival time,
+    """A place in `queue` for as long as the block runs: a file named by the arrival time (the
+    host's monotonic clock, which every process shares and no clock step moves back),
     locked before it appears under that name (so no reader takes it for a dead waiter's)."""
     queue.mkdir(parents=True, exist_ok=True)
-    name = f"{_TICKET}{time.time_ns():020d}_{os.getpid():010d}_{next(_tickets):06d}.lock"
+    name = f"{_TICKET}{time.monotonic_ns():020d}_{os.getpid():010d}_{next(_tickets):06d}.lock"
     path = queue / name
     staging = queue / f".{name}"
     fd = os.open(staging, os.O_RDWR | os.O_CREAT, 0o644)

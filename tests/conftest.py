@@ -63,8 +63,7 @@ _TRIP_LOGS = pytest.StashKey[Path | None]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    armed = tripwire.deselects_libero(config)
-    config.stash[_TRIP_LOGS] = tripwire.arm(config) if armed else None
+    config.stash[_TRIP_LOGS] = None  # armed once the session knows which tests it runs
     # xdist's loadfile hands files out by their number of tests, most first, unless told not to:
     # then the longest files (a few long tests each: the twins, the fault campaign) start last
     # and end the run alone on one worker. The order below is the one to hand out.
@@ -110,6 +109,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_handed_out_first(items))  # stable: order kept within a file
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Arm the tripwire for what none of the selected tests may do (tests/tripwire.py)."""
+    forbid = tripwire.forbidden(session.items)
+    if forbid.simulator:
+        session.config.stash[_TRIP_LOGS] = tripwire.arm(session.config, forbid)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     logs = item.config.stash[_TRIP_LOGS]
@@ -119,8 +125,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem):
-    """With `libero` left out, fail a test during which any process built a real simulator,
-    even one whose error a harness session turned into an infra-failed trial."""
+    """With the tripwire armed, fail a test during which any process built a real simulator
+    (even one whose error a harness session turned into an infra-failed trial) or, in the fast
+    tier, a Python process started."""
     result = yield
     if item.config.stash[_TRIP_LOGS] is not None:
         tripwire.check(item)

@@ -169,22 +169,25 @@ def test_a_python_process_a_test_starts_records_itself_one_a_session_starts_does
     assert len(test_log.read_text().splitlines()) == 1
 
 
+def _marked(*names: str) -> types.SimpleNamespace:
+    marks = [types.SimpleNamespace(name=name) for name in names]
+    return types.SimpleNamespace(iter_markers=lambda: marks)
+
+
 @pytest.mark.parametrize(
-    ("expr", "simulator", "processes"),
+    ("selected", "simulator", "processes"),
     [
-        ("", False, False),
-        ("not libero", True, True),
-        ("not libero and not images", True, True),
-        ("slow", True, False),
-        ("libero and not slow", False, False),
-        ("not slow", False, False),
-        ("libero", False, False),
+        ([(), ("libero",), ("libero", "slow")], False, False),  # the full tier
+        ([(), ("images",)], True, True),  # the fast tier, whatever else is selected
+        ([("libero", "slow"), ()], True, False),  # `-m slow`, or fast and process tests
+        ([("images", "libero")], False, False),  # `-m images`: simulator tests
+        ([("libero",)], False, False),
+        ([], True, True),
     ],
 )
-def test_what_a_marker_expression_forbids(expr, simulator, processes):
-    config = types.SimpleNamespace(getoption=lambda name, default=None: expr)
-    assert tripwire.deselects_libero(config) is simulator
-    assert tripwire.fast_tier_only(config) is processes
+def test_what_the_selected_tests_forbid(selected, simulator, processes):
+    forbid = tripwire.forbidden([_marked(*names) for names in selected])
+    assert (forbid.simulator, forbid.processes) == (simulator, processes)
 
 
 def _watched_item(tmp_path) -> types.SimpleNamespace:
@@ -212,6 +215,11 @@ def test_the_tripwire_fails_a_test_that_built_a_simulator_or_started_a_process(
         trips.write(json.dumps({"pid": 2, "started": ["python"]}) + "\n")
     with pytest.raises(pytest.fail.Exception, match=r"(?s)builds one.*built:.*from_xml_path"):
         tripwire.check(built)
+    cut = _watched_item(tmp_path)  # a process killed while it wrote: still a trip
+    with open(log, "a") as trips:
+        trips.write('{"pid": 3, "started": ["python", "-c", "imp\n')
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)started:.*imp"):
+        tripwire.check(cut)
 
 
 # -- outside requirements

@@ -21,9 +21,9 @@ simulator when that reaches
   2. a session (pytester, a subprocess) over a config naming a LIBERO suite or family, or a
      path under benchmarks/, examples/ or bench/, without naming the fake backend;
 and starts processes when it reaches one of PROCESSES, or a subprocess-style `run`.
-Where the rule errs towards the fast tier, the tripwire of tests/tripwire.py catches it: with
-`libero` left out, building a simulator in any process, or starting a Python process, fails the
-test and names what it built or started. Where it errs the other way (a session over a LIBERO
+Where the rule errs towards the fast tier, the tripwire of tests/tripwire.py catches it: in a
+session of fast-tier tests, building a simulator in any process, or starting a Python process,
+fails the test and names what it built or started. Where it errs the other way (a session over a LIBERO
 config that stops at a config error), the test only moves to the full tier.
 """
 

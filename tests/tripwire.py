@@ -5,53 +5,66 @@ instead of slowing the tier down."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from _pytest.mark.expression import Expression
 
 from tests.sim_guard import gap_sim_guard
 from tests.tiers import LIBERO, SLOW
 
 GUARD_DIR = Path(gap_sim_guard.__file__).resolve().parent
 _WATCHED = pytest.StashKey[tuple[Path, int]]()
+PATH = "PYTHONPATH"
 
 
-def _selects(config: pytest.Config, markers: set[str]) -> bool:
-    expr = config.getoption("markexpr", "")
-    return not expr or Expression.compile(expr).evaluate(lambda name, **kwargs: name in markers)
+@dataclass(frozen=True)
+class Forbidden:
+    """What the tests of a session may not do: build a simulator when none of them carries
+    `libero` alone; start a Python process when none carries `libero` at all (the fast tier)."""
+
+    simulator: bool
+    processes: bool
 
 
-def deselects_libero(config: pytest.Config) -> bool:
-    """Whether this session's `-m` expression leaves out a test that carries only `libero`
-    (one that builds a simulator): then no test of it may build one."""
-    return not _selects(config, {LIBERO})
+def forbidden(items: list[pytest.Item]) -> Forbidden:
+    """Read from the tests the session runs, after `-m`, `-k` and any other selection."""
+    simulator = processes = False
+    for item in items:
+        marks = {m.name for m in item.iter_markers()}
+        simulator |= LIBERO in marks and SLOW not in marks
+        processes |= LIBERO in marks
+    return Forbidden(simulator=not simulator, processes=not processes)
 
 
-def fast_tier_only(config: pytest.Config) -> bool:
-    """Whether it also leaves out the tests that start processes (`libero` and `slow`): then no
-    test of it may start a Python process either."""
-    return deselects_libero(config) and not _selects(config, {LIBERO, SLOW})
-
-
-def arm(config: pytest.Config) -> Path:
+def arm(config: pytest.Config, forbid: Forbidden) -> Path:
     """Arm the tripwire for this process and (through PYTHONPATH and the environment, which
-    xdist workers and every subprocess inherit) for all it starts; returns the folder of this
-    process's trip logs (a worker arms again, for a folder of its own)."""
+    every subprocess inherits) for all it starts; returns the folder of this process's trip
+    logs (each xdist worker arms for itself, from the tests it collected). What it sets in the
+    environment is put back when the session ends."""
     logs = Path(tempfile.mkdtemp(prefix="gap-sim-trips-"))
+    saved = {k: os.environ.get(k) for k in (gap_sim_guard.ENV, gap_sim_guard.NO_PROCESS, PATH)}
     os.environ[gap_sim_guard.ENV] = str(logs / gap_sim_guard.SESSION_LOG)
-    if fast_tier_only(config):
+    if forbid.processes:
         os.environ[gap_sim_guard.NO_PROCESS] = "1"
-    path = os.environ.get("PYTHONPATH", "")
+    path = os.environ.get(PATH, "")
     if str(GUARD_DIR) not in path.split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(GUARD_DIR), path) if p)
+        os.environ[PATH] = os.pathsep.join(p for p in (str(GUARD_DIR), path) if p)
     gap_sim_guard.install()
-    config.add_cleanup(lambda: shutil.rmtree(logs, ignore_errors=True))
+
+    def disarm() -> None:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(logs, ignore_errors=True)
+
+    config.add_cleanup(disarm)
     return logs
 
 
@@ -69,14 +82,14 @@ def check(item: pytest.Item) -> None:
     """After `item`'s teardown: fail it if a process built a real simulator, or a Python
     process started, while it ran."""
     log, offset = item.stash[_WATCHED]
-    trips = [json.loads(line) for line in _read_from(log, offset).splitlines() if line]
-    built = [trip for trip in trips if "built" in trip]
+    lines = [line for line in _read_from(log, offset).splitlines() if line]
+    built = [line for line in lines if '"built"' in line]  # a line cut short is still a trip
     if built:
-        lines = "\n".join(json.dumps(trip) for trip in built)
-        pytest.fail(f"{gap_sim_guard.HOW_TO_FIX}; built:\n{lines}", pytrace=False)
-    if trips:
-        lines = "\n".join(json.dumps(trip) for trip in trips)
-        pytest.fail(f"{gap_sim_guard.HOW_TO_FIX_PROCESS}; started:\n{lines}", pytrace=False)
+        trips = "\n".join(built)
+        pytest.fail(f"{gap_sim_guard.HOW_TO_FIX}; built:\n{trips}", pytrace=False)
+    if lines:
+        trips = "\n".join(lines)
+        pytest.fail(f"{gap_sim_guard.HOW_TO_FIX_PROCESS}; started:\n{trips}", pytrace=False)
 
 
 def _read_from(log: Path, offset: int) -> str:

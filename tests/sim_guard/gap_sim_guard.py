@@ -10,9 +10,9 @@ turn that into an infra-failed trial (or a child process may swallow it), it is 
 that file, which tests/conftest.py reads after every test to fail it loudly.
 
 The fast tier starts no other process either (tests/tiers.py gives a test that does `libero`
-too, with `slow`): a Python process that starts while ENV names a test's log rather than the
-session's (xdist's workers start under the session's) records itself there when NO_PROCESS is
-set too, and the test fails the same way.
+too, with `slow`): a Python process that starts (by exec: a fork runs no sitecustomize) while
+ENV names a test's log rather than the session's records itself there when NO_PROCESS is set
+too, and the test fails the same way.
 
 This module is imported in the test process by tests/conftest.py, and in every Python process
 started under an armed session through sitecustomize.py next to it (its folder is put first on
