@@ -10,9 +10,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+import time
 
 from pytest_gap.cli.common import bearer_token
 from pytest_gap.errors import GapError
+
+# After its last episode a worker's line waits this long at most for the run to be `finished`:
+# once every episode is saved, the run is finished when its other clients have been told too.
+SETTLE_S = 10.0
 
 
 def _client_token(args: argparse.Namespace, url: str) -> str | None:
@@ -241,6 +246,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         )
         return 0
     status = run_status(args.url, args.run_id, token)
+    deadline = time.monotonic() + SETTLE_S
+    while status.state != "finished" and status.saved >= status.expected:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+        status = run_status(args.url, args.run_id, token)
     print(
         f"worker {worker}: answered {client.answered} observations; run {args.run_id} "
         f"{status.state}, {status.saved}/{status.expected} episodes saved"
