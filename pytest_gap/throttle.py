@@ -113,16 +113,23 @@ def _live(ticket: Path) -> bool:
     return False
 
 
+def _queued(queue: Path, before: str | None = None) -> Iterator[Path]:
+    """The live tickets in `queue` (those that sort before `before`, if given)."""
+    for ticket in sorted(queue.glob(f"{_TICKET}*")):
+        if before is not None and ticket.name >= before:
+            return
+        if _live(ticket):
+            yield ticket
+
+
 def _first(ticket: Path) -> bool:
     """Whether no live waiter arrived before `ticket`'s."""
-    older = sorted(p for p in ticket.parent.glob(f"{_TICKET}*") if p.name < ticket.name)
-    return not any(_live(p) for p in older)
+    return next(_queued(ticket.parent, ticket.name), None) is None
 
 
 def waiters(directory: Path) -> int:
     """How many waiters are queued for a slot under `directory`."""
-    queue = directory / QUEUE_DIR
-    return sum(1 for p in queue.glob(f"{_TICKET}*") if _live(p)) if queue.is_dir() else 0
+    return sum(1 for _ in _queued(directory / QUEUE_DIR))
 
 
 @contextlib.contextmanager

@@ -95,10 +95,8 @@ def _handed_out_first(items: list[pytest.Item]):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     tier: dict[Path, int] = {}
     for item in items:
-        if item.get_closest_marker(tiers.SLOW):
-            cost = 1
-        else:
-            cost = 0 if item.get_closest_marker(tiers.LIBERO) else 2
+        slow, libero = (item.get_closest_marker(m) for m in (tiers.SLOW, tiers.LIBERO))
+        cost = 1 if slow else 0 if libero else 2
         tier[item.path] = min(tier.get(item.path, 2), cost)
     return lambda item: (rank.get(item.path.name, len(rank)), tier[item.path])
 

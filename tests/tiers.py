@@ -23,8 +23,8 @@ simulator when that reaches
 and starts processes when it reaches one of PROCESSES, or a subprocess-style `run`.
 Where the rule errs towards the fast tier, the tripwire of tests/tripwire.py catches it: in a
 session of fast-tier tests, building a simulator in any process, or starting a Python process,
-fails the test and names what it built or started. Where it errs the other way (a session over a LIBERO
-config that stops at a config error), the test only moves to the full tier.
+fails the test and names what it built or started. Where it errs the other way (a session over
+a LIBERO config that stops at a config error), the test only moves to the full tier.
 """
 
 from __future__ import annotations
@@ -196,8 +196,8 @@ class _Walker:
             reach.modules.add(value.__name__)
         elif inspect.isclass(value) and _ours(value):
             self._classes.add(value)
-        elif _function(value) is not None and _ours(value):
-            self.add(_function(value))
+        elif (fn := _function(value)) is not None and _ours(value):
+            self.add(fn)
         elif isinstance(value, str | dict | list | tuple | set | frozenset):
             _strings(value, reach.strings)
         else:

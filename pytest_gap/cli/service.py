@@ -247,9 +247,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return 0
     status = run_status(args.url, args.run_id, token)
     deadline = time.monotonic() + SETTLE_S
-    while status.state != "finished" and status.saved >= status.expected:
-        if time.monotonic() > deadline:
-            break
+    settling = status.saved >= status.expected
+    while settling and status.state != "finished" and time.monotonic() < deadline:
         time.sleep(0.2)
         status = run_status(args.url, args.run_id, token)
     print(

@@ -349,12 +349,9 @@ def _same(a: Path, b: Path) -> bool:
 
 
 def _compared_files(directory: Path) -> list[Path]:
-    produced = (directory / PRODUCED_FILE).is_file()
-    return sorted(
-        p.relative_to(directory)
-        for p in directory.rglob("*")
-        if p.is_file() and not (produced and p.relative_to(directory).parts[0] in PRODUCTION_DIRS)
-    )
+    skipped = PRODUCTION_DIRS if (directory / PRODUCED_FILE).is_file() else ()
+    found = (p.relative_to(directory) for p in directory.rglob("*") if p.is_file())
+    return sorted(p for p in found if p.parts[0] not in skipped)
 
 
 def _produced(path: Path) -> Any:
