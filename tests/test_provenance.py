@@ -382,6 +382,56 @@ def test_episodes_parquet_has_one_typed_row_per_trial_with_its_identity(fake_run
     assert plain[["policy_id", "server_url", "policy_digest"]].isna().all().all()
 
 
+WRITE_EPISODES = """
+import json, sys
+from pathlib import Path
+from pytest_gap.outputs.parquet import write_episodes
+from pytest_gap.results import TrialResult
+records = {key: TrialResult.model_validate(r) for key, r in json.loads(sys.argv[2]).items()}
+write_episodes(Path(sys.argv[1]), records)
+print(json.dumps("pandas" in sys.modules))
+"""
+
+
+def test_a_session_end_writes_episodes_parquet_without_importing_pandas(tmp_path):
+    """pyarrow imports pandas for any table it builds from Python objects (0.3 s at the end of
+    every session); the rows go through Arrow's JSON reader instead. A fresh interpreter writes
+    records with awkward values and never imports pandas, and the file holds them exactly."""
+    from pytest_gap.outputs.parquet import episode_row
+    from pytest_gap.results import TrialResult
+
+    base = {"nodeid": "bench.yaml::x", "config": "bench.yaml", "family": "libero"}
+    base |= {"variation": "object", "suite": "libero_object", "mode": "policy_only"}
+    records = {
+        "policy_only/p/libero/object/task_00/seed_000": {
+            **base, "task_id": 0, "seed": 2**62 + 1, "success": True, "completion": 1.0,
+            "wall_s": 0.1 + 0.2, "prompt": 'pick "the" soup\n\\ \u00e9 \u2603', "policy_id": "p",
+            "packages": {"numpy": "2.0"}, "exit_status": "task_success",
+        },
+        "policy_only/p/libero/object/task_03/seed_007": {
+            **base, "task_id": 3, "seed": 7, "exit_code": 1, "infra_failure": True,
+            "reward": float("nan"), "error": "the server went away",
+        },
+    }  # fmt: skip
+    run = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-c", WRITE_EPISODES, str(run), json.dumps(records)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) is False  # pandas was never imported
+    table = pq.read_table(run / EPISODES)
+    assert table.schema.equals(SCHEMA, check_metadata=False)
+    expected = [
+        episode_row("run", key, TrialResult.model_validate(r)) for key, r in sorted(records.items())
+    ]
+    rows = table.to_pylist()
+    assert np.isnan(rows[1].pop("reward")) and np.isnan(expected[1].pop("reward"))
+    assert rows == expected
+
+
 def test_run_manifest_records_what_produced_the_run(fake_run, monkeypatch):
     from pytest_gap import __version__
 

@@ -46,10 +46,12 @@ with `pd.read_parquet(path, dtype_backend="numpy_nullable")` to keep them intege
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from pytest_gap import ids
@@ -143,8 +145,22 @@ def episode_row(run_id: str, trial_dir: str, r: TrialResult) -> dict:
 
 
 def episodes_table(run_dir: Path, results: dict[str, TrialResult]) -> pa.Table:
+    """The rows, read by Arrow's JSON reader against SCHEMA. Not built from Python objects:
+    every conversion from them makes pyarrow import pandas (its pandas shim asks whether each
+    value is a pandas object), 0.3 s at the end of every session for a library nothing here
+    uses. A null in a column SCHEMA declares not null is refused, as the types are."""
     rows = [episode_row(run_dir.name, key, r) for key, r in sorted(results.items())]
-    return pa.Table.from_pylist(rows, schema=SCHEMA)
+    if not rows:
+        return pa.Table.from_batches([], schema=SCHEMA)
+    text = "".join(json.dumps(row) + "\n" for row in rows).encode()
+    table = pa_json.read_json(
+        io.BytesIO(text),
+        read_options=pa_json.ReadOptions(use_threads=False, block_size=len(text) + 1),
+        parse_options=pa_json.ParseOptions(
+            explicit_schema=SCHEMA, unexpected_field_behavior="error"
+        ),
+    )
+    return table.cast(SCHEMA)  # the reader makes every column nullable
 
 
 def write_episodes(run_dir: Path, results: dict[str, TrialResult]) -> Path:
