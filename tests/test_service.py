@@ -140,10 +140,12 @@ class Server:
         return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def stop(self, sig=signal.SIGTERM) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            self.process.wait(timeout=30)
-        self.log.close()
+        try:
+            if self.process.poll() is None:
+                self.process.send_signal(sig)
+                self.process.wait(timeout=30)
+        finally:
+            self.log.close()
 
 
 @pytest.fixture
@@ -161,8 +163,16 @@ def start(home):
         return servers[-1]
 
     yield _start
+    # Every server is stopped and its log closed even if one outlives its wait: left open,
+    # they would fail whichever later test on this worker collects them.
+    errors = []
     for server in servers:
-        server.stop(signal.SIGKILL)
+        try:
+            server.stop(signal.SIGKILL)
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 @pytest.fixture
