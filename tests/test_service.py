@@ -7,6 +7,7 @@ a state directory of the test's own (XDG_STATE_HOME)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -156,23 +157,16 @@ def home(tmp_path) -> Path:
 @pytest.fixture
 def start(home):
     """Start a `gap serve` in `home`; every one started is killed at the end of the test."""
-    servers: list[Server] = []
-
-    def _start(**kwargs) -> Server:
-        servers.append(Server(home, **kwargs))
-        return servers[-1]
-
-    yield _start
     # Every server is stopped and its log closed even if one outlives its wait: left open,
     # they would fail whichever later test on this worker collects them.
-    errors = []
-    for server in servers:
-        try:
-            server.stop(signal.SIGKILL)
-        except Exception as exc:
-            errors.append(exc)
-    if errors:
-        raise errors[0]
+    with contextlib.ExitStack() as stops:
+
+        def _start(**kwargs) -> Server:
+            server = Server(home, **kwargs)
+            stops.callback(server.stop, signal.SIGKILL)
+            return server
+
+        yield _start
 
 
 @pytest.fixture
