@@ -35,7 +35,7 @@ class Cell(BaseModel):
     record_video: bool = False
     frames_every: int = 0  # a sprite strip of every N-th frame per trial; 0: none
     enable_tracing: bool = True
-    # What the skills see with (config skills.perception; skills.context.PERCEPTION_CAMERAS).
+    # What the skills see with (config skills.perception; skills.perception_setting).
     perception: Perception = "privileged"
     task_prompts: dict[int, str] = {}
     objects: dict[str, str] = {}

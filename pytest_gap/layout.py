@@ -38,6 +38,8 @@ POLICY_LOGS_DIR = "policy_logs"  # server logs, servers.json, restarts.log
 SMOKE_DIR = "smoke"  # fake-action episodes: recorded here, never folded into a rate
 # .slots/<mode or suite>/: the num_workers slots' lock files and the queue of their waiters
 SLOTS_DIR = ".slots"
+# <workflow dir>/produced.json: who produced the workflow and how (written last: it is done)
+PRODUCED_FILE = "produced.json"
 STAMP_FORMAT = "%Y%m%d_%H%M%S"
 STAMP_RE = re.compile(r"^\d{8}_\d{6}$")
 
@@ -79,6 +81,17 @@ def resolve_run_dir(output_dir: Path, stamp: str, reuse_latest: bool) -> Path:
 
 class OutsideRunDir(GapError, ValueError):
     """A path the harness was about to delete or write lies outside its run dir."""
+
+
+def production_lock(workflow_dir: Path) -> Path:
+    """The lock beside a workflow dir that the one process producing it holds (the others wait
+    on it, then reuse what it produced)."""
+    return workflow_dir.parent / f".produce_{workflow_dir.name}"
+
+
+def production_scratch(workflow_dir: Path, pid: int) -> Path:
+    """Where process `pid` writes a workflow dir before renaming it into place whole."""
+    return workflow_dir.with_name(f".{workflow_dir.name}.{pid}.tmp")
 
 
 def inside(root: Path, relative: str | Path) -> Path:

@@ -30,6 +30,22 @@ def test_gap_help_lists_every_command_in_one_order():
     assert listed == list(HELP_ORDER)
 
 
+def test_starting_gap_or_the_pytest_plugin_imports_nothing_it_does_not_run():
+    """Every `gap` command and every pytest session (each xdist worker too) starts by importing
+    these; the parser and the plugin stay light (numpy alone is a tenth of a second a process),
+    and a command imports what it runs when it runs."""
+    script = (
+        "import sys, pytest_gap.cli; print(sorted(m for m in {} if m in sys.modules))\n"
+        "import pytest_gap.plugin; print(sorted(m for m in {} if m in sys.modules))"
+    ).format(
+        ("numpy", "pydantic", "yaml", "pytest", "pytest_gap.config", "pytest_gap.sim.backend"),
+        ("numpy", "mujoco", "robosuite", "pyarrow", "scipy", "pytest_gap.run.trial"),
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "[]"]
+
+
 def test_gap_suites_lists_registry_and_one_suites_tasks():
     listing = _gap("suites")
     assert listing.returncode == 0

@@ -18,9 +18,10 @@ import pytest_gap
 from pytest_gap import modes
 from pytest_gap.config import ConfigError, parse_config
 from pytest_gap.errors import GapError
+from pytest_gap.layout import PRODUCED_FILE
 from pytest_gap.modes import BUILTIN, BUILTIN_MODES, BUILTIN_PRODUCERS, Mode, ModeTable
 from pytest_gap.plan import plan
-from pytest_gap.producers.base import PRODUCED_FILE, ProduceRequest, produce
+from pytest_gap.producers.base import ProduceRequest, produce
 from pytest_gap.producers.templates import template_dir, template_names
 
 pytest_plugins = ["pytester"]

@@ -11,8 +11,8 @@ import argparse
 import sys
 from typing import get_args
 
-from pytest_gap.config.model import Perception
 from pytest_gap.errors import GapError
+from pytest_gap.skills.perception_setting import Perception
 
 
 def _parse_sets(pairs: list[str]) -> dict[str, str]:

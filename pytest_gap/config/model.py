@@ -22,6 +22,7 @@ from pytest_gap.config.policies import RayResources
 from pytest_gap.errors import one_line
 from pytest_gap.modes import BUILTIN
 from pytest_gap.sim.backend import known_backends
+from pytest_gap.skills.perception_setting import Perception
 
 # The built-in rows of the mode table (pytest_gap/modes.py), for the Python API; validation
 # reads the table it is given, so a session knows the modes its plugins add too.
@@ -35,8 +36,6 @@ DEFAULT_GATE_THRESHOLD = 0.90
 # sequential: each cell's rate is tested after every block of trials, and a decided cell's
 # remaining trials are not run (pytest_gap/sequential.py; the `sequential:` key).
 GateRule = Literal["point", "wilson", "sequential"]
-# What skills see with: the names of skills.context.PERCEPTION_CAMERAS (a test keeps them equal).
-Perception = Literal["privileged", "policy_cameras"]
 # Upper bounds on counts, so that a typo (n_seeds: 10000000000) is a config error and not a plan
 # that fills the memory: far above any real benchmark (LIBERO has 50 init states per task).
 MAX_SEEDS = 100_000

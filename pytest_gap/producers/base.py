@@ -24,9 +24,9 @@ from typing import Any, ClassVar, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from pytest_gap.config.llm import LLMConfig
+from pytest_gap.layout import PRODUCED_FILE, production_lock, production_scratch
 from pytest_gap.throttle import slot
 
-PRODUCED_FILE = "produced.json"
 # What describes one production rather than the workflow it produced: produced.json's time, LLM
 # call count and cache hit, and the agents' transcripts beside it. Two productions of the same
 # workflow (two shards, a cache hit and a miss) differ in these alone.
@@ -73,11 +73,11 @@ def produce(producer: Producer, request: ProduceRequest, dest: Path) -> float:
     if (dest / PRODUCED_FILE).is_file():
         return 0.0
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with slot(dest.parent / f".produce_{dest.name}", 1):
+    with slot(production_lock(dest), 1):
         if (dest / PRODUCED_FILE).is_file():
             return 0.0
         t0 = time.perf_counter()
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        tmp = production_scratch(dest, os.getpid())
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pytest_gap.errors import GapError
-from pytest_gap.producers.base import PRODUCED_FILE, ProduceRequest, produce
+from pytest_gap.producers.base import ProduceRequest, produce
 from pytest_gap.workflow.schema import WORKFLOW_FILE, fill_placeholders, load_workflow
 
-__all__ = ["PRODUCED_FILE", "Prebuilt", "materialize"]
+__all__ = ["Prebuilt", "materialize"]
 
 
 class Prebuilt:

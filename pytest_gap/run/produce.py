@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict
 
 from pytest_gap.cells import Trial
 from pytest_gap.config.llm import LLMConfig
+from pytest_gap.layout import PRODUCED_FILE
 from pytest_gap.modes import BUILTIN, ModeTable
-from pytest_gap.producers.base import PRODUCED_FILE, ProduceRequest, produce
+from pytest_gap.producers.base import ProduceRequest, produce
 from pytest_gap.workflow.templates import task_placeholders
 
 

@@ -29,9 +29,8 @@ from typing import TYPE_CHECKING
 
 from pytest_gap.cells import Trial
 from pytest_gap.errors import GapError, InfraFailure, VideoError
-from pytest_gap.layout import ERROR_FILE, FRAMES_DIR, RUNNING_FILE, SLOTS_DIR, inside
+from pytest_gap.layout import ERROR_FILE, FRAMES_DIR, PRODUCED_FILE, RUNNING_FILE, SLOTS_DIR, inside
 from pytest_gap.policies.warmup import warm_up, warmed_servers
-from pytest_gap.producers.base import PRODUCED_FILE
 from pytest_gap.results import (
     EXIT_ERROR,
     EarlierAttempt,

@@ -33,8 +33,8 @@ from pydantic import BaseModel
 
 from pytest_gap.cells import Trial
 from pytest_gap.errors import GapError
-from pytest_gap.layout import MANIFEST, RESULT_FILE, is_stamp
-from pytest_gap.producers.base import PRODUCED_FILE, PRODUCTION_DIRS, PRODUCTION_FIELDS
+from pytest_gap.layout import MANIFEST, PRODUCED_FILE, RESULT_FILE, is_stamp
+from pytest_gap.producers.base import PRODUCTION_DIRS, PRODUCTION_FIELDS
 from pytest_gap.results import Corrupt, TrialResult, now_iso, read_result, write_json
 
 SHOWN = 3  # missing trials / duplicates a one-line message names before "(+N more)"

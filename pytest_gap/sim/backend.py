@@ -39,12 +39,15 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_gap.errors import SimInputError
 
+# numpy is imported where a digest is made: reading a config, planning and `gap` need none of it
+# (it is a tenth of a second of every process start).
 if TYPE_CHECKING:
+    import numpy as np
+
     from pytest_gap.sim.scene import SceneView
 
 SETTLE_STEPS = 10
@@ -319,6 +322,8 @@ def state_digest(state: np.ndarray) -> str:
     """sha256 (hex) of a sim state vector (MuJoCo's flattened time, qpos, qvel), rounded to
     STATE_DIGEST_DECIMALS and with -0.0 made 0.0, as little-endian float64 bytes: equal for the
     same scene in every process, different for different scenes."""
+    import numpy as np
+
     vector = np.round(np.asarray(state, dtype=np.float64).reshape(-1), STATE_DIGEST_DECIMALS)
     return hashlib.sha256((vector + 0.0).astype("<f8").tobytes()).hexdigest()
 
@@ -328,6 +333,8 @@ def scene_digest(data) -> str:
     `xquat`): every joint's position and velocity and every body's world pose, so a fixture moved
     by a reset's jitter (a body without a joint, whose pose is in the model) changes it as a
     moved object does. Rounded as `state_digest` rounds."""
+    import numpy as np
+
     arrays = (data.qpos, data.qvel, data.xpos, data.xquat)
     return state_digest(np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays]))
 

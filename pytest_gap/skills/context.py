@@ -5,26 +5,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pytest_gap.sim.backend import Env, StepResult
 from pytest_gap.sim.render import CameraFrame
+from pytest_gap.skills.perception_setting import PERCEPTION_CAMERAS, Perception
 
 if TYPE_CHECKING:
     from pytest_gap.policies.endpoint import PolicyEndpoint
-
-
-# What skills see with (`skills.perception` in a benchmark YAML). "privileged" adds an overhead
-# camera (birdview) a policy never gets, and lets graphs ask the simulator's goal check;
-# "policy_cameras" sees only through the two cameras a policy gets (front and wrist) and has no
-# goal check: a graph ends on what its skills saw.
-Perception = Literal["privileged", "policy_cameras"]
-PERCEPTION_CAMERAS: dict[str, tuple[str, ...]] = {
-    "privileged": ("agentview", "birdview"),
-    "policy_cameras": ("agentview", "wrist"),
-}
 
 
 class TaskSucceeded(Exception):

@@ -170,8 +170,8 @@ def run_workflow(
 
     `task_prompt` is the instruction the workflow was produced for, when it is not the env's
     own (skills that read the task or prompt a policy use it). `perception` is what the skills
-    see with (`skills.context.PERCEPTION_CAMERAS`). `before_connect(policy_id)` runs before the
-    run first talks to a policy's server (the runner's warm-up)."""
+    see with (`skills.perception_setting.PERCEPTION_CAMERAS`). `before_connect(policy_id)` runs
+    before the run first talks to a policy's server (the runner's warm-up)."""
     ctx = SkillContext(
         env,
         max_sim_steps=workflow.limits.max_sim_steps,
