@@ -15,7 +15,8 @@ import pytest
 from pytest_gap.config import BenchmarkConfig, Perception
 from pytest_gap.plan import plan
 from pytest_gap.skills import basic
-from pytest_gap.skills.context import PERCEPTION_CAMERAS, SkillContext
+from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.perception_setting import PERCEPTION_CAMERAS
 from pytest_gap.skills.registry import SkillFailure
 from pytest_gap.workflow.executor import run_workflow
 from pytest_gap.workflow.schema import load_workflow

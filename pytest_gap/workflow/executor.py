@@ -19,12 +19,8 @@ from pydantic import BaseModel, ValidationError
 from pytest_gap.errors import InfraFailure
 from pytest_gap.sim.backend import Env
 from pytest_gap.skills.catalogue import get_skill, skill_names
-from pytest_gap.skills.context import (
-    Perception,
-    SkillContext,
-    StepLimitReached,
-    TaskSucceeded,
-)
+from pytest_gap.skills.context import SkillContext, StepLimitReached, TaskSucceeded
+from pytest_gap.skills.perception_setting import Perception
 from pytest_gap.skills.registry import SkillFailure
 from pytest_gap.workflow.schema import (
     AllOf,
