@@ -71,7 +71,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
 
 
-# The files that take longest under `-n 2 --dist loadfile` (docs/testing.md; the junit times of
+# The files that take longest under `--dist loadfile` (docs/testing.md; the junit times of
 # a fresh-clone run), handed out first, then the other files that build a simulator, then those
 # that start processes, then the rest, which fill the end evenly. A stale entry only changes
 # the order.

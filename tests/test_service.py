@@ -100,7 +100,7 @@ class Server:
         self.log = open(home / f"serve_{self.port}.log", "a")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.process.poll() is None:
             try:
                 urllib.request.urlopen(f"{self.url}/healthz", timeout=1)
                 if token or server_token_path(self.port).is_file():  # written once it listens
@@ -108,7 +108,7 @@ class Server:
             except OSError:
                 pass
             time.sleep(0.2)
-        self.log.flush()
+        self.stop(signal.SIGKILL)  # a server that never came up is not left behind, nor its log
         log = (home / f"serve_{self.port}.log").read_text()
         raise AssertionError(f"gap serve did not come up on port {self.port}: {log}")
 
