@@ -35,7 +35,9 @@ HERE = Path(__file__).parent
 class HoldUntilKilled:
     def infer(self, obs):
         if (HERE / "go").exists() and not (HERE / "blocked").exists():
-            (HERE / "blocked").write_text(str(os.getpid()))
+            # renamed into place whole: the test reads the pid as soon as the file exists
+            (HERE / "blocked.part").write_text(str(os.getpid()))
+            os.replace(HERE / "blocked.part", HERE / "blocked")
             time.sleep(120)
         return {"actions": np.tile([0, 0, 0, 0, 0, 0, -1.0], (5, 1))}
 """
