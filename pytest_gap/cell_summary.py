@@ -62,6 +62,14 @@ class CellSummary(BaseModel):
     ref_n_trials: int = 0  # trials run: n_trials + n_infra
     ref_success_ci_low: float | None = None  # Wilson, over ref_n_trials
     ref_success_ci_high: float | None = None  # Wilson, over ref_n_trials
+    # Harness faults (faults.py: an exception the simulator, its renderer or the host raised):
+    # the attempts they broke and the trials re-run once on a fresh env after one. A re-run
+    # that ran clean is scored like any trial; the rate without the re-runs, to set beside
+    # success_rate, is (n_success - rerun_success) / (n_trials - rerun_scored).
+    harness_faults: int = 0  # attempts a harness fault broke (a trial faulting twice counts 2)
+    rerun_after_fault: int = 0  # trials re-run after a fault (scored, or faulted again)
+    rerun_scored: int = 0  # of them, re-runs that ran clean: scored, in n_trials
+    rerun_success: int = 0  # of those, successes
     # gate_rule: sequential: where the cell stands (decided at n=K of N planned, or not yet).
     sequential: SequentialState | None = None
     # A perturbed cell whose matched control arm ran: the paired drop (control_drop.py).
@@ -111,6 +119,18 @@ def completions_by_task(results: list[TrialResult]) -> list[list[float]]:
     for r in results:
         groups.setdefault(r.task_id, []).append(r.completion)
     return list(groups.values())
+
+
+def fault_counts(results: list[TrialResult]) -> dict[str, int]:
+    """CellSummary's harness-fault fields over `results`."""
+    reruns = [r for r in results if r.rerun_after_fault]
+    scored = [r for r in reruns if not r.errored]
+    return {
+        "harness_faults": sum(r.harness_faults for r in results),
+        "rerun_after_fault": len(reruns),
+        "rerun_scored": len(scored),
+        "rerun_success": sum(r.success for r in scored),
+    }
 
 
 def summarize_cell(cell: Cell, results: list[TrialResult]) -> CellSummary:
@@ -164,4 +184,5 @@ def summarize_cell(cell: Cell, results: list[TrialResult]) -> CellSummary:
         completion_ci_low=completion_ci[0],
         completion_ci_high=completion_ci[1],
         **reference_rate(*reference_counts(results)),
+        **fault_counts(results),
     )

@@ -69,6 +69,9 @@ CONTROL_COLUMNS = (
     "drop_p",
     "drop_n_pairs",
 )
+# Harness faults (faults.py) and the trials re-run after one (cell_summary.fault_counts): last,
+# and only in a run where some trial faulted, so readers by position keep working.
+FAULT_COLUMNS = ("harness_faults", "rerun_after_fault", "rerun_scored", "rerun_success")
 DROP_MEANING = (
     "drop = control arm's success - the cell's on the same (task, seed) episodes "
     "[95% task bootstrap], McNemar p"
@@ -130,6 +133,8 @@ def format_tsv(cells: list[CellSummary]) -> str:
     names = (*TSV_COLUMNS, *CI_COLUMNS, *REF_COLUMNS)
     if any(c.control is not None for c in cells):
         names += CONTROL_COLUMNS
+    if any(c.harness_faults for c in cells):
+        names += FAULT_COLUMNS
     lines = ["\t".join(names)]
     for c in cells:
         values = c.model_dump() | _control_values(c.control)
@@ -172,8 +177,10 @@ def console_table(cells: list[CellSummary]) -> str:
         )
     ]
     lines += _drop_block(cells)
+    faults = fault_text(cells)
     if not any(c.n_infra for c in cells):
-        lines.append(f"{REF_LABEL} = success_rate: no trial failed on infrastructure")
+        same = f"{REF_LABEL} = success_rate: no trial failed on infrastructure"
+        lines.append(f"{same}; {faults}" if faults else same)
         return "\n".join(lines)
     ref = {r: dict.fromkeys(columns, "-") for r in rows}
     for c in cells:
@@ -202,7 +209,29 @@ def console_table(cells: list[CellSummary]) -> str:
         else "none (no trial was run)"
     )
     lines.append(f"{REF_LABEL} ({REF_MEANING}): pooled {pooled_text}; the gate reads success_rate")
+    if faults:
+        lines.append(faults)
     return "\n".join(lines)
+
+
+def fault_totals(cells: list[CellSummary]) -> dict[str, int]:
+    """FAULT_COLUMNS summed over `cells`."""
+    return {name: sum(getattr(c, name) for c in cells) for name in FAULT_COLUMNS}
+
+
+def fault_text(cells: list[CellSummary]) -> str:
+    """The terminal's words on harness faults ('' when none): how many attempts they broke,
+    and what became of the trials re-run after one."""
+    t = fault_totals(cells)
+    if not t["harness_faults"]:
+        return ""
+    again = t["rerun_after_fault"] - t["rerun_scored"]
+    text = (
+        f"harness faults (simulator, renderer, host): {t['harness_faults']}; "
+        f"{t['rerun_after_fault']} trial(s) re-run once on a fresh env: {t['rerun_scored']} "
+        f"scored ({t['rerun_success']} succeeded)"
+    )
+    return text + (f", {again} faulted again (infrastructure failures)" if again else "")
 
 
 def _drop_block(cells: list[CellSummary]) -> list[str]:
@@ -386,5 +415,7 @@ def summary_document(summary: RunSummary, grid: dict) -> dict:
         "ref_n_trials": gate.ref_n_trials,
         "ref_success_ci_low": gate.ref_success_ci_low,
         "ref_success_ci_high": gate.ref_success_ci_high,
+        # harness faults and the trials re-run after one, over every cell (FAULT_COLUMNS)
+        **fault_totals(summary.cells),
         "updated_at": now_iso(),
     }

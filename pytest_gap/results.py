@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pytest_gap import ids
+from pytest_gap.faults import HarnessFault
 from pytest_gap.layout import RESULT_FILE, RUNNING_FILE
 from pytest_gap.redaction import redact_tree
 
@@ -82,8 +83,9 @@ class TrialIdentity(BaseModel):
 
 
 class EarlierAttempt(BaseModel):
-    """An attempt of a trial that its policy server's death broke (an infrastructure failure),
-    replaced by the re-run after the server's restart (servers/supervisor.py)."""
+    """An attempt of a trial that infrastructure broke, replaced by a re-run: its policy
+    server died (re-run after the server's restart, servers/supervisor.py), or the harness
+    faulted (`fault`: re-run once on a fresh env, run/trial.py)."""
 
     error: str | None = None  # what broke it
     exit_code: int = EXIT_ERROR  # as the record's exit_code
@@ -91,13 +93,23 @@ class EarlierAttempt(BaseModel):
     policy_url: str | None = None  # the server that died under it
     started_at: str | None = None  # ISO 8601 with the local offset
     finished_at: str | None = None  # ISO 8601 with the local offset
-    rerun_because: str  # the restart that replaced it (server id, exit status)
+    rerun_because: str  # why it was re-run (a server's restart, a harness fault)
+    # The simulator, renderer or host fault that broke it (faults.py), None for a server death
+    fault: HarnessFault | None = None
 
     @classmethod
     def of(cls, result: TrialResult, because: str) -> EarlierAttempt:
         return cls(
             **result.model_dump(
-                include={"error", "exit_code", "steps", "policy_url", "started_at", "finished_at"}
+                include={
+                    "error",
+                    "exit_code",
+                    "steps",
+                    "policy_url",
+                    "started_at",
+                    "finished_at",
+                    "fault",
+                }
             ),
             rerun_because=because,
         )
@@ -161,8 +173,22 @@ class TrialResult(BaseModel):
     packages: dict[str, str] = {}  # simulator package versions (mujoco, robosuite, ...)
     started_at: str | None = None  # ISO 8601 with the local offset
     finished_at: str | None = None  # ISO 8601 with the local offset
-    # Attempts a policy server's death broke before this one (re-run once after its restart).
+    # Attempts infrastructure broke before this one: a policy server's death (re-run once after
+    # its restart) or a harness fault (re-run once on a fresh env), each with what broke it.
     earlier_attempts: list[EarlierAttempt] = []
+    # This attempt's own simulator, renderer or host fault (faults.py): the trial is then an
+    # infrastructure failure (errored), never the policy's
+    fault: HarnessFault | None = None
+
+    @property
+    def harness_faults(self) -> int:
+        """Attempts of this trial a harness fault broke, this one included."""
+        return sum(a.fault is not None for a in self.earlier_attempts) + (self.fault is not None)
+
+    @property
+    def rerun_after_fault(self) -> bool:
+        """This record is the re-run of an attempt a harness fault broke."""
+        return any(a.fault is not None for a in self.earlier_attempts)
 
     @property
     def identity(self) -> TrialIdentity:

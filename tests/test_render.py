@@ -8,6 +8,7 @@ import pytest
 from pytest_gap.errors import SimInputError
 from pytest_gap.sim.libero import EnvOptions, make_env
 from pytest_gap.sim.libero_backend import resolve
+from pytest_gap.sim.scene import SceneView
 from pytest_gap.sim.video import VideoWriter, read_frames
 from tests.helpers import MOVING_VARIATIONS
 
@@ -89,6 +90,24 @@ def test_floor_pixels_back_project_onto_the_floor(camera_env):
     assert np.abs(np.median(floor[:, 2])) < 0.001
     with pytest.raises(SimInputError, match="alphabet_soup_1"):
         frame.mask("alphabet_soup")  # the scene name carries its instance suffix
+
+
+def test_an_env_closed_beside_this_one_leaves_its_renders_intact(camera_env):
+    """Issue 48: a pooled env's renders broke for good once the pool evicted another env while
+    this one's GL context was current (mujoco.Renderer.close frees its GL objects in the current
+    context): every later segmentation render raised IndexError inside mujoco's
+    Renderer.render, RGB lost its textures. The other env's renderers are a second SceneView of
+    the same scene here, closed as EnvPool.get closes an evicted env."""
+    camera_env.reset(0)
+    own = camera_env.scene
+    before = own.render("agentview", height=128, width=160)
+    other = SceneView(camera_env.raw)
+    other.render("agentview", height=32, width=32, depth=False)
+    own.render("agentview", height=128, width=160)  # rendered last: its context is current
+    other.close()
+    after = own.render("agentview", height=128, width=160)
+    assert np.array_equal(after.segmentation, before.segmentation)
+    assert np.array_equal(after.rgb, before.rgb) and np.array_equal(after.depth, before.depth)
 
 
 def test_odd_sized_frames_are_padded_not_lost(tmp_path):

@@ -30,6 +30,10 @@ float64, the rest string; a nullable column is null where the record cannot say)
     exit_status         how the workflow ended (null: it never ran)
     errored             the harness could not score it (bool; excluded from success rates)
     is_infra_failure    an infrastructure failure, not the policy's (bool)
+    harness_faults      attempts of the trial a harness fault broke: the simulator, its renderer
+                        or the host raised (int64; pytest_gap/faults.py)
+    is_rerun_after_fault  the record is the re-run, on a fresh env, of an attempt a harness
+                        fault broke (bool)
     wall_s              the trial's wall time in seconds (float64)
     harness_version     pytest-gap's version
     harness_surface     provenance.harness_surface's digest (code and packages deciding outcomes)
@@ -87,6 +91,8 @@ SCHEMA = pa.schema(
         pa.field("exit_status", pa.string()),
         pa.field("errored", pa.bool_(), nullable=False),
         pa.field("is_infra_failure", pa.bool_(), nullable=False),
+        pa.field("harness_faults", pa.int64(), nullable=False),
+        pa.field("is_rerun_after_fault", pa.bool_(), nullable=False),
         pa.field("wall_s", pa.float64(), nullable=False),
         pa.field("harness_version", pa.string()),
         pa.field("harness_surface", pa.string()),
@@ -133,6 +139,8 @@ def episode_row(run_id: str, trial_dir: str, r: TrialResult) -> dict:
         "exit_status": r.exit_status,
         "errored": r.errored,
         "is_infra_failure": r.infra_failure,
+        "harness_faults": r.harness_faults,
+        "is_rerun_after_fault": r.rerun_after_fault,
         "wall_s": r.wall_s,
         "harness_version": r.harness_version,
         "harness_surface": r.harness_surface,

@@ -1,6 +1,7 @@
 """summary.tsv: one row per cell (the spec's columns, then the rates' 95% intervals, then the
-reference loops' rate: report.REF_COLUMNS), then the success and completion pivots
-(report.format_tsv)."""
+reference loops' rate: report.REF_COLUMNS; in a run where they occur, the drops against control
+arms and the harness faults: report.CONTROL_COLUMNS, report.FAULT_COLUMNS), then the success
+and completion pivots (report.format_tsv)."""
 
 from __future__ import annotations
 

@@ -6,6 +6,10 @@ what of it is recorded.
   start, earlier attempts, provenance).
 - `start_state(episode)`: the state a record says its episode started from (a finished trial's
   record and an aborted one's alike).
+- `exception_fields(exc, ...)`: the record of an attempt an exception ended (faults.py decides
+  whether it was a harness fault).
+- `no_workflow_fields(workflow_dir)`: the record of a producer that wrote no valid graph.
+- `relative_path`, `frames_link`, `frames_receipt`: the paths a record names.
 - `workflow_reason(run)`: the one-line reason of a workflow run that did not succeed.
 - `episode_loop_fields(outcome)`: the record of a backend's own episode loop (vla-eval).
 - `write_warmup(...)`: the run dir's record of a policy server's warm-up, charged to no trial.
@@ -19,16 +23,20 @@ from __future__ import annotations
 import json
 import os
 import time
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_gap.cells import Trial
-from pytest_gap.layout import RUNNING_FILE, WARMUP_DIR, inside
+from pytest_gap.errors import GapError, VideoError
+from pytest_gap.faults import harness_fault
+from pytest_gap.layout import ERROR_FILE, PRODUCED_FILE, RUNNING_FILE, WARMUP_DIR, inside
 from pytest_gap.policies.wire import metadata_digest
 from pytest_gap.provenance import record_fields
 from pytest_gap.redaction import redact_text
 from pytest_gap.results import (
     EXIT_CRASH,
+    EXIT_ERROR,
     EXIT_TIMEOUT,
     EarlierAttempt,
     TrialIdentity,
@@ -76,6 +84,61 @@ def start_state(episode) -> dict:
         "init_state_digest": getattr(episode, "init_state_digest", None),
         "scene_digest": getattr(episode, "scene_digest", None),
     }
+
+
+def exception_fields(exc: Exception, trial_dir: Path, key: str) -> dict:
+    """The record of an attempt an exception ended outside the workflow's nodes (env build,
+    reset, production, scoring). A harness fault (faults.py) or a bug of the harness is an
+    infrastructure failure, its traceback in the trial dir's error.txt (a fault's in the
+    record too: a re-run's fresh trial dir has no error.txt of the attempt before it); a
+    GapError that is no fault is something the user can fix, said in one line."""
+    fault = harness_fault(exc)
+    if fault is None and isinstance(exc, GapError):
+        return {"exit_code": EXIT_ERROR, "error": str(exc)}
+    (trial_dir / ERROR_FILE).write_text("".join(traceback.format_exception(exc)))
+    where = "traceback in this record's fault" if fault else f"traceback in {key}/{ERROR_FILE}"
+    return {
+        "exit_code": EXIT_ERROR,
+        "error": f"{type(exc).__name__}: {exc} ({where})",
+        "infra_failure": True,
+        "fault": fault,
+    }
+
+
+def no_workflow_fields(workflow_dir: Path) -> dict:
+    """What a record says of a producer that wrote no valid graph: the problems it found."""
+    produced = json.loads((workflow_dir / PRODUCED_FILE).read_text())
+    return {
+        "exit_status": "no_workflow",
+        "reason": "the LLM produced no valid workflow: "
+        + "; ".join(produced.get("problems", [])[:3]),
+    }
+
+
+def relative_path(path: Path, run_dir: Path) -> str:
+    """A path result.json records: relative to the run dir, or absolute outside it."""
+    path, run_dir = Path(path).absolute(), run_dir.absolute()
+    return path.relative_to(run_dir).as_posix() if path.is_relative_to(run_dir) else str(path)
+
+
+def frames_link(frames_path: Path, run_dir: Path) -> str | None:
+    """The trial's frame strip as result.json records it, None if there is none."""
+    if frames_path.is_file() and frames_path.stat().st_size:
+        return relative_path(frames_path, run_dir)
+    return None
+
+
+def frames_receipt(frames_path: Path, run_dir: Path, every: int | None) -> str | None:
+    """`frames_link`, and for a trial that was asked for frames (`every`), proof that it has
+    them: a strip that is missing or empty errors the trial (VideoError)."""
+    link = frames_link(frames_path, run_dir)
+    if every and link is None:
+        raise VideoError(
+            f"frames: this trial was asked for a frame strip (frames_every {every}, from "
+            "trials.frames_every or --gap-frames) but none was written to "
+            f"{relative_path(frames_path, run_dir)}"
+        )
+    return link
 
 
 def workflow_reason(run: RunResult) -> str | None:

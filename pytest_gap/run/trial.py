@@ -2,7 +2,9 @@
 
 Knows nothing of pytest. `TrialRun.execute()` always writes a result.json for its trial: a
 workflow that fails is a failed trial, and anything the harness could not do (a broken
-workflow, a simulator fault) is an errored one. An interruption from outside (the pytest-timeout
+workflow, a simulator fault) is an errored one. An attempt that a harness fault broke (an
+exception raised in the simulator, its renderer or the host: faults.py) is re-run once on a
+fresh env, both attempts recorded. An interruption from outside (the pytest-timeout
 watchdog) is recorded afterwards with `abort()`, keeping the steps and partial completion
 reached so far.
 
@@ -19,17 +21,16 @@ policy server the session supervises runs through supervised.py's `run_supervise
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import time
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_gap.cells import Trial
-from pytest_gap.errors import GapError, InfraFailure, VideoError
-from pytest_gap.layout import ERROR_FILE, FRAMES_DIR, PRODUCED_FILE, RUNNING_FILE, SLOTS_DIR, inside
+from pytest_gap.errors import GapError, InfraFailure
+from pytest_gap.faults import HarnessFault
+from pytest_gap.layout import FRAMES_DIR, RUNNING_FILE, SLOTS_DIR, inside
 from pytest_gap.policies.warmup import warm_up, warmed_servers
 from pytest_gap.results import (
     EXIT_ERROR,
@@ -44,7 +45,12 @@ from pytest_gap.run.devices import egl_device_for_cell
 from pytest_gap.run.produce import produce_for_trial, trial_workflow
 from pytest_gap.run.record import (
     episode_loop_fields,
+    exception_fields,
+    frames_link,
+    frames_receipt,
+    no_workflow_fields,
     opening_fields,
+    relative_path,
     start_state,
     workflow_reason,
     write_warmup,
@@ -121,6 +127,7 @@ class TrialRun:
         self.dir = inside(run_dir, trial.key)
         self.env = None
         self.result: TrialResult | None = None
+        self._fault: HarnessFault | None = None  # the last attempt's (faults.py)
         self._t0 = time.perf_counter()
         self._produce_s = 0.0
         self._slot_wait_s = 0.0
@@ -142,6 +149,25 @@ class TrialRun:
 
     # -- the trial ---------------------------------------------------------------------------
     def execute(self) -> TrialResult:
+        """Run the trial and record it. An attempt a harness fault broke is re-run once on a
+        fresh env (the pooled one thrown away, renderers and all), with a full watchdog budget;
+        the record lists the broken attempt and its fault (`earlier_attempts`). A re-run that
+        faults again is an infrastructure failure, left out of every rate."""
+        result = self._attempt()
+        if self._fault is None:
+            return result
+        self._discard_env()
+        broken = EarlierAttempt.of(result, f"{self._fault.line()}; re-run once on a fresh env")
+        self._base["earlier_attempts"] = [*self._base["earlier_attempts"], broken]
+        self._start_over()
+        result = self._attempt()
+        if self._fault is not None:
+            self._discard_env()
+        return result
+
+    def _attempt(self) -> TrialResult:
+        """One attempt, recorded; `_fault` is its harness fault (None if it had none)."""
+        self._fault = None
         shutil.rmtree(self.dir, ignore_errors=True)  # a re-run starts from a clean trial dir
         self.frames_path.unlink(missing_ok=True)  # nor may an earlier attempt's strip stand in
         self.dir.mkdir(parents=True)
@@ -156,16 +182,25 @@ class TrialRun:
             fields = self._run()
         except InfraFailure as exc:  # an LLM endpoint or policy server that kept failing
             return self._finish(exit_code=EXIT_ERROR, error=str(exc), infra_failure=True)
-        except GapError as exc:  # something a user can fix: one line, no traceback
-            return self._finish(exit_code=EXIT_ERROR, error=str(exc))
         except Exception as exc:
-            (self.dir / ERROR_FILE).write_text(traceback.format_exc())
-            return self._finish(
-                exit_code=EXIT_ERROR,
-                error=f"{type(exc).__name__}: {exc} (traceback in {self.trial.key}/{ERROR_FILE})",
-                infra_failure=True,
-            )
+            return self._finish(**exception_fields(exc, self.dir, self.trial.key))
         return self._finish(**fields)
+
+    def _discard_env(self) -> None:
+        """Throw the env of a faulted attempt out of the pool (sim/pool.py `discard`)."""
+        env, self.env = self.env, None
+        if env is not None:
+            self.pool.discard(env)
+
+    def _start_over(self) -> None:
+        """Before a re-run: a full watchdog budget from now; clocks and outputs of its own."""
+        self.watchdog.restart()
+        self._t0 = time.perf_counter()
+        self._produce_s = self._slot_wait_s = 0.0
+        self._eval_t0 = None
+        self._prompts = {}
+        self.workflow_run, self.video_frames = None, 0
+        self._base["started_at"] = now_iso()
 
     def _run(self) -> dict:
         """The trial on its env, by the backend's own episode loop or by the mode's workflow;
@@ -235,6 +270,7 @@ class TrialRun:
                 "exit_code": EXIT_ERROR,
                 "error": run.error,
                 "infra_failure": True,
+                "fault": run.fault,
                 "steps": run.steps,
                 **start_state(env.episode),
                 **prompts,
@@ -246,14 +282,11 @@ class TrialRun:
     def _no_workflow(self, env, workflow_dir: Path) -> dict:
         """The record of a trial whose producer wrote no valid graph: the problems it found."""
         self.video_frames = env.finish_video()
-        produced = json.loads((workflow_dir / PRODUCED_FILE).read_text())
         return {
             **start_state(env.episode),
             **self._prompts,
             "frames": self._frames_receipt(),
-            "exit_status": "no_workflow",
-            "reason": "the LLM produced no valid workflow: "
-            + "; ".join(produced.get("problems", [])[:3]),
+            **no_workflow_fields(workflow_dir),
         }
 
     def _workflow_fields(
@@ -277,29 +310,13 @@ class TrialRun:
         }
 
     def _relative(self, path: Path) -> str:
-        """A path result.json records: relative to the run dir, or absolute outside it."""
-        path = Path(path).absolute()
-        if path.is_relative_to(self.run_dir.absolute()):
-            return path.relative_to(self.run_dir.absolute()).as_posix()
-        return str(path)
+        return relative_path(path, self.run_dir)
 
     def _frames_link(self) -> str | None:
-        """The trial's strip as result.json records it, None if there is none."""
-        path = self.frames_path
-        return self._relative(path) if path.is_file() and path.stat().st_size else None
+        return frames_link(self.frames_path, self.run_dir)
 
     def _frames_receipt(self) -> str | None:
-        """`_frames_link`, and for a trial that was asked for frames, proof that it has them:
-        a strip that is missing or empty errors the trial (VideoError)."""
-        every = self.trial.cell.frames_every
-        link = self._frames_link()
-        if every and link is None:
-            raise VideoError(
-                f"frames: this trial was asked for a frame strip (frames_every {every}, from "
-                "trials.frames_every or --gap-frames) but none was written to "
-                f"{self._relative(self.frames_path)}"
-            )
-        return link
+        return frames_receipt(self.frames_path, self.run_dir, self.trial.cell.frames_every)
 
     def _run_own_loop(self, env, recording: dict) -> dict:
         """The trial of a backend that runs bare-policy trials itself (sim/backend.py
@@ -441,6 +458,9 @@ class TrialRun:
 
     # -- recording ---------------------------------------------------------------------------
     def _finish(self, **fields) -> TrialResult:
+        self._fault = fields.get("fault")
+        if self._fault is not None and any(a.fault for a in self._base["earlier_attempts"]):
+            fields["error"] += "; the re-run on a fresh env faulted again"
         wall = time.perf_counter() - self._t0
         eval_s = time.perf_counter() - self._eval_t0 if self._eval_t0 is not None else 0.0
         eval_s = max(eval_s - self._slot_wait_s, 0.0)

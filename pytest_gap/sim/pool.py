@@ -2,11 +2,14 @@
 
 An env costs about 2 GB and seconds to build; a reset costs a fraction of a second. Trials of
 one task reuse its env; a new task reuses a pooled env if it has one and otherwise evicts the
-least recently used. The capacity defaults to GAP_ENV_POOL_SIZE (2).
+least recently used. The capacity defaults to GAP_ENV_POOL_SIZE (2). An env a fault may have
+left broken (its renderers, its sim) is thrown away with `discard`: the next trial of its task
+builds a fresh one.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -16,12 +19,15 @@ from pytest_gap.sim.backend import DEFAULT_BACKEND, Backend, Env, EnvOptions, ge
 
 DEFAULT_POOL_SIZE = 2
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class PoolStats:
     created: int = 0
     reused: int = 0
     evicted: int = 0
+    discarded: int = 0
 
 
 def _capacity_from_env() -> int:
@@ -72,6 +78,22 @@ class EnvPool:
         self._envs[key] = env
         self.stats.created += 1
         return env
+
+    def discard(self, env: Env) -> None:
+        """Take `env` out of the pool and close it: a fault was raised in it, and whatever state
+        it carries (a renderer, a half-stepped sim) must not reach another trial. Closing a
+        broken env may fail too; that is logged, never raised (the trial goes on without it)."""
+        for key, pooled in list(self._envs.items()):
+            if pooled is env:
+                del self._envs[key]
+                self.stats.discarded += 1
+                break
+        try:
+            env.close()
+        except Exception as exc:  # a broken env: any exception its close raises
+            log.warning(
+                "env pool: closing a discarded env failed (%s: %s)", type(exc).__name__, exc
+            )
 
     def __len__(self) -> int:
         return len(self._envs)

@@ -186,6 +186,25 @@ class SceneRenderer:
         return intrinsics, pose
 
     def close(self) -> None:
+        """Free every GL renderer, each in its own GL context (`close_renderer`)."""
         for renderer in self._renderers.values():
-            renderer.close()
+            close_renderer(renderer)
         self._renderers.clear()
+
+
+def close_renderer(renderer) -> None:
+    """Close a mujoco.Renderer with its own GL context current.
+
+    mujoco.Renderer.close frees its MjrContext (framebuffers, textures, display lists) in
+    whatever GL context is current, and GL object names are numbered per context. Closed while
+    another renderer's context was current (a pooled env evicted after the env that stays
+    rendered last), it deleted the other renderer's objects that share those numbers: every
+    later render of the env that stayed read a framebuffer that no longer existed, RGB images
+    wrong and segmentation ids decoded from them out of range (issue 48: `IndexError: index
+    2040976 is out of bounds for axis 0 with size 71` in the segmentation branch of
+    `Renderer.render`, on every trial of that env until it left the pool). mujoco.Renderer has
+    no public handle on its context; `_gl_context` is the one its own `render` makes current."""
+    context = getattr(renderer, "_gl_context", None)
+    if context is not None and getattr(renderer, "_mjr_context", None) is not None:
+        context.make_current()
+    renderer.close()
