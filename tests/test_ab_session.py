@@ -106,7 +106,7 @@ def test_a_session_runs_both_arms_block_by_block_and_stops_both_once_b_is_not_wo
     after enough blocks and neither arm runs the rest. The two policies are managed `hold`
     servers (the cells' workflow does not call them)."""
     fake = FakeSession(pytester)
-    fake.setenv(GAP_FAKE_MODULES=None)
+    fake.setenv(GAP_TEST_FAKE_MODULES=None)
     hold = ["gap", "policy", "serve", "hold", "--port", "{port}"]
     fake.config(
         {

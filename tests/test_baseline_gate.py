@@ -34,6 +34,7 @@ from pytest_gap.outputs.parquet import write_episodes
 from pytest_gap.plan import plan
 from pytest_gap.report import fold_run
 from tests.fake_session import BACKEND, CHECK_TAIL, FakeSession, workflow
+from tests.stat_references import tango_p_by_likelihood
 from tests.test_report import ROOT, _result
 from tests.test_sequential import _sequential_config
 
@@ -64,24 +65,7 @@ def test_tango_reads_the_margin_one_sided():
 def test_tangos_closed_form_is_the_constrained_likelihoods_maximum(counts):
     """The score test's variance uses the discordant rates that maximise the likelihood under
     the null's boundary; the closed-form root equals a numerical maximisation."""
-    from scipy.optimize import minimize_scalar
-
-    a_only, b_only, n, margin = counts
-    same = n - a_only - b_only
-
-    def minus_log_likelihood(x):
-        return -(
-            a_only * math.log(x + margin)
-            + b_only * math.log(x)
-            + same * math.log(1 - 2 * x - margin)
-        )
-
-    bounds = (1e-12, (1 - margin) / 2 - 1e-12)
-    x = minimize_scalar(
-        minus_log_likelihood, bounds=bounds, method="bounded", options={"xatol": 1e-14}
-    ).x
-    z = ((b_only - a_only) / n + margin) / math.sqrt((2 * x + margin - margin**2) / n)
-    assert tango_p(*counts) == pytest.approx(norm.cdf(z), rel=1e-6)
+    assert tango_p(*counts) == pytest.approx(tango_p_by_likelihood(*counts), rel=1e-6)
 
 
 def _expected_e(log_e, n: int, p_a_only: float, p_b_only: float, margin: float) -> float:
@@ -325,7 +309,7 @@ def test_a_session_against_its_baseline_fails_a_regression_early_and_passes_a_re
     block and the rest of the plan is not run; the baseline's own workflow run again passes.
     Through pytest (`--gap-baseline`), `gap benchmark --baseline` and the API."""
     fake = FakeSession(pytester)
-    fake.setenv(GAP_FAKE_MODULES=None)
+    fake.setenv(GAP_TEST_FAKE_MODULES=None)
     fake.workflow("noop", TOO_SHORT)
     config = {
         "backend": BACKEND,

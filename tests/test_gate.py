@@ -1,14 +1,21 @@
 """The gate in real pytest sessions on the fake backend (tests/fake_backend.py): the Wilson rule's
 three verdicts and their exit statuses, and coverage (what the session planned, what it
-recorded, what it left out or lost)."""
+recorded, what it left out or lost); and the rules at their boundaries on constructed records
+(the Wilson interval's ends from scipy)."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+from scipy.stats import binomtest
 
+from pytest_gap.config import parse_config
+from pytest_gap.plan import plan
+from pytest_gap.report import fold_run
 from tests.fake_session import BACKEND, FakeSession
+from tests.test_report import ROOT, _result
 
 pytest_plugins = ["pytester"]
 
@@ -114,7 +121,7 @@ def test_a_trial_whose_setup_fails_is_missing_under_xdist(fake):
     """A broken fixture errors one item before its trial runs: no record, so the gate fails
     naming it, also when the controller learns the plan from xdist workers."""
     fake.config(_grid([0], 3, gate_threshold=0.0))
-    result = fake.run("bench.yaml", "-n", "2", GAP_FAKE_SETUP_ERROR="0:1")
+    result = fake.run("bench.yaml", "-n", "2", GAP_TEST_FAKE_SETUP_ERROR="0:1")
     result.assert_outcomes(passed=1, failed=1, errors=1)
     out = result.stdout.str()
     assert result.ret == 1, out
@@ -122,3 +129,65 @@ def test_a_trial_whose_setup_fails_is_missing_under_xdist(fake):
         "gate FAIL: success_rate=0.500 threshold=0.000 (1 planned trial has no record; "
         "missing: workflow::fake/easy::task00::seed001); recorded 2/3 planned"
     ) in out
+
+
+# -- the rules at their boundaries, on constructed records ---------------------------------------
+def _cells(variations=("object",), n_seeds=2, **benchmark):
+    """Cells of 2 tasks x `n_seeds` seeds each (libero, policy_only), planned from a grid."""
+    data = {
+        "benchmark": {
+            "families": ["libero"],
+            "variations": list(variations),
+            "modes": ["policy_only"],
+            "policies": ["p"],
+            "task_ids": [0, 1],
+            "n_seeds": n_seeds,
+            "mode_overrides": {"policy_only": {"template": "policy_only"}},
+            **benchmark,
+        },
+        "policies": {"p": {"url": "ws://h:1"}},
+    }
+    return plan(parse_config(data, "grid.yaml", base=ROOT))
+
+
+def test_the_point_rule_passes_a_rate_at_the_threshold_and_fails_one_below():
+    (cell,) = _cells()
+    results = {t.key: _result(t, success=t.seed == 0) for t in cell.trials()}  # 2 of 4
+    assert fold_run([cell], results, 0.5, "point").gate.verdict == "PASS"
+    above = math.nextafter(0.5, 1.0)  # the least threshold 0.5 falls short of
+    gate = fold_run([cell], results, above, "point").gate
+    assert gate.verdict == "FAIL" and "success rate below threshold (2/4)" in gate.reasons
+
+
+def test_the_wilson_rule_reads_the_ends_of_the_interval():
+    """12 of 18: the interval is scipy's Wilson interval. The rule passes a threshold below
+    its low end, cannot tell between the ends, and fails one above its high end."""
+    cells = _cells(n_seeds=9)
+    results = {t.key: _result(t, success=t.seed % 3 != 0) for t in cells[0].trials()}
+    low, high = binomtest(12, 18).proportion_ci(confidence_level=0.95, method="wilson")
+    for threshold, verdict in [
+        (low - 1e-9, "PASS"),
+        (low + 1e-9, "INCONCLUSIVE"),
+        (high - 1e-9, "INCONCLUSIVE"),
+        (high + 1e-9, "FAIL"),
+    ]:
+        gate = fold_run(cells, results, threshold, "wilson").gate
+        assert (gate.n_trials, gate.n_success) == (18, 12)
+        assert gate.verdict == verdict, (threshold, gate.line())
+        assert gate.success_ci_low == pytest.approx(low, abs=1e-12)
+        assert gate.success_ci_high == pytest.approx(high, abs=1e-12)
+
+
+def test_an_errored_cell_fails_the_gate_whatever_its_rule_would_say():
+    """One trial of the second cell errored: the cell is errored and the gate fails, where the
+    Wilson rule alone would be INCONCLUSIVE and the sequential rule alone a PASS."""
+    cells = _cells(("object", "spatial"), gate_rule="sequential", sequential={"block_seeds": 2})
+    results = {t.key: _result(t, success=True) for c in cells for t in c.trials()}
+    broken = cells[1].trials()[0]
+    results[broken.key] = _result(broken, success=False, error="config error: boom")
+    wilson = fold_run(cells, results, 0.9, "wilson").gate  # 7 of 7: [0.65, 1] straddles 0.9
+    assert wilson.success_ci_low < 0.9 < wilson.success_ci_high and wilson.verdict == "FAIL"
+    assert any(r.startswith("errored cells: ") for r in wilson.reasons)
+    sequential = fold_run(cells, results, 0.01, "sequential").gate
+    assert all(s.verdict == "PASS" for s in sequential.decisions.values())
+    assert sequential.verdict == "FAIL" and not sequential.passed

@@ -220,7 +220,7 @@ def test_a_session_stops_a_decided_cell_and_resume_does_not_run_its_remaining_tr
     cell with threshold 0.3 is decided PASS and one with 0.95 FAIL, after a few blocks; the
     rest are skipped as not needed; --gap-resume runs none of them."""
     fake = FakeSession(pytester)
-    fake.setenv(GAP_FAKE_MODULES=None)
+    fake.setenv(GAP_TEST_FAKE_MODULES=None)
     base = {
         "backend": BACKEND,
         "trials": {"output_dir": "runs", "trials_per_generation": 30},
