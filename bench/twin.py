@@ -2,7 +2,7 @@
 vla-eval's own LIBERO loop (the vla-eval backend), side by side, per episode.
 
     python bench/twin.py [--episodes SUITE:TASK:SEED[:WORKFLOW_DIR],...] [--gripper-zero]
-                         [--out DIR] [--sessions] [--json]
+                         [--out DIR] [--sessions | --messages] [--json]
 
 For each episode the privileged scripted oracle (policies/builtin.py ScriptedPolicy, fed the
 simulator's ground truth), or the workflow graph named after the seed, is run once on the libero
@@ -20,17 +20,23 @@ second object (libero_10), fixtures jittered by the seed. `--gripper-zero` repla
 actions with every close command (+1) written as exactly 0: vla-eval snaps 0 to close, and so
 must our vla-eval-libero format, so the twins must not move. `--sessions` runs each side as a
 whole pytest session (`gap benchmark`'s path: config, plan, runner, managed server) instead of
-calling the backends directly.
+calling the backends directly. `--messages` serves the recording with vla-eval's own model
+server class instead, logging every message it receives, and compares the two loops' streams
+message for message (EPISODE_START's task, every observation to the bit, EPISODE_END's result;
+timings aside).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import hashlib
 import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -157,6 +163,165 @@ def vla_eval(episode: Episode, url: str) -> Outcome:
     return Outcome(done.success, done.steps, done.scene_digest, time.perf_counter() - t0)
 
 
+# -- the messages a vla-eval model server receives from each loop ---------------------------------
+class Served:
+    """A vla-eval model server run by vla_eval's own `serve_async` on a loopback port, in a
+    thread with its own event loop; `port` is set once it listens."""
+
+    def __init__(self, model):
+        import anyio
+
+        self.model, self.port = model, None
+        self._ready, self._halt = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=anyio.run, args=(self._main,), daemon=True)
+
+    async def _main(self):
+        import anyio
+        from vla_eval.model_servers.serve import serve_async
+
+        async with anyio.create_task_group() as tg:
+            self.port = await tg.start(serve_async, self.model, "127.0.0.1", 0)
+            self._ready.set()
+            while not self._halt.is_set():
+                await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> Served:
+        self._thread.start()
+        assert self._ready.wait(SERVER_START_S), "vla-eval's serve_async did not start"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._halt.set()
+        self._thread.join(10)
+
+
+SERVER_START_S = 60  # a ceiling for serve_async to listen, not a wait (a loaded machine: seconds)
+SETTLE_S = 60  # a ceiling for a server to have handled what a finished loop sent it
+TIMING_KEYS = ("elapsed_sec",)  # EPISODE_END's wall time: a measurement, never equal twice
+
+
+def canonical(payload):
+    """A message payload as comparable data: each numpy array as its dtype, shape and sha256
+    (equal only if equal to the bit), numpy scalars as Python ones."""
+    if isinstance(payload, dict):
+        return {k: canonical(v) for k, v in payload.items()}
+    if isinstance(payload, list | tuple):
+        return [canonical(v) for v in payload]
+    if isinstance(payload, np.ndarray):
+        data = hashlib.sha256(np.ascontiguousarray(payload).tobytes()).hexdigest()
+        return {"ndarray": payload.dtype.str, "shape": list(payload.shape), "sha256": data}
+    if isinstance(payload, np.generic):
+        return payload.item()
+    return payload
+
+
+class MessageLog:
+    """A mixin for a vla-eval model server, before its ModelServer base: every message its hooks
+    receive (EPISODE_START, OBSERVATION, EPISODE_END), in order, per connection (vla-eval's
+    session id), as `canonical` data. vla-eval's serve.py also calls `on_episode_end({})` when a
+    connection closes inside an episode (no message came): logged as what the server was given.
+    HELLO is answered by serve.py itself and reaches no hook."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._messages: dict[str, list[tuple[str, object]]] = {}
+        self._changed = threading.Condition()
+
+    def _log(self, ctx, kind: str, payload) -> None:
+        with self._changed:
+            self._messages.setdefault(ctx.session_id, []).append((kind, canonical(payload)))
+            self._changed.notify_all()
+
+    async def on_episode_start(self, config, ctx):
+        self._log(ctx, "episode_start", config)
+        await super().on_episode_start(config, ctx)
+
+    async def on_observation(self, obs, ctx):
+        self._log(ctx, "observation", obs)
+        await super().on_observation(obs, ctx)
+
+    async def on_episode_end(self, result, ctx):
+        self._log(ctx, "episode_end", result)
+        await super().on_episode_end(result, ctx)
+
+    def streams(self, count: int = 0, timeout_s: float = SETTLE_S) -> list[list[tuple]]:
+        """Each connection's messages, in the order the connections began; first waiting (up to
+        `timeout_s`) until at least `count` connections have each ended an episode, so that what
+        a loop that just returned sent is all in."""
+
+        def settled() -> bool:
+            ends = [m[-1][0] == "episode_end" for m in self._messages.values()]
+            return len(ends) >= count and all(ends)
+
+        with self._changed:
+            self._changed.wait_for(settled, timeout_s)
+            return [list(m) for m in self._messages.values()]
+
+
+def first_difference(ours: list[tuple], theirs: list[tuple]) -> str | None:
+    """Where two message streams differ (timings aside: `TIMING_KEYS` are compared by type),
+    as one line, or None if they are equal message for message."""
+
+    def untimed(message: tuple) -> tuple:
+        kind, payload = message
+        if kind == "episode_end" and isinstance(payload, dict):
+            times = {k: type(payload[k]).__name__ for k in TIMING_KEYS if k in payload}
+            payload = {**payload, **times}
+        return kind, payload
+
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+        if untimed(a) != untimed(b):
+            return f"message {i}: ours {_brief(a)} but vla-eval's {_brief(b)}"
+    if len(ours) != len(theirs):
+        return f"ours sent {len(ours)} messages, vla-eval's loop {len(theirs)}"
+    return None
+
+
+def _brief(message: tuple) -> str:
+    kind, payload = message
+    keys = sorted(payload) if isinstance(payload, dict) else payload
+    shown = payload if kind != "observation" else f"keys {keys}"
+    return f"{kind} {str(shown)[:300]}"
+
+
+@functools.cache
+def _logged_replay_class() -> type:
+    from vla_eval.model_servers.predict import PredictModelServer
+
+    class LoggedReplay(MessageLog, PredictModelServer):
+        """vla-eval's PredictModelServer replaying `actions` open-loop, action k at an episode's
+        k-th observation (zero motion, open, past the end), asking for the observations in
+        `observation_params`; it logs every message (MessageLog)."""
+
+        def __init__(self, actions: np.ndarray, observation_params: dict):
+            super().__init__()
+            self.actions, self.params = np.asarray(actions, np.float32), observation_params
+
+        def get_observation_params(self):
+            return dict(self.params)
+
+        def predict(self, obs, ctx):
+            if ctx.step < len(self.actions):
+                return {"actions": self.actions[ctx.step]}
+            return {"actions": np.array([0, 0, 0, 0, 0, 0, -1], np.float32)}
+
+    return LoggedReplay
+
+
+@contextlib.contextmanager
+def logged_replay(actions: np.ndarray, observation_params: dict | None = None):
+    """`actions` served back one per observation by vla-eval's own model server class, which
+    logs every message it receives; yields (url, server): `server.streams()` reads the log."""
+    model = _logged_replay_class()(actions, observation_params or {})
+    with Served(model) as served:
+        yield served.url, model
+
+
 @contextlib.contextmanager
 def replay_server(actions: np.ndarray):
     """`gap policy serve replay --protocol vla-eval --actions FILE` (vla-eval's own model server
@@ -242,6 +407,25 @@ def twin(episode: Episode, actions: np.ndarray, sessions: bool = False) -> dict[
         return {"libero": ours(episode, url), "vla-eval": vla_eval(episode, url)}
 
 
+# What a stream's server asks for: the state with the agentview image (the wrist camera costs
+# ours a render per step; tests/test_vla_eval_backend.py compares streams with it too).
+STREAM_PARAMS = {"send_state": True}
+
+
+def message_twins(
+    episode: Episode, actions: np.ndarray, observation_params: dict | None = None
+) -> tuple[dict[str, Outcome], list[tuple], list[tuple]]:
+    """Both loops on `episode` against one vla-eval model server that replays `actions` and
+    logs what it receives (`logged_replay`): the outcomes, then the messages ours sent and those
+    vla-eval's loop sent (one connection each, ours first)."""
+    with logged_replay(
+        actions, STREAM_PARAMS if observation_params is None else observation_params
+    ) as (url, server):
+        outcomes = {"libero": ours(episode, url), "vla-eval": vla_eval(episode, url)}
+        mine, theirs = server.streams(2)
+    return outcomes, mine, theirs
+
+
 def _row(label: str, outcome: Outcome) -> str:
     digest = (outcome.scene_digest or "-")[:12]
     return (
@@ -255,6 +439,9 @@ def main() -> int:
     parser.add_argument("--episodes", default=DEFAULT_EPISODES, help="SUITE:TASK:SEED,...")
     parser.add_argument("--gripper-zero", action="store_true", help="closes written as 0")
     parser.add_argument("--sessions", action="store_true", help="whole pytest sessions")
+    parser.add_argument(
+        "--messages", action="store_true", help="compare the messages a logging server receives"
+    )
     parser.add_argument("--out", type=Path, help="keep each recording here (.npy)")
     parser.add_argument("--json", action="store_true", help="one JSON line per episode")
     args = parser.parse_args()
@@ -267,16 +454,24 @@ def main() -> int:
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             np.save(args.out / f"{episode.suite}_{episode.task}_{episode.seed}.npy", actions)
-        both = twin(episode, actions, sessions=args.sessions)
+        streams = None
+        if args.messages:
+            both, *streams = message_twins(episode, actions)
+        else:
+            both = twin(episode, actions, sessions=args.sessions)
         same = all(
             (o.success, o.steps, o.scene_digest)
             == (recorded.success, recorded.steps, recorded.scene_digest)
             for o in both.values()
         )
+        difference = first_difference(*streams) if streams else None
+        same = same and difference is None
         twins += same
         if args.json:
             sides = {k: asdict(v) for k, v in both.items()}
             line = {"episode": asdict(episode), "recorded": asdict(recorded), **sides}
+            if streams:
+                line["messages"] = {"sent": [len(m) for m in streams], "difference": difference}
             print(json.dumps({**line, "twins": same}))
             continue
         zeroed = " (closes written as 0)" if args.gripper_zero else ""
@@ -284,6 +479,8 @@ def main() -> int:
         print(_row(f"recorded ({Path(episode.source).name})", recorded))
         print(_row("ours policy_only_bare", both["libero"]))
         print(_row("vla-eval's loop", both["vla-eval"]))
+        if streams:
+            print(f"  messages: {difference or f'{len(streams[0])} sent by each, equal'}")
         print(f"  -> {'twins' if same else 'DIFFER'}")
     print(f"{twins}/{len(episodes)} episodes are twins")
     return 0 if twins == len(episodes) else 1

@@ -76,11 +76,28 @@ def _run(env, workflow, policy, seed: int = 0, privileged: bool = False):
 REGRASPS = _actions(*[(CLOSE, 8), (OPEN, 8)] * 10)
 
 
+class Counted:
+    """One episode of `policy` (forked once, as a server forks it per connection), its
+    inferences counted."""
+
+    def __init__(self, policy):
+        self.policy, self.asked = policy.fork(), 0
+
+    def infer(self, obs: dict) -> dict:
+        self.asked += 1
+        return self.policy.infer(obs)
+
+
 def test_a_regrasping_policy_acts_to_the_step_budget_in_the_bare_template(env):
+    """... and is asked only for steps the budget allows, as openpi's loop asks (`while t <
+    max_steps`: a chunk of 5 at t = 0, 5, ..., BUDGET - 5), not once more at the budget."""
+    assert BUDGET % 5 == 0  # the budget ends a window: where a further request was sent
     bare = load_workflow(template_dir("policy_only_bare"), {"policy_id": "p"})
-    run = _run(env, bare, ReplayPolicy(REGRASPS))
+    policy = Counted(ReplayPolicy(REGRASPS))
+    run = _run(env, bare, policy)
     assert run.exit_status == "step_limit" and not run.infra_failure, run.error
     assert run.steps == BUDGET  # not 16: reopening the gripper ends nothing
+    assert policy.asked == BUDGET // 5
 
 
 def test_until_release_does_not_end_at_a_close_on_nothing(env):

@@ -3,21 +3,20 @@ in-process on loopback; and a run_policy trial through it on real LIBERO."""
 
 from __future__ import annotations
 
-import threading
-
-import anyio
 import numpy as np
 import pytest
 from vla_eval.model_servers.predict import PredictModelServer
-from vla_eval.model_servers.serve import serve_async
 
+# vla_eval's serve_async on loopback (other tests import Served from here)
+from bench.twin import MessageLog, Served
 from pytest_gap.policies.client import PolicyTransportError, VlaEvalClient, connect_policy
 from pytest_gap.policies.endpoint import PolicyEndpoint
 
 
-class RecordingServer(PredictModelServer):
-    """Returns a 4-step chunk whose x delta encodes the state it saw; remembers observations.
-    Asks for the wrist image and the state, as vla-eval's pi0 server does."""
+class RecordingServer(MessageLog, PredictModelServer):
+    """Returns a 4-step chunk whose x delta encodes the state it saw; remembers observations and
+    logs every message (bench/twin.py MessageLog). Asks for the wrist image and the state, as
+    vla-eval's pi0 server does."""
 
     def __init__(self, fail: bool = False, chunk_size: int | None = None):
         super().__init__(chunk_size=chunk_size)
@@ -38,32 +37,6 @@ class RecordingServer(PredictModelServer):
     async def on_episode_start(self, config, ctx):
         self.episodes += 1
         await super().on_episode_start(config, ctx)
-
-
-class Served:
-    """vla_eval's serve_async on a loopback port, in a thread with its own event loop."""
-
-    def __init__(self, model):
-        self.model, self.port = model, None
-        self._ready, self._halt = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=anyio.run, args=(self._main,), daemon=True)
-
-    async def _main(self):
-        async with anyio.create_task_group() as tg:
-            self.port = await tg.start(serve_async, self.model, "127.0.0.1", 0)
-            self._ready.set()
-            while not self._halt.is_set():
-                await anyio.sleep(0.05)
-            tg.cancel_scope.cancel()
-
-    def __enter__(self):
-        self._thread.start()
-        assert self._ready.wait(20)
-        return self
-
-    def __exit__(self, *exc):
-        self._halt.set()
-        self._thread.join(10)
 
 
 def _obs(state0: float) -> dict:
@@ -110,26 +83,36 @@ def test_a_vla_eval_server_error_is_a_transport_error():
             client.infer(_obs(0.0))
 
 
-def test_run_policy_drives_libero_through_a_vla_eval_server(object_env):
-    from pytest_gap.workflow.executor import run_workflow
+PROMPT = "pick up the alphabet soup and place it in the basket"
+
+
+def _policy_node(**inputs):
     from pytest_gap.workflow.schema import validate_workflow
 
-    workflow = validate_workflow(
+    return validate_workflow(
         {
             "version": 1,
-            "name": "three_windows",
+            "name": "policy_node",
             "start": "policy",
             "nodes": {
                 "policy": {
                     "type": "tool",
                     "skill": "run_policy",
-                    "inputs": {"policy": "vla", "max_windows": 3, "replan_every": 4},
+                    "inputs": {"policy": "vla", **inputs},
                     "next": "end",
                 },
                 "end": {"type": "end", "status": "failure"},
             },
         }
     )
+
+
+def test_run_policy_drives_libero_through_a_vla_eval_server(object_env):
+    """... as one episode of vla-eval's protocol, with the messages vla-eval's loop sends: the
+    task first, the result when the node returns (here at max_windows)."""
+    from pytest_gap.workflow.executor import run_workflow
+
+    workflow = _policy_node(max_windows=3, replan_every=4)
     # The server buffers its 4-action chunks and answers one action per observation, as
     # vla-eval model servers do for its own LIBERO benchmark.
     model = RecordingServer(chunk_size=4)
@@ -138,7 +121,13 @@ def test_run_policy_drives_libero_through_a_vla_eval_server(object_env):
         # No obs_format: the vla-eval protocol's default, vla-eval-libero.
         endpoint = PolicyEndpoint(url=f"ws://127.0.0.1:{served.port}", protocol="vla-eval")
         result = run_workflow(workflow, object_env, policies={"vla": endpoint})
+        (stream,) = model.streams(1)
     assert result.exit_status == "end_failure" and not result.infra_failure
+    assert [kind for kind, _ in stream] == ["episode_start", *["observation"] * 12, "episode_end"]
+    task = {"name": PROMPT, "suite": "libero_object", "task_id": 0, "episode_idx": 0}
+    assert stream[0] == ("episode_start", {"task": task})
+    _, end = stream[-1]
+    assert end["metrics"] == {"success": False} and end["steps"] == 12
     # 3 windows of 4 actions: 12 observations sent, 3 chunks predicted.
     assert result.outputs["policy"] == {
         "status": "max_windows",
@@ -151,5 +140,34 @@ def test_run_policy_drives_libero_through_a_vla_eval_server(object_env):
     assert set(first) == {"images", "task_description", "states", "controller_states"}
     assert list(first["images"]) == ["agentview", "wrist"]
     assert first["images"]["wrist"].shape == (256, 256, 3)
-    assert first["task_description"] == "pick up the alphabet soup and place it in the basket"
+    assert first["task_description"] == PROMPT
     assert first["states"].shape == (8,)
+
+
+class SecondReplyBad(MessageLog, PredictModelServer):
+    """One 7-D action, then two at once: what vla-eval's LIBERO benchmark cannot apply (its step
+    asserts 7 numbers: an env_step error), nor the vla-eval-libero format (a SkillFailure)."""
+
+    def predict(self, obs, ctx):
+        actions = np.zeros((1 if ctx.step == 0 else 2, 7), np.float32)
+        actions[:, 6] = -1.0
+        return {"actions": actions[0] if ctx.step == 0 else actions}
+
+
+def test_after_an_error_run_policy_sends_no_episode_end_as_vla_evals_loop_sends_none(object_env):
+    """vla-eval's SyncEpisodeRunner raises past its `end_episode`; the server sees only its own
+    serve.py end the episode at the disconnect (`on_episode_end({})`, no message came)."""
+    from pytest_gap.workflow.executor import run_workflow
+
+    model = SecondReplyBad()
+    with Served(model) as served:
+        object_env.reset(0)
+        endpoint = PolicyEndpoint(url=served.url, protocol="vla-eval")
+        result = run_workflow(_policy_node(), object_env, policies={"vla": endpoint})
+        (stream,) = model.streams(1)
+    assert result.exit_status == "error" and "shape (2, 7)" in result.error, result.error
+    kinds = [kind for kind, _ in stream]
+    assert kinds == ["episode_start", "observation", "observation", "episode_end"]
+    task = {"name": PROMPT, "suite": "libero_object", "task_id": 0, "episode_idx": 0}
+    assert stream[0] == ("episode_start", {"task": task})
+    assert stream[-1] == ("episode_end", {})

@@ -22,6 +22,7 @@ import vla_eval
 import yaml
 from vla_eval.model_servers.predict import PredictModelServer
 
+from bench.twin import MessageLog, first_difference
 from pytest_gap.cli import main as gap_main
 from pytest_gap.config import parse_config
 from pytest_gap.plan import plan
@@ -42,10 +43,11 @@ SLOW_FIRST_INFERENCE_S = 2.0  # the server's first inference, as a model load or
 PROMPT = "pick up the alphabet soup and place it in the basket"
 
 
-class FirstObservations(PredictModelServer):
+class FirstObservations(MessageLog, PredictModelServer):
     """Zero motion with the gripper open, one 7-D action per observation. Asks for the wrist
     image and the state (as vla-eval's pi0 server does); remembers each episode's start payload
-    and first observation. Its very first inference is slow."""
+    and first observation, and logs every message it receives (bench/twin.py MessageLog). Its
+    very first inference is slow."""
 
     def __init__(self):
         super().__init__()
@@ -277,25 +279,34 @@ class VlaSession(NamedTuple):
     run_dir: Path
     episodes: list[dict]  # what the server saw during the session, warm-up included
     seconds: float
+    streams: list[list[tuple]]  # the messages of each of the session's connections, in order
 
 
 @pytest.fixture(scope="module")
 def vla_session(server, tmp_path_factory) -> VlaSession:
     path = tmp_path_factory.mktemp("vla_session")
-    before = len(server.episodes)
+    before, opened = len(server.episodes), len(server.streams())
     t0 = time.perf_counter()
     result = _session(path, _grid("vla-eval", server.url), "--junitxml=junit.xml")
     seconds = time.perf_counter() - t0
     (run_dir,) = (path / "runs").iterdir()
-    return VlaSession(result, run_dir, server.episodes[before:], seconds)
+    # a warm-up connection, then one per trial
+    streams = server.streams(opened + 1 + len(SEEDS))[opened:]
+    return VlaSession(result, run_dir, server.episodes[before:], seconds, streams)
 
 
 def _measured(episodes: list[dict]) -> list[dict]:
     return [e for e in episodes if not e["start"].get("task", {}).get("warm_up")]
 
 
+def _trial_streams(streams: list[list[tuple]]) -> list[list[tuple]]:
+    """The streams of trials: a warm-up's connection starts its own episode, named so."""
+    warm = ("episode_start", {"task": {"warm_up": True}})
+    return [s for s in streams if s[:1] != [warm]]
+
+
 def test_a_vla_eval_session_runs_vla_evals_loop_and_records_it(vla_session, server):
-    result, run_dir, episodes, session_s = vla_session
+    result, run_dir, episodes, session_s, _ = vla_session
     out = result.stdout
     assert result.returncode == 0, out
     # Same items as the libero backend, failed (zero motion never succeeds), gate 0.0 passes.
@@ -370,14 +381,16 @@ def test_a_resumed_vla_eval_session_replays_its_records_without_the_server(vla_s
     assert sorted(_results(vla_session.run_dir)) == SEEDS
 
 
-def test_the_same_seed_reaches_the_same_first_observation_in_both_backends(
+def test_the_same_seed_sends_a_vla_eval_server_the_same_messages_in_both_backends(
     vla_session, server, pytester
 ):
     """policy_only through vla-eval's loop (the shared session, seeds 3 and 7), and
     policy_only_bare (run_policy from the settled init state) on the libero backend with the
     same vla-eval server, seed 3: the server sees the same first observation for the same seed,
-    and a different one for another seed."""
-    before = len(server.episodes)
+    and a different one for another seed; and the same messages from both loops (issue 48
+    section 6), the warm-ups' own episodes aside: EPISODE_START with the task, one observation
+    per step of the budget (not one more), EPISODE_END with the result (its wall time aside)."""
+    before, opened = len(server.episodes), len(server.streams())
     bare = {"mode_overrides": {"policy_only": {"template": "policy_only_bare"}}}
     # The libero backend's session runs in-process (no vla-eval code runs in it, and this
     # process's LIBERO is warm); the server sees it over loopback as any other client.
@@ -408,6 +421,20 @@ def test_the_same_seed_reaches_the_same_first_observation_in_both_backends(
         np.abs(other["images"]["agentview"].astype(float) - theirs["images"]["agentview"]).mean()
         > 1.0
     )
+    # Message for message: ours (a warm-up connection, then the trial's) and vla-eval's seed 3.
+    (mine,) = _trial_streams(server.streams(opened + 2)[opened:])
+    theirs_3, theirs_7 = _trial_streams(vla_session.streams)
+    assert first_difference(mine, theirs_3) is None
+    assert first_difference(theirs_7, theirs_3) is not None  # the log tells seeds apart
+    assert [kind for kind, _ in theirs_3] == [
+        "episode_start",
+        *["observation"] * SHORT_STEPS,
+        "episode_end",
+    ]
+    task = {"name": PROMPT, "suite": "libero_object", "task_id": 0, "episode_idx": 3}
+    assert theirs_3[0] == ("episode_start", {"task": task})
+    _, end = theirs_3[-1]
+    assert end["metrics"] == {"success": False} and end["steps"] == SHORT_STEPS
 
 
 # -- gap verify-harness ---------------------------------------------------------------------------

@@ -173,7 +173,9 @@ class VlaEvalClient:
 
     Observations are sent as given: the registry entry's obs_format (policies/formats.py) makes
     them what vla-eval's own LIBERO benchmark sends. `metadata` is the HELLO reply, with the
-    server's `observation_params`.
+    server's `observation_params`. run_policy starts and ends each episode with the payloads
+    vla-eval's loop sends (skills/policy.py `_protocol_episode`); `infer` outside an episode
+    starts one with `{}`, for a caller that knows no episode (gap eval's relay).
     """
 
     def __init__(

@@ -247,6 +247,25 @@ class VlaEvalLiberoFormat(ObsFormat):
         return action[None, :]
 
 
+def vla_eval_task(env: LiberoEnv) -> dict[str, Any]:
+    """The `task` of the EPISODE_START vla-eval's loop sends for the env's running episode:
+    `LIBEROBenchmark.get_tasks()`'s entry (`name` the task's language, `suite`, `task_id`) with
+    the orchestrator's `episode_idx` (the init state), less what does not serialise (its
+    SyncEpisodeRunner keeps str, int, float, bool and list values: the LIBERO task object goes,
+    and so does whatever an env cannot say)."""
+    spec = getattr(env, "task", None)  # the libero backend's TaskSpec; other envs name their own
+    episode = env.episode
+    suite = getattr(spec, "suite", None) or getattr(env, "suite", None)
+    task_id = getattr(spec, "task_id", None)
+    task = {
+        "name": episode.prompt,
+        "suite": suite,
+        "task_id": getattr(env, "task_id", None) if task_id is None else task_id,
+        "episode_idx": episode.init_state,
+    }
+    return {k: v for k, v in task.items() if isinstance(v, str | int | float | bool | list)}
+
+
 FORMATS: dict[str, ObsFormat] = {
     f.name: f for f in (OpenpiLiberoFormat(), VlaEvalLiberoFormat(), GapFormat())
 }

@@ -55,7 +55,7 @@ from websockets.exceptions import ConnectionClosed
 
 from pytest_gap.bind import exposure_notice
 from pytest_gap.doors import refuse_browsers, same_secret
-from pytest_gap.errors import GapError
+from pytest_gap.errors import GapError, shown
 from pytest_gap.policies.wire import (
     HEALTH_PATH,
     INTERNAL_ERROR_CLOSE,
@@ -166,14 +166,15 @@ class PolicyServer:
                         "refused a message from %s: %s (raise the limit with "
                         "gap policy serve --max-message-mb)",
                         ws.remote_address,
-                        exc.sent.reason,
+                        shown(exc.sent.reason),
                     )
                 return
             t0 = time.perf_counter()
             try:
                 obs = unpackb(frame, "observation")
             except WireError as exc:  # the peer's fault, not ours: one line, never a traceback
-                log.warning("refused a frame from %s: %s", ws.remote_address, exc)
+                # the reason may quote the frame: escaped, a peer cannot forge log lines
+                log.warning("refused a frame from %s: %s", ws.remote_address, shown(exc))
                 return await self._fail(ws, exc)
             del frame  # obs holds its data: a big frame is not kept twice while inferring
             try:

@@ -122,12 +122,18 @@ class SkillContext:
             if base_workflow is not None:
                 self.max_sim_steps = base_workflow + taken
 
-    def act(self, action) -> StepResult:
-        """One control step through the env's 7-D action; stops the run on success or budget."""
+    def check_budget(self) -> None:
+        """StepLimitReached if the episode's or the workflow's budget allows no further step
+        (what `act` checks first; a skill asks before it spends work on a step, e.g. a policy's
+        inference)."""
         if self.max_sim_steps is not None and self.env.steps >= self.max_sim_steps:
             raise StepLimitReached(f"workflow sim-step limit {self.max_sim_steps} reached")
         if self.env.steps >= self.env.max_steps:
             raise StepLimitReached(f"episode step limit {self.env.max_steps} reached")
+
+    def act(self, action) -> StepResult:
+        """One control step through the env's 7-D action; stops the run on success or budget."""
+        self.check_budget()
         result = self.env.step(action)
         if result.success:
             raise TaskSucceeded()

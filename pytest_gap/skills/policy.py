@@ -20,22 +20,27 @@ single actions (vla-eval). Actions are OSC_POSE deltas with gripper -1 open / +1
 the format cannot use fails the skill (a policy failure).
 A server that cannot be reached, fails, closes or answers late raises PolicyTransportError, an
 infrastructure failure: the trial is not scored as a policy failure.
+The policy is asked only for steps the budget allows (openpi's loop asks while t < max_steps;
+vla-eval's sends one observation per step of its budget). Over vla-eval's protocol each
+run_policy node is one episode of that protocol, started and ended with the messages vla-eval's
+own loop sends (`_protocol_episode`), so a server sees the same stream from both loops.
 
 `bring_up` is the spec's policy_only bring-up (home, gripper open) done without perception.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel
 
-from pytest_gap.policies.formats import ReplyError, obs_format
+from pytest_gap.policies.formats import ReplyError, obs_format, vla_eval_task
 from pytest_gap.skills import motion
 from pytest_gap.skills.basic import Motion, locate, move_to
-from pytest_gap.skills.context import SkillContext
+from pytest_gap.skills.context import SkillContext, StepLimitReached, TaskSucceeded
 from pytest_gap.skills.geometry import rotation_error
 from pytest_gap.skills.grasp import grasp_candidates
 from pytest_gap.skills.gripper import OPEN
@@ -92,18 +97,62 @@ def run_policy(
 ) -> PolicyRun:
     """Let a learned policy act: observations in, action chunks out, until the task succeeds or
     the episode's steps run out (`until: success`), or also until it releases what it held
-    (`until: release`).
+    (`until: release`). It is never asked for a step the budget would refuse.
 
     `prompt` defaults to the task's instruction (the one the workflow was produced for). Fails
-    when `until: release` runs on a backend whose envs offer no gripper contacts."""
+    when `until: release` runs on a backend whose envs offer no gripper contacts. Over vla-eval's
+    protocol the node is one episode of it (`_protocol_episode`)."""
     prompt = prompt or ctx.instruction
-    scene = ctx.env.scene
-    if until == "release" and scene is None:
+    if until == "release" and ctx.env.scene is None:
         raise SkillFailure(
             "until: release reads the fingers' contacts, which this backend's envs do not "
             "offer; use until: success"
         )
     client = ctx.policy(policy)  # raises for a policy without an endpoint
+    with _protocol_episode(ctx, client, ctx.policies[policy].protocol):
+        return _windows(ctx, client, policy, prompt, until, max_windows, replan_every, settle_steps)
+
+
+@contextlib.contextmanager
+def _protocol_episode(ctx: SkillContext, client, protocol: str):
+    """vla-eval's protocol, as its SyncEpisodeRunner speaks it: EPISODE_START with the task
+    (`formats.vla_eval_task`) before the first observation, and EPISODE_END with the result
+    (`{"metrics": {"success"}, "steps", "elapsed_sec"}`) when the policy's control ends: at
+    success, at the budget, or as the node returns (a `done` reply, a release, `max_windows`).
+    After an error (the server's, a reply the format refuses, the simulator's) none is sent,
+    as vla-eval's loop sends none: its error passes its `end_episode`. openpi's protocol has no
+    episodes. A failed EPISODE_END is a PolicyTransportError, as it fails vla-eval's episode."""
+    if protocol != "vla-eval":
+        yield
+        return
+    t0, steps0 = time.monotonic(), ctx.steps
+    client.episode_start({"task": vla_eval_task(ctx.env)})
+
+    def end(success: bool) -> None:
+        elapsed = round(time.monotonic() - t0, 3)
+        result = {"metrics": {"success": success}, "steps": ctx.steps - steps0}
+        client.episode_end({**result, "elapsed_sec": elapsed})
+
+    try:
+        yield
+    except (TaskSucceeded, StepLimitReached) as ending:
+        end(isinstance(ending, TaskSucceeded))
+        raise
+    end(False)  # ctx.act raises TaskSucceeded at the first successful step: not reached then
+
+
+def _windows(
+    ctx: SkillContext,
+    client,
+    policy: str,
+    prompt: str,
+    until: Until,
+    max_windows: int | None,
+    replan_every: int,
+    settle_steps: int,
+) -> PolicyRun:
+    """run_policy's windows (its docstring): ask, apply, until an ending."""
+    scene = ctx.env.scene
     endpoint = ctx.policies[policy]
     fmt = obs_format(endpoint)
     privileged = endpoint.privileged
@@ -114,6 +163,9 @@ def run_policy(
         window += 1
         pending = replan_every  # a window is replan_every actions, in one reply or several
         while pending > 0:
+            # No observation for a step the budget refuses: openpi's loop asks only while
+            # t < max_steps, vla-eval's sends one observation per step of its budget.
+            ctx.check_budget()
             obs = fmt.observation(ctx.env, prompt, server)
             if privileged:
                 obs["privileged"] = privileged_state(ctx.env)

@@ -4,6 +4,9 @@ The run ends at an end node, when the simulator's goal check passes (whatever no
 running: LIBERO's protocol stops at the first successful step), or at a safety limit: the
 episode's or the workflow's sim-step budget, `max_node_executions`, or a node's `max_visits`.
 A skill failure follows the node's `on_error` edge, or ends the run with exit status `error`.
+An exception the simulator, its renderer or the host raised in a node (faults.harness_fault:
+decided by where it was raised) ends the run as an infrastructure failure (`infra_error`, with
+the fault), never as the graph's; any other exception is the graph's bug (`error`, scored).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from pydantic import BaseModel, ValidationError
 
 from pytest_gap.errors import InfraFailure
+from pytest_gap.faults import HarnessFault, harness_fault
 from pytest_gap.sim.backend import Env
 from pytest_gap.skills.catalogue import get_skill, skill_names
 from pytest_gap.skills.context import SkillContext, StepLimitReached, TaskSucceeded
@@ -57,6 +61,7 @@ class RunResult(BaseModel):
     end_node: str | None = None
     error: str | None = None
     infra_failure: bool = False  # a policy server or other infrastructure failed, not the graph
+    fault: HarnessFault | None = None  # the simulator, renderer or host fault that ended it
     # Policy id -> digest of the handshake metadata its server sent (SkillContext.served): which
     # policy answered, for the record's provenance.
     policy_digests: dict[str, str] = {}
@@ -185,12 +190,13 @@ def run_workflow(
 
 class _Ending(NamedTuple):
     """How a run ended: its exit status, the node it ended at, the error, whether
-    infrastructure failed."""
+    infrastructure failed (and the harness fault, if that was it)."""
 
     exit_status: str
     end_node: str | None = None
     error: str | None = None
     infra: bool = False
+    fault: HarnessFault | None = None
 
 
 def _run(workflow: Workflow, env: Env, ctx: SkillContext, trace_dir) -> RunResult:
@@ -224,6 +230,7 @@ def _run(workflow: Workflow, env: Env, ctx: SkillContext, trace_dir) -> RunResul
         end_node=ending.end_node,
         error=ending.error,
         infra_failure=ending.infra,
+        fault=ending.fault,
         policy_digests=dict(ctx.served),
         outputs=outputs,
         duration_s=round(time.perf_counter() - t0, 3),
@@ -317,8 +324,16 @@ def _execute(
         message = f"{current}: {exc}"
         trace.finish(current, "error", env.steps, inputs=resolved, error=message)
         return _Ending(INFRA_ERROR, error=message, infra=True)
-    except Exception as exc:  # a bug or a simulator fault: recorded, never raised
+    except Exception as exc:  # a bug, or a fault of the harness: recorded, never raised
+        fault = harness_fault(exc)
         message = f"{current}: {type(exc).__name__}: {exc}"
         trace.finish(current, "error", env.steps, inputs=resolved, error=message)
-        trace.event("exception", node=current, traceback=traceback.format_exc(limit=8))
+        trace.event(
+            "exception",
+            node=current,
+            fault=fault.kind if fault else None,
+            traceback=traceback.format_exc(limit=8),
+        )
+        if fault is not None:
+            return _Ending(INFRA_ERROR, error=message, infra=True, fault=fault)
         return _Ending(ERROR, error=message)
