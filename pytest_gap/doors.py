@@ -1,19 +1,22 @@
 """What every door of the harness checks, and what it hands to the processes it starts.
 
 - Browsers: every server (`gap serve`, `gap policy serve` in both protocols, the relays of
-  `gap serve`) refuses a request a browser made. A web page the operator has open could
-  otherwise drive a loopback server: a websocket handshake needs no CORS consent, and a page
-  can rebind its own host name to 127.0.0.1. Browsers mark what they send: `Origin` on every
-  websocket handshake and cross-site request, `Sec-Fetch-Site` on every request of a current
-  browser. The clients the harness serves (openpi-client, vla-eval's Connection, ours) send
-  neither, so the rule costs them nothing (websocket-client adds an Origin unless told not to).
+  `gap serve`, `gap online serve`) refuses a request a browser made. A web page the operator
+  has open could otherwise drive a loopback server: a websocket handshake needs no CORS
+  consent, and a page can rebind its own host name to 127.0.0.1. Browsers mark what they
+  send: `Origin` on every websocket handshake and cross-site request, `Sec-Fetch-Site` on every
+  request of a current browser. The clients the harness serves (openpi-client, vla-eval's
+  Connection, ours) send neither, so the rule costs them nothing (websocket-client adds an
+  Origin unless told not to).
 - Secrets (bearer tokens, run secrets, relay tokens) are compared in constant time on bytes:
   `==` stops at the first differing character, and `secrets.compare_digest` on str raises on a
   non-ASCII value (a crafted header would be a 500, not a 401).
 - Secret files are 0600 in a 0700 directory of the user's (`$XDG_STATE_HOME/pytest-gap`,
   default `~/.local/state/pytest-gap`), written whole or not at all; never under a runs dir.
-- Children get an allow-list of this process's environment (`child_env`): a policy server or
-  a task server never sees an operator's API keys.
+- Children get an allow-list of this process's environment (`child_env`), by name where a
+  prefix would let an operator's own settings through, and proxy urls without their
+  `user:password@`: a policy server or a task server never sees an operator's API keys, proxy
+  login or other `GAP_*` / `XDG_*` variables.
 
 Not defended: anyone running as the same uid (they read the files, /proc/PID/environ and the
 process's memory); tenants who must not see each other need their own uids.
@@ -36,6 +39,13 @@ from pytest_gap.redaction import is_secret_name
 
 STATE_DIR_NAME = "pytest-gap"
 BROWSER_HEADERS = ("Origin", "Sec-Fetch-Site")
+# the variables programs take a proxy from, in the spellings they read (curl, requests, urllib,
+# pip, huggingface_hub: lower case first, then upper)
+PROXY_NAMES = frozenset(
+    f"{scheme}_proxy".upper() if upper else f"{scheme}_proxy"
+    for scheme in ("http", "https", "all", "ftp", "no")
+    for upper in (False, True)
+)
 
 
 # -- browsers ------------------------------------------------------------------------------------
@@ -173,7 +183,33 @@ def take_env(name: str) -> str | None:
 # -- children ------------------------------------------------------------------------------------
 # What a server the harness starts may need of its environment: where programs, libraries,
 # modules and caches are; the locale; the display, GL and GPU selection; proxies to fetch
-# checkpoints through; the harness's own settings. A registry entry's `env:` adds the rest.
+# checkpoints through (their credentials stripped: `proxy_without_credentials`); the harness's
+# own settings, each by name. A registry entry's `env:` adds the rest. Names are listed, not
+# prefixes, where a prefix is shared with what a child must not see: `GAP_*` holds an operator's
+# own names too (a GAP_DB_URL), `XDG_*` a desktop session's.
+# The harness's settings a task server, a trial or a Ray actor reads (sim/pool.py,
+# sim/scene_cache.py, run/devices.py, outputs/plots.py, producers/chat.py). By name: the rest of
+# `GAP_*` is the operator's (a GAP_DB_URL) or a secret (GAP_TOKEN).
+HARNESS_SETTINGS = frozenset(
+    {
+        "GAP_ENV_POOL_SIZE",
+        "GAP_SCENE_CACHE",
+        "GAP_SCENE_CACHE_MB",
+        "GAP_MUJOCO_EGL_DEVICES",
+        "GAP_NO_PLOTS",
+        "GAP_LLM_CACHE_DIR",
+    }
+)
+# The test suite's own settings (its tripwires, tests/sim_guard, and the faults its fake
+# backend injects), which must reach every process its servers and clusters start; one prefix
+# no operator's setting shares.
+TEST_SETTINGS_PREFIX = "GAP_TEST_"
+
+
+def is_harness_setting(name: str) -> bool:
+    return name in HARNESS_SETTINGS or name.startswith(TEST_SETTINGS_PREFIX)
+
+
 CHILD_ENV_NAMES = frozenset(
     {
         "PATH",
@@ -211,19 +247,20 @@ CHILD_ENV_NAMES = frozenset(
         "TORCH_HOME",
         "OPENPI_DATA_HOME",
         "UV_CACHE_DIR",
-        "http_proxy",
-        "https_proxy",
-        "no_proxy",
-        "all_proxy",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "NO_PROXY",
-        "ALL_PROXY",
+        # the base directories: the harness's state (secrets dir) and caches, a model
+        # library's cache and config, the runtime dir a Wayland or EGL display lives in
+        "XDG_STATE_HOME",
+        "XDG_CACHE_HOME",
+        "XDG_CONFIG_HOME",
+        "XDG_DATA_HOME",
+        "XDG_RUNTIME_DIR",
+        *HARNESS_SETTINGS,
+        *PROXY_NAMES,
     }
 )
 CHILD_ENV_PREFIXES = (
+    TEST_SETTINGS_PREFIX,
     "LC_",
-    "XDG_",
     "EGL_",
     "__EGL_",
     "__GLX_",
@@ -232,8 +269,10 @@ CHILD_ENV_PREFIXES = (
     "GALLIUM_",
     "XLA_",
     "JAX_",
-    "GAP_",
 )
+# `[scheme://]userinfo@` at the start of a proxy url: up to the last `@`, whatever the userinfo
+# holds (an unencoded `/` or `#` in a password included)
+_PROXY_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)?[^@]*@")
 
 
 def holds_secret(name: str) -> bool:
@@ -247,12 +286,22 @@ def _passes(name: str) -> bool:
     return allowed and not holds_secret(name)
 
 
+def proxy_without_credentials(value: str) -> str:
+    """A proxy url with its `user:password@` taken out (`http://u:p@proxy:3128` ->
+    `http://proxy:3128`): the child still goes through the proxy, and a proxy that wants a
+    login is given one by the entry's `env:`, not by the operator's shell."""
+    return _PROXY_USERINFO.sub(lambda m: m.group(1) or "", value.strip(), count=1)
+
+
 def child_env(
     extra: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """The environment of a process the harness starts: the allow-listed part of `environ`
-    (this process's by default), then `extra` (an entry's `env:`, a token it is given)."""
+    (this process's by default), proxy urls without their credentials, then `extra` (an
+    entry's `env:`, a token it is given) as it is."""
     environ = os.environ if environ is None else environ
     env = {k: v for k, v in environ.items() if _passes(k)}
+    for name in PROXY_NAMES & env.keys():
+        env[name] = proxy_without_credentials(env[name])
     env.update(extra or {})
     return env

@@ -62,6 +62,8 @@ SURFACE: dict[str, str] = {
     "cells.py": "a cell's trials: which (task, seed) episodes it runs, in which blocks",
     "control_arms.py": "the control arms a plan adds, with the perturbed cells' settings",
     "instruction_steps.py": "which steps a multi-step instruction is read into",
+    "faults.py": "whose failure an exception is: a harness fault (an infrastructure failure, "
+    "re-run) or the graph's and policy's (scored)",
 }
 # The files no outcome depends on, and why. Every file of the package is in exactly one of
 # SURFACE and NOT_COVERED (tests/test_provenance.py), so a module added is placed on purpose.

@@ -17,7 +17,7 @@ import fcntl
 import itertools
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 POLL_S = 0.2
@@ -31,18 +31,29 @@ class SlotTimeout(TimeoutError):
 
 
 class Slot:
-    """One of `limit` slots under `directory`: `acquire` waits for one, `release` frees it."""
+    """One of `limit` slots under `directory`: `acquire` waits for one, `release` frees it.
+    `clock` and `sleep` time the wait (a test gives a clock of its own, so that a deadline is
+    checked without waiting on the wall clock); the queue's order is the host's monotonic
+    clock whatever they are."""
 
-    def __init__(self, directory: Path, limit: int):
+    def __init__(
+        self,
+        directory: Path,
+        limit: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.directory, self.limit = directory, limit
         self.index: int | None = None
         self._fd: int | None = None
+        self._clock, self._sleep = clock, sleep
 
     def acquire(self, timeout: float | None = None) -> int:
         """Take a free slot, waiting at most `timeout` seconds (None: as long as it takes), after
         every waiter that came before."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else self._clock() + timeout
         with _ticket(self.directory / QUEUE_DIR) as ticket:
             while True:
                 if _first(ticket):
@@ -50,12 +61,12 @@ class Slot:
                     if index is not None:
                         return index
                 if deadline is None:
-                    time.sleep(POLL_S)
+                    self._sleep(POLL_S)
                     continue
-                left = deadline - time.monotonic()
+                left = deadline - self._clock()
                 if left <= 0:
                     raise SlotTimeout(f"no slot of {self.limit} came free within {timeout:g} s")
-                time.sleep(min(POLL_S, left))
+                self._sleep(min(POLL_S, left))
 
     def _take_free(self) -> int | None:
         for index in range(self.limit):

@@ -178,13 +178,20 @@ def result_reference() -> str:
 
 def cell_reference() -> str:
     from pytest_gap.cell_summary import CellSummary
-    from pytest_gap.report import CI_COLUMNS, CONTROL_COLUMNS, REF_COLUMNS, TSV_COLUMNS
+    from pytest_gap.report import (
+        CI_COLUMNS,
+        CONTROL_COLUMNS,
+        FAULT_COLUMNS,
+        REF_COLUMNS,
+        TSV_COLUMNS,
+    )
 
     groups = [
         ("the spec's columns", TSV_COLUMNS),
         ("95% intervals", CI_COLUMNS),
         ("the reference loops' rate", REF_COLUMNS),
         ("against the matched control arm (only in a run where a cell has one)", CONTROL_COLUMNS),
+        ("harness faults and re-runs (only in a run where a trial faulted)", FAULT_COLUMNS),
     ]
     tsv = "\n".join(f"- {what}: {', '.join(f'`{c}`' for c in cols)}" for what, cols in groups)
     return f"{_fields(CellSummary)}\n\nsummary.tsv's columns, in order:\n\n{tsv}"

@@ -13,13 +13,13 @@ it lands without an edit of pytest_gap, as a third-party backend would. It is de
 - its envs have no scene (`scene is None`): only scene-free skills run (check_success,
   read_task, run_policy, and fake_conftest.py's `idle`).
 Faults on request, read from the environment (xdist workers inherit it):
-- GAP_FAKE_STEP_S: seconds each counted step costs (default 0; reset's settling is free);
-- GAP_FAKE_CRASH / GAP_FAKE_KILL: comma-separated `task:seed` pairs whose reset kills the
+- GAP_TEST_FAKE_STEP_S: seconds each counted step costs (default 0; reset's settling is free);
+- GAP_TEST_FAKE_CRASH / GAP_TEST_FAKE_KILL: comma-separated `task:seed` pairs whose reset kills the
   process: os._exit(139), like a segfault / SIGKILL, like the OOM killer or a `kill -9`;
-- GAP_FAKE_HANG: `task:seed` pairs whose first step (after reset, so the record has its init
+- GAP_TEST_FAKE_HANG: `task:seed` pairs whose first step (after reset, so the record has its init
   state) sleeps until interrupted (in Python, so the signal watchdog can stop it).
 Records, for tests that check what each process did:
-- GAP_FAKE_ENVS: a file each make_env appends a JSON line to: the pid, suite, task, the EGL
+- GAP_TEST_FAKE_ENVS: a file each make_env appends a JSON line to: the pid, suite, task, the EGL
   device the env was built for, and the process's CUDA_VISIBLE_DEVICES/MUJOCO_EGL_DEVICE_ID then;
 - with a `video` path, reset starts a recording and finish_video writes one placeholder frame
   per step to it (not an mp4: the harness only links and names the file);
@@ -96,11 +96,11 @@ class FakeEnv:
     ) -> Observation:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise SimInputError(f"seed {seed!r}: seeds are integers >= 0")
-        if (self.task_id, seed) in _pairs("GAP_FAKE_CRASH"):
+        if (self.task_id, seed) in _pairs("GAP_TEST_FAKE_CRASH"):
             os._exit(139)
-        if (self.task_id, seed) in _pairs("GAP_FAKE_KILL"):
+        if (self.task_id, seed) in _pairs("GAP_TEST_FAKE_KILL"):
             os.kill(os.getpid(), signal.SIGKILL)
-        self._hang = (self.task_id, seed) in _pairs("GAP_FAKE_HANG")
+        self._hang = (self.task_id, seed) in _pairs("GAP_TEST_FAKE_HANG")
         self._episode, self._steps = None, 0
         self._video = Path(video) if video is not None else None
         self._strip = (StripWriter(frames.path), frames.every) if frames is not None else None
@@ -181,7 +181,7 @@ class FakeEnv:
         self.closed = True
 
     def _pause(self) -> None:
-        cost = float(os.environ.get("GAP_FAKE_STEP_S") or 0)
+        cost = float(os.environ.get("GAP_TEST_FAKE_STEP_S") or 0)
         if cost > 0:
             time.sleep(cost)
 
@@ -238,7 +238,7 @@ class FakeBackend:
         egl_device: int | None = None,
     ) -> FakeEnv:
         self._check(suite, task_id)
-        log = os.environ.get("GAP_FAKE_ENVS")
+        log = os.environ.get("GAP_TEST_FAKE_ENVS")
         if log:
             pinned = ("CUDA_VISIBLE_DEVICES", "MUJOCO_EGL_DEVICE_ID")
             record = {"pid": os.getpid(), "suite": suite, "task": task_id}

@@ -2,10 +2,10 @@
 
 The session runs with tests/ on PYTHONPATH, so a config's `backend: fake_backend:FakeBackend`
 resolves in the controller and in every xdist worker. This conftest registers `idle`, a
-scene-free skill that takes control steps, and, with GAP_FAKE_MODULES set, appends to that file
+scene-free skill that takes control steps, and, with GAP_TEST_FAKE_MODULES set, appends to that file
 which simulator modules each process of the session imported (none may be, on the fake backend).
-GAP_FAKE_SETUP_S makes every item's setup take that long (inside its watchdog, as slow fixtures
-or imports would); GAP_FAKE_SETUP_ERROR (comma-separated `task:seed` pairs) makes those trials'
+GAP_TEST_FAKE_SETUP_S makes every item's setup take that long (inside its watchdog, as slow fixtures
+or imports would); GAP_TEST_FAKE_SETUP_ERROR (comma-separated `task:seed` pairs) makes those trials'
 setup raise, as a broken fixture would: the trial never runs and leaves no record.
 """
 
@@ -37,15 +37,15 @@ def idle(ctx: SkillContext, steps: int = 5) -> Idled:
 
 
 def pytest_runtest_setup(item):
-    time.sleep(float(os.environ.get("GAP_FAKE_SETUP_S") or 0))
-    broken = os.environ.get("GAP_FAKE_SETUP_ERROR", "")
+    time.sleep(float(os.environ.get("GAP_TEST_FAKE_SETUP_S") or 0))
+    broken = os.environ.get("GAP_TEST_FAKE_SETUP_ERROR", "")
     trial = getattr(item, "trial", None)
     if trial is not None and f"{trial.task_id}:{trial.seed}" in broken.split(","):
         raise RuntimeError(f"broken fixture for task {trial.task_id} seed {trial.seed}")
 
 
 def pytest_unconfigure(config):
-    path = os.environ.get("GAP_FAKE_MODULES")
+    path = os.environ.get("GAP_TEST_FAKE_MODULES")
     if path:
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in SIMULATOR_MODULES)
         with open(path, "a") as out:

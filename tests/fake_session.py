@@ -2,7 +2,7 @@
 
 The harness runs for real: collection, xdist, the watchdog, slots, the result files, the gate.
 Only the simulator is the double, so a session costs pytest's start-up plus whatever step cost
-(GAP_FAKE_STEP_S) a test asks for, not LIBERO's seconds per env.
+(GAP_TEST_FAKE_STEP_S) a test asks for, not LIBERO's seconds per env.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ IDLE_THEN_CHECK = workflow(
 class FakeSession:
     """A pytester dir whose sessions run on the fake backend, with workflow `wf` (idle, then
     check success) in place. `modules` lists the simulator modules each process imported;
-    `envs` has one line per env made (tests/fake_backend.py's GAP_FAKE_ENVS)."""
+    `envs` has one line per env made (tests/fake_backend.py's GAP_TEST_FAKE_ENVS)."""
 
     def __init__(self, pytester):
         self.pytester, self.path = pytester, pytester.path
@@ -67,7 +67,9 @@ class FakeSession:
         self.modules = self.path / "modules.jsonl"
         self.envs = self.path / "envs.jsonl"
         path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
-        self.setenv(PYTHONPATH=path, GAP_FAKE_MODULES=self.modules, GAP_FAKE_ENVS=self.envs)
+        self.setenv(
+            PYTHONPATH=path, GAP_TEST_FAKE_MODULES=self.modules, GAP_TEST_FAKE_ENVS=self.envs
+        )
         self.workflow("wf", IDLE_THEN_CHECK)
 
     def setenv(self, **env) -> None:

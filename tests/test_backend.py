@@ -256,7 +256,7 @@ def test_xdist_session_with_a_crash_on_the_fake_backend(fake_session, pytester):
         ],
         "gate_threshold": 0.0,
     }
-    result = fake_session(suites, "-n", "2", GAP_FAKE_CRASH="1:2", GAP_FAKE_STEP_S="0.01")
+    result = fake_session(suites, "-n", "2", GAP_TEST_FAKE_CRASH="1:2", GAP_TEST_FAKE_STEP_S="0.01")
     out = result.stdout.str()
     result.assert_outcomes(passed=3, failed=4)
     assert result.ret == 1, out  # the crashed trial errors its cell: the gate fails

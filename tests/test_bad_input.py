@@ -171,7 +171,7 @@ def test_gap_benchmark_says_why_a_session_scored_nothing(fake):
     config = _grid(fake)
     out = fake.pytester.run(GAP, "benchmark", str(config), timeout=120)
     assert out.ret == 0, out.stdout.str() + out.stderr.str()
-    fake.setenv(GAP_FAKE_SETUP_ERROR="0:1")
+    fake.setenv(GAP_TEST_FAKE_SETUP_ERROR="0:1")
     out = fake.pytester.run(GAP, "benchmark", str(config), timeout=120)
     errors = out.stderr.str().strip().splitlines()
     assert out.ret == 1 and len(errors) == 1, errors

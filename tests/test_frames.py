@@ -114,13 +114,24 @@ def test_the_vla_eval_backend_refuses_frames_as_it_refuses_videos(tmp_path):
 
 
 # -- the setting -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("bad", [-1, "ten", True, 2.5])
+@pytest.mark.parametrize("bad", [-1, "ten", True, 2.5, 10**12])
 def test_a_bad_frames_every_is_one_line_naming_the_key_and_the_fix(bad):
     with pytest.raises(ConfigError) as error:
         parse_config({"trials": {"frames_every": bad}, "benchmark": {}})
     (line,) = str(error.value).splitlines()
     assert line.startswith("<config>: trials.frames_every: a whole number N >= 0")
     assert parse_config({"trials": {"frames_every": 4}, "benchmark": {}}).trials.frames_every == 4
+
+
+@pytest.mark.parametrize("bad", ["-1", "ten", "1e3", str(10**12)])
+def test_a_bad_gap_frames_option_is_a_usage_error_with_the_keys_bound(bad):
+    import argparse
+
+    from pytest_gap.plugin.options import frames_every
+
+    with pytest.raises(argparse.ArgumentTypeError, match="a whole number N >= 0 \\(at most "):
+        frames_every(bad)
+    assert frames_every("0") == 0 and frames_every("5") == 5
 
 
 def _fake_config(pytester, frames_every: int | None) -> None:

@@ -92,10 +92,9 @@ def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
     first = _submit(url, "m1", "60", "--print-endpoint")
     assert first.returncode == 0, first.stderr
     ready = json.loads(first.stdout)
-    assert set(ready) == {"task_id", "endpoint", "run_secret"} and ready["endpoint"].startswith(
-        "http://127.0.0.1:"
-    )
-    assert len(ready["run_secret"]) >= 32
+    assert set(ready) == {"task_id", "endpoint", "run_secret", "client_token"}
+    assert ready["endpoint"].startswith("http://127.0.0.1:")
+    assert len(ready["run_secret"]) >= 32 and len(ready["client_token"]) >= 32
     retried = _submit(url, "m1", "5", "--print-endpoint")
     assert json.loads(retried.stdout) == ready  # the same task, not a second one
 
@@ -107,14 +106,16 @@ def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
 
     with PolicyServer(HoldPolicy()).start() as hold:
         attach = ["eval", "--url", ready["endpoint"], "--run-id", ready["task_id"]]
-        secret = ready["run_secret"]
-        # the task's evaluation server takes only its owner's token
-        stranger = _gap(*attach, "--policy", hold.url, token=BOB, secret=secret)
-        assert stranger.returncode == 2 and "missing or wrong token" in stranger.stderr
-        assert _gap(*attach, "--policy", hold.url, secret=secret).returncode == 2  # no token
-        no_secret = _gap(*attach, "--policy", hold.url, token=ALICE)
+        secret, client = ready["run_secret"], ready["client_token"]
+        # the task's server takes the token the platform gave for it: no platform token opens
+        # it, the owner's included
+        for platform_token in (BOB, ALICE, None):
+            refused = _gap(*attach, "--policy", hold.url, token=platform_token, secret=secret)
+            assert refused.returncode == 2 and "missing or wrong token" in refused.stderr
+        no_secret = _gap(*attach, "--policy", hold.url, token=client)
         assert no_secret.returncode == 2 and "missing or wrong run secret" in no_secret.stderr
-        done = _gap(*attach, "--policy", hold.url, token=ALICE, secret=secret)
+        _the_client_token_opens_its_run_only(home, ready)
+        done = _gap(*attach, "--policy", hold.url, token=client, secret=secret)
         assert done.returncode == 0, done.stdout + done.stderr
         # the first task finished: its place goes to the queued one
         became = _wait(
@@ -128,7 +129,7 @@ def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
         assert second_secret != secret  # each run its own
         again = _gap(
             *("eval", "--url", endpoint, "--run-id", queued_id, "--policy", hold.url),
-            token=ALICE,
+            token=second_ready["client_token"],
             secret=second_secret,
         )
         assert again.returncode == 0, again.stdout + again.stderr
@@ -144,17 +145,42 @@ def test_capacity_one_queues_the_second_task_until_the_first_finishes(platform):
     assert len(records) == 2 and all(json.loads(r.read_text())["error"] is None for r in records)
 
 
+def _the_client_token_opens_its_run_only(home: Path, ready: dict) -> None:
+    """The owner's way into the task's server is the client token: its run's status and
+    episodes; never `/control` (no run the platform did not give it), nor with the platform
+    token; and nothing a refused submission names is written."""
+    port = ready["endpoint"].rsplit(":", 1)[1]
+    (home / "more.yaml").write_text((home / "smoke.yaml").read_text())
+    for token, why in (
+        (ready["client_token"], "this token opens run"),
+        (ALICE, "missing or wrong token"),
+    ):
+        extra = _gap(
+            "submit", str(home / "more.yaml"), "--run-id", "more", "--port", port, token=token
+        )
+        assert extra.returncode == 2 and why in extra.stderr + extra.stdout, extra.stderr
+    own = ("status", "--url", ready["endpoint"], "--run-id", ready["task_id"])
+    watched = _gap(*own, token=ready["client_token"])
+    assert watched.returncode == 0 and "waiting for clients" in watched.stdout, watched.stderr
+    other = _gap(
+        "status", "--url", ready["endpoint"], "--run-id", "more", token=ready["client_token"]
+    )
+    assert other.returncode == 2 and "this token opens run" in other.stderr
+    assert not list((home / "online_runs").rglob("more"))
+
+
 def test_a_token_sees_only_its_own_tasks_and_never_lands_on_disk(platform):
     home, url = platform
     mine = _submit(url, "m", "60", "--print-endpoint")
-    task_id, secret = (json.loads(mine.stdout)[k] for k in ("task_id", "run_secret"))
+    ready = json.loads(mine.stdout)
+    task_id, secret, client = ready["task_id"], ready["run_secret"], ready["client_token"]
     # the platform and the task's evaluation server run with no token on their command lines
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             argv = cmdline.read_bytes().decode(errors="replace")
         except OSError:
             continue  # the process ended
-        assert ALICE not in argv and BOB not in argv and secret not in argv, argv
+        assert not [t for t in (ALICE, BOB, secret, client) if t in argv], argv
     theirs = _online(url, "ready", BOB, "--task-id", task_id)
     assert theirs.returncode == 2 and "no such task (HTTP 404)" in theirs.stderr
     assert _online(url, "status", BOB).stdout == ""
@@ -171,6 +197,7 @@ def test_a_token_sees_only_its_own_tasks_and_never_lands_on_disk(platform):
         if path.is_file():
             text = path.read_text(errors="replace")
             assert ALICE not in text and BOB not in text and secret not in text, path
+            assert client not in text, path
 
 
 def test_bad_platform_inputs_are_one_line_errors(tmp_path):
@@ -181,3 +208,16 @@ def test_bad_platform_inputs_are_one_line_errors(tmp_path):
     assert bad_tokens.returncode == 2
     assert "no config at" in bad_tokens.stderr or "TOKEN OWNER" in bad_tokens.stderr
     assert len(bad_tokens.stderr.strip().splitlines()) == 1
+    # every limit of the platform is finite: past its bound, one line naming the option
+    _config(tmp_path / "smoke.yaml", tasks=(0,))
+    (tmp_path / "sets.yaml").write_text("s: smoke.yaml\n")
+    (tmp_path / "tokens").write_text(f"{ALICE} alice\n")
+    args += ["--tokens", str(tmp_path / "tokens"), "--runs-dir", str(tmp_path / "runs")]
+    for option, value in (("--attach-timeout-s", "1e9"), ("--max-queued", "1000000000")):
+        over = _gap(*args, option, value, timeout=60)
+        assert over.returncode == 2, over.stdout + over.stderr
+        (line,) = over.stderr.strip().splitlines()
+        assert option in line and "less than or equal to" in line
+    over = _gap(*args, "--capacity", "100000", timeout=60)
+    assert over.returncode == 2
+    assert "--capacity 100000: give a whole number from 1 to" in over.stderr

@@ -254,7 +254,7 @@ def test_a_real_libero_session_records_results_junit_and_the_gate(pytester):
 def _lf_then_resume_in_process(fake) -> Path:
     """--lf, then --gap-resume over a corrupt record with a stricter gate: three sessions in
     this process (it may have loaded a simulator, so they record no modules); the run dir."""
-    fake.setenv(GAP_FAKE_MODULES=None)
+    fake.setenv(GAP_TEST_FAKE_MODULES=None)
     base = {
         "backend": BACKEND,
         "trials": {"output_dir": "runs"},
@@ -317,7 +317,9 @@ def test_lf_and_resume_rerun_only_failed_or_corrupt_trials_and_regate(fake):
     that replays every record, is a process of its own and shows that no simulator was imported
     for it."""
     run_dir = _lf_then_resume_in_process(fake)
-    fourth = fake.run("bench.yaml", "--gap-resume", "--gap-no-gate", GAP_FAKE_MODULES=fake.modules)
+    fourth = fake.run(
+        "bench.yaml", "--gap-resume", "--gap-no-gate", GAP_TEST_FAKE_MODULES=fake.modules
+    )
     assert fourth.ret == 1  # pytest's own status: a trial failed
     assert "recorded by an earlier session, not re-run" in fourth.stdout.str()
     assert "[--gap-no-gate: not deciding the exit status]" in fourth.stdout.str()
@@ -536,7 +538,7 @@ def test_waiting_for_a_num_workers_slot_is_not_charged_to_the_watchdog(fake, met
         "2",
         f"--timeout-method={method}",
         "--gap-resume",
-        GAP_FAKE_STEP_S="0.075",
+        GAP_TEST_FAKE_STEP_S="0.075",
     )
     holder.join(timeout=TIMEOUT)
     record = json.loads((trial / "result.json").read_text())
@@ -591,7 +593,7 @@ def _hang_and_control(timeout_s: float) -> dict:
 
 def test_watchdog_timeout_is_recorded_as_124_and_the_run_goes_on(fake):
     fake.config(_hang_and_control(2))
-    result = fake.run("bench.yaml", GAP_FAKE_HANG="0:0")
+    result = fake.run("bench.yaml", GAP_TEST_FAKE_HANG="0:0")
     result.assert_outcomes(passed=1, failed=1)
     results = fake.results(fake.run_dir())
     stalled = results["suites/fake_easy/task_00/seed_000"]
@@ -611,8 +613,8 @@ def test_a_worker_killed_by_the_thread_watchdog_is_recorded_as_124(fake):
         "-n",
         "2",
         "--timeout-method=thread",
-        GAP_FAKE_HANG="0:0",
-        GAP_FAKE_SETUP_S="1",
+        GAP_TEST_FAKE_HANG="0:0",
+        GAP_TEST_FAKE_SETUP_S="1",
     )
     results = fake.results(fake.run_dir())
     stalled = results["suites/fake_easy/task_00/seed_000"]
@@ -640,7 +642,7 @@ def test_a_killed_worker_is_recorded_as_137_and_the_run_goes_on(fake):
             "gate_threshold": 0.0,
         }
     )
-    result = fake.run("bench.yaml", "-n", "2", GAP_FAKE_KILL="0:0,0:1")
+    result = fake.run("bench.yaml", "-n", "2", GAP_TEST_FAKE_KILL="0:0,0:1")
     out = result.stdout.str()
     assert result.ret == 1, out  # the crashed trial errors its cell: the gate fails
     run_dir = fake.run_dir()
@@ -670,13 +672,13 @@ def test_a_session_killed_with_sigkill_resumes_without_losing_trials(fake):
             "gate_threshold": 0.0,
         }
     )
-    killed = fake.run("bench.yaml", GAP_FAKE_KILL="0:1")  # the session itself is SIGKILLed
+    killed = fake.run("bench.yaml", GAP_TEST_FAKE_KILL="0:1")  # the session itself is SIGKILLed
     assert killed.ret == -9, killed.stdout.str()
     run_dir = fake.run_dir()
     before = fake.results(run_dir)
     assert list(before) == ["suites/fake_easy/task_00/seed_000"]
     assert not (run_dir / "summary.tsv").exists()
-    resumed = fake.run("bench.yaml", "--gap-resume", GAP_FAKE_KILL=None)
+    resumed = fake.run("bench.yaml", "--gap-resume", GAP_TEST_FAKE_KILL=None)
     assert resumed.ret == 0, resumed.stdout.str()
     after = fake.results(run_dir)
     assert after["suites/fake_easy/task_00/seed_000"] == before["suites/fake_easy/task_00/seed_000"]

@@ -216,7 +216,7 @@ def test_a_trial_past_its_limit_is_stopped_by_its_actors_watchdog(fake, cluster)
     """The actor keeps the trial's time as pytest-timeout would: 124, with the steps reached,
     and the actor goes on to the next trial."""
     fake.config({**_grid(1), "trials": {"task_timeout_secs": 3}})
-    result = fake.run("bench.yaml", f"--gap-ray={cluster.address}", GAP_FAKE_HANG="0:0")
+    result = fake.run("bench.yaml", f"--gap-ray={cluster.address}", GAP_TEST_FAKE_HANG="0:0")
     result.assert_outcomes(failed=2)
     records = FakeSession.results(fake.run_dir())
     hung = records["workflow/fake/easy/task_00/seed_000"]
@@ -382,11 +382,11 @@ def test_a_killed_node_loses_no_finished_trial_and_its_trials_rerun_then_lf_and_
     fake, cluster
 ):
     fake.config(_grid(4))  # 8 trials of 2 s each, on 2 actors
-    fake.setenv(GAP_FAKE_STEP_S="0.5")
+    fake.setenv(GAP_TEST_FAKE_STEP_S="0.5")
     session = subprocess.Popen(  # a session of its own, so the test can kill a node under it
         [sys.executable, "-m", "pytest", "bench.yaml", f"--gap-ray={cluster.address}"],
         cwd=fake.path,
-        env=os.environ.copy(),  # pytester's: tests/ on PYTHONPATH, GAP_FAKE_STEP_S
+        env=os.environ.copy(),  # pytester's: tests/ on PYTHONPATH, GAP_TEST_FAKE_STEP_S
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -417,7 +417,7 @@ def test_a_killed_node_loses_no_finished_trial_and_its_trials_rerun_then_lf_and_
 
     # --lf: the failed trials only, on the head alone, into the same run dir; no node is
     # killed under these sessions, so their trials need no step cost (4 trials of 2 s saved)
-    last = fake.run("bench.yaml", f"--gap-ray={cluster.address}", "--lf", GAP_FAKE_STEP_S=None)
+    last = fake.run("bench.yaml", f"--gap-ray={cluster.address}", "--lf", GAP_TEST_FAKE_STEP_S=None)
     last.assert_outcomes(failed=4, deselected=4)
     assert "gap: ray: 4 trials on 1 actor over 1 node" in last.stdout.str()
     assert fake.run_dir() == run_dir
@@ -446,7 +446,7 @@ def _alive(pid: int) -> bool:
 
 def test_ctrl_c_ends_the_session_and_the_actors_it_started(fake, cluster):
     fake.config(_grid(4))
-    fake.setenv(GAP_FAKE_STEP_S="1")  # 4 s a trial: the session is mid-trial when interrupted
+    fake.setenv(GAP_TEST_FAKE_STEP_S="1")  # 4 s a trial: the session is mid-trial when interrupted
     session = subprocess.Popen(
         [sys.executable, "-m", "pytest", "bench.yaml", f"--gap-ray={cluster.address}"],
         cwd=fake.path,

@@ -184,7 +184,7 @@ def two_modes(pytester):
 
 
 def test_modes_do_not_interleave_in_an_xdist_session(two_modes):
-    result = two_modes.run("bench.yaml", "-n", "2", GAP_FAKE_STEP_S="0.05")
+    result = two_modes.run("bench.yaml", "-n", "2", GAP_TEST_FAKE_STEP_S="0.05")
     assert result.ret == 0, result.stdout.str()
     times = _times(two_modes.run_dir())
     assert len(times) == 9
@@ -203,7 +203,7 @@ def test_modes_do_not_interleave_in_an_xdist_session(two_modes):
 
 def test_a_sigkilled_worker_neither_hangs_nor_loses_trials(two_modes):
     # Seed 1 of task 2 (only `again` has seed 1) kills its worker, in the second mode.
-    result = two_modes.run("bench.yaml", "-n", "2", GAP_FAKE_KILL="2:1", timeout=90)
+    result = two_modes.run("bench.yaml", "-n", "2", GAP_TEST_FAKE_KILL="2:1", timeout=90)
     out = result.stdout.str()
     assert "replacing crashed worker" in out, out
     records = {(m, r["task_id"], r["seed"]): r for m, _, _, r in _times(two_modes.run_dir())}
@@ -229,7 +229,7 @@ def test_suites_cells_run_concurrently(pytester):
         }
     )  # fmt: skip
     # 0.5 s a step: a trial takes seconds, above the records' one-second time resolution
-    result = session.run("bench.yaml", "-n", "2", GAP_FAKE_STEP_S="0.5")
+    result = session.run("bench.yaml", "-n", "2", GAP_TEST_FAKE_STEP_S="0.5")
     assert result.ret == 0, result.stdout.str()
     spans: dict[str, list] = {"fake_easy": [], "fake_hard": []}
     for _, start, end, record in _times(session.run_dir()):

@@ -465,43 +465,63 @@ def _no_proxy(monkeypatch, tmp_path):
     monkeypatch.delenv("GAP_RUN_SECRET", raising=False)
 
 
-def test_a_trial_the_harness_cannot_run_is_given_up_but_a_lost_client_never_is(home):
-    """The run's bookkeeping alone (no server, no simulator): an episode a client dropped goes
-    out again however often that happens; one that ends without a scored record for any other
-    reason is tried MAX_ATTEMPTS times, then the run ends with it missing."""
+def test_a_trial_is_handed_out_again_within_bounds_and_a_failing_worker_is_refused(home):
+    """The run's bookkeeping alone (no server, no simulator). An episode that ended unscored
+    through no fault of the policy (a client gone, an infrastructure failure) goes out again
+    until it has ended so `max_trial_handouts` times, then is given up with the reason (missing,
+    never scored); one the harness cannot run for a reason of its own (an errored record that
+    is not an infrastructure failure) is tried MAX_ATTEMPTS times. A worker whose client
+    failed `max_worker_failures` trials in a row is refused; a scored trial resets the count."""
     from pytest_gap.results import TrialResult, write_result
+    from pytest_gap.service.limits import ServiceLimits
     from pytest_gap.service.protocol import Submit
     from pytest_gap.service.runs import MAX_ATTEMPTS, ServiceRun, submit
 
     text = _config(home / "run.yaml", tasks=(0, 1)).read_text()
     submit(home / "runs", Submit(run_id="g", config_name="run.yaml", config_text=text))
-    run = ServiceRun(home / "runs/g")
+    limits = ServiceLimits(max_trial_handouts=4, max_worker_failures=3)
+    run = ServiceRun(home / "runs/g", limits=limits)
     first = run.claim(0)
-    for _ in range(MAX_ATTEMPTS + 2):  # a client lost mid-episode, again and again
-        identity = {
-            "nodeid": "n",
-            "config": "run.yaml",
-            "mode": "policy_only",
-            "family": "libero",
-            "variation": "object",
-            "suite": "libero_object",
-            "task_id": first.task_id,
-            "seed": first.seed,
-        }
-        write_result(
-            run.run_dir / first.key,
-            TrialResult(**identity, error="client gone", infra_failure=True, exit_code=1),
-        )
-        run.finish(first.key)
-        assert run.claim(0).key == first.key  # handed out again, every time
-    assert not run.given_up
-    run.in_progress.clear()
+    identity = {
+        "nodeid": "n",
+        "config": "run.yaml",
+        "mode": "policy_only",
+        "family": "libero",
+        "variation": "object",
+        "suite": "libero_object",
+        "task_id": first.task_id,
+        "seed": first.seed,
+    }
+    lost = TrialResult(**identity, error="client gone", infra_failure=True, exit_code=1)
+    for handout in range(1, 5):  # a client lost mid-episode, on workers 1..4 (none refused)
+        write_result(run.run_dir / first.key, lost)
+        run.finish(first.key, handout, client="the evaluation client went away")
+        assert (first.key in run.given_up) == (handout == 4)
+        if handout < 4:
+            assert run.claim(handout + 1).key == first.key  # handed out again
+    assert "ended unscored 4 times" in run.given_up[first.key]
+    assert "--max-trial-handouts 4" in run.given_up[first.key]
+    assert not run.refused  # each worker failed once
     second = next(t for t in run.trials.values() if t.key != first.key)
     for attempt in range(MAX_ATTEMPTS):  # handed to a slot that ended with no record at all
-        run.in_progress[second.key] = 1
-        run.finish(second.key)
+        run.in_progress[second.key] = 9
+        run.finish(second.key, 9)
         assert (second.key in run.given_up) == (attempt == MAX_ATTEMPTS - 1)
-    assert run.claim(1).key == first.key and run.claim(1) is None  # the second: never again
-    write_result(run.run_dir / first.key, TrialResult(**identity))  # scored: a failed episode
-    run.finish(first.key)
-    assert run.ended and not run.complete and run.saved == {first.key}
+    assert run.ended and not run.complete and run.claim(1) is None
+
+    fresh = ServiceRun(home / "runs/g", limits=limits)  # in memory only: a restart forgets
+    for _ in range(2):  # worker 7's client fails twice; a scored trial in between resets it
+        trial = fresh.claim(7)
+        fresh.finish(trial.key, 7, harness_error=None, client="silent")
+    write_result(fresh.run_dir / second.key, TrialResult(**{**identity, "task_id": 1}))
+    fresh.in_progress[second.key] = 7
+    fresh.finish(second.key, 7)
+    assert fresh.saved == {second.key} and 7 not in fresh.failing
+    for n in range(3):
+        fresh.in_progress[first.key] = 7
+        fresh.finish(first.key, 7, client="silent")
+        assert (7 in fresh.refused) == (n == 2)
+    assert "--max-worker-failures 3" in fresh.refused[7]
+    fresh.in_progress[first.key] = 8
+    fresh.finish(first.key, 8, harness_error="no thread")  # the server's fault: not worker 8's
+    assert 8 not in fresh.failing

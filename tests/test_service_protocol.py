@@ -204,3 +204,66 @@ def test_a_service_run_draws_its_plots_unless_gap_no_plots_says_not(
     monkeypatch.setenv("GAP_NO_PLOTS", value)
     plots.pytest_gap_write_outputs(None, tmp_path, RunSummary.model_construct(cells=[]))
     assert calls == ([tmp_path] if drawn else [])
+
+
+def test_the_health_check_answers_while_a_run_loads(tmp_path, fake_backend_on_path, monkeypatch):
+    """Reading a run (its config, plan and records) runs off the event loop: a run whose load
+    is held (a double of ServiceRun waiting on an event) leaves /healthz answering."""
+    from pytest_gap.service import server as served
+
+    runs = tmp_path / "runs"
+    register(runs, "r1", _config(tmp_path / "run.yaml", tasks=(0,), n_seeds=1))
+    entered, release = threading.Event(), threading.Event()
+
+    class HeldRun(served.ServiceRun):
+        def __init__(self, *args, **kwargs):
+            entered.set()
+            release.wait(120)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(served, "ServiceRun", HeldRun)
+    with _serving(runs) as url:
+        answer: Future = Future()
+        asking = threading.Thread(target=lambda: answer.set_result(run_status(url, "r1", TOKEN)))
+        asking.start()
+        try:
+            assert entered.wait(60), "the run was never loaded"
+            with urllib.request.urlopen(f"{url}/healthz", timeout=30) as health:
+                assert health.status == 200
+        finally:
+            release.set()
+            asking.join(60)
+        assert answer.result(0).expected == 1
+
+
+def test_a_slot_the_server_cannot_start_is_never_a_scored_trial(
+    tmp_path, fake_backend_on_path, monkeypatch
+):
+    """The server's own resource failure (no thread for a slot) makes no record of the trial:
+    it goes out again, the client is told why, and the next attach runs it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    runs = tmp_path / "runs"
+    registered = register(runs, "r1", _config(tmp_path / "run.yaml", tasks=(0,), n_seeds=1))
+    submit = ThreadPoolExecutor.submit
+    failing = [True]
+
+    def no_thread(self, *args, **kwargs):
+        if failing[0] and self._thread_name_prefix.startswith("gap-slot"):
+            raise RuntimeError("can't start new thread")
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(ThreadPoolExecutor, "submit", no_thread)
+    with _serving(runs) as url:
+        client = EvalClient(url, "r1", 0, token=TOKEN, run_secret=registered.run_secret)
+        with pytest.raises(ServiceError, match="could not start a trial: RuntimeError"):
+            client.run(HoldPolicy().infer)
+        status = run_status(url, "r1", TOKEN)
+        assert (status.saved, status.in_progress, status.given_up) == (0, 0, 0)
+        assert status.infra_failures == 1 and status.remaining == 1
+        assert not list(runs.rglob("result.json"))  # no record, let alone a scored one
+        failing[0] = False
+        EvalClient(url, "r1", 0, token=TOKEN, run_secret=registered.run_secret).run(
+            HoldPolicy().infer
+        )
+        assert run_status(url, "r1", TOKEN).saved == 1

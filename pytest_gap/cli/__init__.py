@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except GapError as exc:
-        print(f"gap: error: {exc}", file=sys.stderr)
+    except GapError as exc:  # one problem a line, each labelled (a peer's words among them)
+        for line in str(exc).split("\n"):
+            print(f"gap: error: {line}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `gap suites | head`: the reader left, nothing is wrong
         sys.stderr.close()

@@ -1,9 +1,10 @@
-"""What several command groups read: positive numbers as argument types, and the bearer token
-(from a file or the environment, never from the command line)."""
+"""What several command groups read: positive numbers as argument types, the bearer token
+(from a file or the environment, never from the command line), and the servers' log."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 
 
 def positive_float(text: str) -> float:
@@ -39,3 +40,13 @@ def bearer_token(args: argparse.Namespace) -> str | None:
     if not getattr(args, "token_file", None):
         return from_env
     return read_secret(Path(args.token_file), f"--token-file {args.token_file}")
+
+
+def log_to_stderr(name: str) -> None:
+    """A server command's log: INFO and up to stderr, each line `NAME: message`, the message
+    escaped (errors.EscapedLogFormatter: a peer's text cannot forge or clear log lines)."""
+    from pytest_gap.errors import EscapedLogFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(EscapedLogFormatter(f"{name}: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])

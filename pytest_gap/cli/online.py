@@ -11,12 +11,11 @@ import argparse
 import contextlib
 import sys
 
-from pytest_gap.cli.common import bearer_token, positive_float, positive_int
-from pytest_gap.errors import GapError
+from pytest_gap.cli.common import bearer_token, log_to_stderr, positive_float, positive_int
+from pytest_gap.errors import GapError, peer_text_escaped, shown
 
 
 def _cmd_online_serve(args: argparse.Namespace) -> int:
-    import logging
     import signal
     import threading
     from pathlib import Path
@@ -24,9 +23,8 @@ def _cmd_online_serve(args: argparse.Namespace) -> int:
     from pytest_gap.service.online import make_platform_server
     from pytest_gap.service.platform import Limits, Platform, load_sets, load_tokens
 
-    logging.basicConfig(level=logging.INFO, format="gap online: %(message)s")
-    given = {name: getattr(args, name, None) for name in Limits.model_fields}
-    limits = Limits(**{name: value for name, value in given.items() if value is not None})
+    log_to_stderr("gap online")
+    limits = _limits(args, Limits)
     platform = Platform(
         Path(args.runs_dir),
         load_sets(Path(args.sets)),
@@ -50,6 +48,21 @@ def _cmd_online_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _limits(args: argparse.Namespace, model):
+    """The platform's Limits from its options; a value past a limit's bound is one line naming
+    the option (positive_int/positive_float keep out the rest)."""
+    from pydantic import ValidationError
+
+    given = {name: getattr(args, name, None) for name in model.model_fields}
+    try:
+        return model(**{name: value for name, value in given.items() if value is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0])
+        flag = "--" + name.replace("_", "-")
+        raise GapError(f"{flag} {given[name]}: {first['msg'].lower()}") from None
+
+
 def _online_token(args: argparse.Namespace) -> str:
     token = args.token or bearer_token(args)
     if not token:
@@ -58,11 +71,14 @@ def _online_token(args: argparse.Namespace) -> str:
 
 
 def _ready_json(task: dict) -> dict:
-    """What a ready task's client needs: where to attach, as which run, with which secret."""
-    keys = ("task_id", "endpoint", "run_secret")
+    """What a ready task's client needs: where to attach (`endpoint`), as which run (`task_id`),
+    with which secret (`run_secret`) and token (`client_token`: it opens that run's doors of the
+    task's server only; the platform token opens none there)."""
+    keys = ("task_id", "endpoint", "run_secret", "client_token")
     return {k: task.get(k) for k in keys}
 
 
+@peer_text_escaped()  # the platform's refusals and a task's error are its words
 def _cmd_online_submit(args: argparse.Namespace) -> int:
     """Exit 0 ready (its endpoint printed), 1 still queued when --timeout ran out, 2 refused."""
     import json
@@ -82,19 +98,20 @@ def _cmd_online_submit(args: argparse.Namespace) -> int:
         if args.print_endpoint:
             print(json.dumps(_ready_json(task)))
         else:
-            print(f"task {task['task_id']} ready: {task['endpoint']}")
+            print(f"task {shown(task['task_id'])} ready: {shown(task['endpoint'])}")
         return 0
     if task["state"] == "queued":
+        shown_id = shown(task["task_id"])
         print(
-            f"task {task['task_id']} is still queued after {args.timeout:g} s; it may still "
-            f"run: check with `gap online ready --task-id {task['task_id']}` (do not submit "
-            "again)",
+            f"task {shown_id} is still queued after {args.timeout:g} s; it may still "
+            f"run: check with `gap online ready --task-id {shown_id}` (do not submit again)",
             file=sys.stderr,
         )
         return 1
     raise GapError(f"task {task['task_id']} is {task['state']}: {task.get('error')}")
 
 
+@peer_text_escaped()
 def _cmd_online_ready(args: argparse.Namespace) -> int:
     """Exit 0 ready (endpoint JSON printed), 1 not (its state printed)."""
     import json
@@ -106,19 +123,21 @@ def _cmd_online_ready(args: argparse.Namespace) -> int:
         print(json.dumps(_ready_json(task)))
         return 0
     print(
-        f"task {task['task_id']}: {task['state']}"
-        + (f": {task['error']}" if task.get("error") else "")
+        f"task {shown(task['task_id'])}: {shown(task['state'])}"
+        + (f": {shown(task['error'])}" if task.get("error") else "")
     )
     return 1
 
 
+@peer_text_escaped()
 def _cmd_online_status(args: argparse.Namespace) -> int:
+    """One line a task, every string of the platform's answer escaped (errors.shown)."""
     from pytest_gap.service.client import online_tasks
 
     for task in online_tasks(args.base_url, _online_token(args)):
-        where = f" at {task['endpoint']}" if task.get("endpoint") else ""
-        what = f"{task['model_name']} on {task['benchmark_set']}"
-        print(f"{task['task_id']}  {task['state']:8s} {what}{where}")
+        where = f" at {shown(task['endpoint'])}" if task.get("endpoint") else ""
+        what = f"{shown(task['model_name'])} on {shown(task['benchmark_set'])}"
+        print(f"{shown(task['task_id'])}  {shown(task['state']):8s} {what}{where}")
     return 0
 
 

@@ -12,8 +12,8 @@ import contextlib
 import sys
 import time
 
-from pytest_gap.cli.common import bearer_token
-from pytest_gap.errors import GapError
+from pytest_gap.cli.common import bearer_token, log_to_stderr
+from pytest_gap.errors import GapError, peer_text_escaped, shown
 
 # After its last episode a worker's line waits this long at most for the run to be `finished`:
 # once every episode is saved, the run is finished when its other clients have been told too.
@@ -55,40 +55,79 @@ def _serve_token(args: argparse.Namespace) -> tuple[str | None, bool]:
     return (given, False) if given else (new_secret(), True)
 
 
+def _serve_limits(args: argparse.Namespace):
+    """The server's limits from its `--max-...` options (unset: limits.py's defaults); a value
+    past a limit's ceiling is a one-line error naming the option."""
+    from pytest_gap.service.limits import OPTION, ServiceLimits
+
+    given = {name: getattr(args, name, None) for name in OPTION}
+    try:
+        return ServiceLimits(**{k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:  # one line, naming the option and its range
+        raise GapError(str(exc)) from None
+
+
+def _run_client_token(args: argparse.Namespace) -> str | None:
+    """GAP_CLIENT_TOKEN (taken out of the environment): the second token of the operator's run
+    (`--config`), which opens that run's doors only; the online platform mints one per task."""
+    from pytest_gap.doors import take_env
+    from pytest_gap.service.protocol import CLIENT_TOKEN_ENV
+
+    given = take_env(CLIENT_TOKEN_ENV)
+    if given and (not args.config or args.no_token):
+        raise GapError(
+            f"{CLIENT_TOKEN_ENV} opens the run of --config and --run-id only, beside the "
+            "server's own token: give both (and no --no-token), or unset it"
+        )
+    return given or None
+
+
+def _operator_run(args: argparse.Namespace, splits, limits):
+    """The operator's `--config` run, registered (trusted, by a door no client has), and the
+    secret whoever started this server chose for it (gap online hands it to the task's owner;
+    None: one is made, and written where `gap eval` looks for it). (None, None) without one."""
+    from pathlib import Path
+
+    from pytest_gap.doors import take_env
+    from pytest_gap.service.protocol import RUN_SECRET_ENV
+    from pytest_gap.service.runs import register
+
+    if not args.config:
+        return None, None
+    chosen = take_env(RUN_SECRET_ENV)
+    runs_dir = Path(args.runs_dir).resolve()
+    registered = register(runs_dir, args.run_id, Path(args.config), splits, chosen, limits)
+    print(f"gap serve: {registered.message}", flush=True)
+    return registered, chosen
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
     import signal
     from pathlib import Path
 
-    from pytest_gap.doors import (
-        remove_secret,
-        run_secret_path,
-        server_token_path,
-        take_env,
-        write_secret,
-    )
-    from pytest_gap.service.protocol import RUN_SECRET_ENV
-    from pytest_gap.service.runs import load_splits, register
+    from pytest_gap.doors import remove_secret, run_secret_path, server_token_path, write_secret
     from pytest_gap.service.server import EvalServer
+    from pytest_gap.service.splits import load_splits
 
-    logging.basicConfig(level=logging.INFO, format="gap serve: %(message)s")
+    log_to_stderr("gap serve")
     logging.getLogger("websockets").setLevel(logging.WARNING)  # not a line per connection
     splits = load_splits(Path(args.splits)) if args.splits else None
     if bool(args.config) != bool(args.run_id):
         raise GapError("gap serve: give --config and --run-id together (the operator's run)")
     token, made = _serve_token(args)
-    # The operator's run's secret: chosen by whoever started this server (gap online hands it
-    # to the task's owner), else made here and written where `gap eval` looks for it.
-    chosen = take_env(RUN_SECRET_ENV) if args.config else None
-    registered = None
-    if args.config:  # the operator's config: trusted, and by a door no client has
-        registered = register(
-            Path(args.runs_dir).resolve(), args.run_id, Path(args.config), splits, chosen
-        )
-        print(f"gap serve: {registered.message}", flush=True)
+    limits, client_token = _serve_limits(args), _run_client_token(args)
+    registered, chosen = _operator_run(args, splits, limits)
     server = EvalServer(
-        Path(args.runs_dir), host=args.host, port=args.port, token=token, splits=splits
+        Path(args.runs_dir),
+        host=args.host,
+        port=args.port,
+        token=token,
+        splits=splits,
+        limits=limits,
+        client_token=client_token,
+        client_run=args.run_id if client_token else None,
     )
     written: list[Path] = []
 
@@ -129,6 +168,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+@peer_text_escaped()  # a server's refusal is printed as its words
 def _cmd_submit(args: argparse.Namespace) -> int:
     """Prints the outcome; the run secret goes to a 0600 file of this user's (its path printed)
     or, with --json, to stdout alone."""
@@ -144,35 +184,44 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         return 0
     if done.run_secret:
         path = store_run_secret(url, args.run_id, done.run_secret)
-        print(f"{done.message}; run secret in {path} (gap eval on this machine reads it)")
+        print(f"{shown(done.message)}; run secret in {path} (gap eval on this machine reads it)")
     else:
         kept = run_secret_file(url, args.run_id)
-        print(done.message + (f"; run secret in {kept}" if kept.is_file() else ""))
+        print(shown(done.message) + (f"; run secret in {kept}" if kept.is_file() else ""))
     return 0
 
 
+@peer_text_escaped()
 def _cmd_status(args: argparse.Namespace) -> int:
+    """Every string of the server's answer is printed escaped (errors.shown): a worker's host
+    or a forged gate line cannot add lines, move the cursor or clear the terminal."""
     import json
 
     from pytest_gap.service.client import run_status
 
     status = run_status(args.url, args.run_id, _client_token(args, args.url))
-    if args.json:
+    if args.json:  # JSON escapes every control character itself
         print(json.dumps(status.model_dump(mode="json"), indent=1))
         return 0
     print(
-        f"run {status.run_id}: {status.state}; {status.saved}/{status.expected} episodes saved, "
-        f"{status.in_progress} in progress, {status.remaining} remaining"
+        f"run {shown(status.run_id)}: {shown(status.state)}; {status.saved}/{status.expected} "
+        f"episodes saved, {status.in_progress} in progress, {status.remaining} remaining"
         + (f", {status.infra_failures} handed out again" if status.infra_failures else "")
         + (f", {status.given_up} given up (missing)" if status.given_up else "")
         + (f", {status.smoke_episodes} smoke (not scored)" if status.smoke_episodes else "")
     )
     for w in status.workers:
-        doing = f", running {w.current}" if w.current else ""
+        doing = f", running {shown(w.current)}" if w.current else ""
         smoke = " [smoke]" if w.smoke else ""
-        print(f"  worker {w.worker_id}{smoke}: {w.state} ({w.host}), {w.episodes_done} done{doing}")
+        why = f": {shown(w.reason)}" if w.reason and w.state != "attached" else ""
+        print(
+            f"  worker {w.worker_id}{smoke}: {shown(w.state)} ({shown(w.host)}), "
+            f"{w.episodes_done} done{doing}{why}"
+        )
+    for reason in status.given_up_reasons:
+        print(f"  given up: {shown(reason)}")
     if status.gate:
-        print(status.gate)
+        print(shown(status.gate))
     return 0
 
 
@@ -197,6 +246,7 @@ def _worker_ids(text: str) -> list[int]:
     return ids
 
 
+@peer_text_escaped()  # the evaluation server's and the policy server's errors
 def _cmd_eval(args: argparse.Namespace) -> int:
     """One process per worker id (as EBench's clients): several ids start one `gap eval` each.
     Exit 0 when the run finished with every episode saved, 1 when episodes are missing."""
@@ -253,7 +303,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         status = run_status(args.url, args.run_id, token)
     print(
         f"worker {worker}: answered {client.answered} observations; run {args.run_id} "
-        f"{status.state}, {status.saved}/{status.expected} episodes saved"
+        f"{shown(status.state)}, {status.saved}/{status.expected} episodes saved"
     )
     if finished.get("saved", 0) < finished.get("expected", 0) and status.saved < status.expected:
         print(
@@ -263,6 +313,36 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _limit_options(serve: argparse.ArgumentParser) -> None:
+    """`gap serve`'s limits (service/limits.py; unset: its defaults, in the help)."""
+    from pytest_gap.cli.common import positive_int
+    from pytest_gap.service import limits as defaults
+
+    for name, default, text in (
+        ("max_trials_per_run", defaults.DEFAULT_MAX_TRIALS, "trials one run may plan"),
+        ("max_steps_per_run", defaults.DEFAULT_MAX_STEPS, "steps a run's trials may take"),
+        ("max_runs", defaults.DEFAULT_MAX_RUNS, "submitted runs the runs dir may hold"),
+        (
+            "max_attachments_per_run",
+            defaults.DEFAULT_MAX_ATTACHMENTS_PER_RUN,
+            "clients attached to one run (worker ids 0 to this less one)",
+        ),
+        ("max_attachments", defaults.DEFAULT_MAX_ATTACHMENTS, "clients attached, all runs"),
+        (
+            "max_trial_handouts",
+            defaults.DEFAULT_MAX_HANDOUTS,
+            "unscored ends of a trial before it is given up",
+        ),
+        (
+            "max_worker_failures",
+            defaults.DEFAULT_MAX_WORKER_FAILURES,
+            "trials in a row a client fails before its worker id is refused",
+        ),
+    ):
+        flag = defaults.OPTION[name]
+        serve.add_argument(flag, dest=name, type=positive_int, help=f"{text} (default {default})")
 
 
 def add(subparsers: argparse._SubParsersAction) -> None:
@@ -292,6 +372,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
         "(trusted as a config file is; submissions are held to the remote profile)",
     )
     serve.add_argument("--run-id", type=_run_id, help="the run id of --config")
+    _limit_options(serve)
     serve.set_defaults(func=_cmd_serve)
     submit = subparsers.add_parser(
         "submit", help="schedule a config's trials on an evaluation server"

@@ -9,9 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import Field
 
 from pytest_gap.config.keys import NO_LLM, ServerOnly, Strict
+
+# Upper bounds, far above any provider's: a typo is a config error, not a session that waits or
+# retries for ever (an infinite timeout, 10**9 retries).
+MAX_TEMPERATURE = 2.0  # OpenAI's and OpenRouter's range is 0..2
+MAX_TOKENS = 10_000_000
+MAX_CONCURRENT = 1024
+MAX_TIMEOUT_S = 3600.0
+MAX_RETRIES = 100
 
 
 class LLMConfig(Strict):
@@ -34,14 +42,15 @@ class LLMConfig(Strict):
     # Vertex: the region.
     region: str | None = None
     # Sampling temperature of every request.
-    temperature: float = 0.7
+    temperature: float = Field(0.7, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)
     # The most tokens an answer may have; unset, the provider's limit.
-    max_tokens: PositiveInt | None = None
+    max_tokens: int | None = Field(None, gt=0, le=MAX_TOKENS)
     # Requests in flight at once across every worker process of a machine.
-    max_concurrent_requests: PositiveInt = 4
+    max_concurrent_requests: int = Field(4, gt=0, le=MAX_CONCURRENT)
     # Where answers are cached by request (else $GAP_LLM_CACHE or the default cache).
     cache_dir: Annotated[Path | None, ServerOnly("a path on the server", NO_LLM)] = None
     # Each request's own bound, and how often a failed one is tried again: producing is not
     # charged to a trial's watchdog, so these bound a hanging endpoint (TrialRun._produce).
-    timeout_s: PositiveFloat = 120.0
-    max_retries: NonNegativeInt = 5  # retries of a failed request (429s and 5xx) before giving up
+    timeout_s: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+    # Retries of a failed request (429s and 5xx) before giving up.
+    max_retries: int = Field(5, ge=0, le=MAX_RETRIES)

@@ -12,8 +12,6 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AliasChoices,
     Field,
-    NonNegativeFloat,
-    PositiveInt,
     field_validator,
 )
 
@@ -40,9 +38,28 @@ GateRule = Literal["point", "wilson", "sequential"]
 # that fills the memory: far above any real benchmark (LIBERO has 50 init states per task).
 MAX_SEEDS = 100_000
 MAX_WORKERS = 1024
+MAX_TASKS = 100_000  # tasks of one suite (LIBERO-90 has 90)
+MAX_SEED_VALUE = 2**31 - 1  # a seed is an RNG's seed and an init state's index: 0-based
+# Counted steps of one episode: LIBERO's longest suite takes 520, a grocery-packing task 1,400.
+MAX_EPISODE_STEPS = 100_000
+# A trial's watchdog (task_timeout_secs, timeout_secs): a day; 0 turns it off.
+MAX_TRIAL_TIMEOUT_S = 86_400.0
+MAX_TRIALS_PER_CELL = 10_000_000  # sequential.max_trials: far above n_tasks x n_seeds
+MAX_RETRIES = 100
 Seeds = Annotated[int, Field(gt=0, le=MAX_SEEDS)]
 Workers = Annotated[int, Field(gt=0, le=MAX_WORKERS)]
-FRAMES_EVERY_HINT = "a whole number N >= 0: every N-th frame into a WebP strip, 0 for none"
+# A seed or task id of a list config/checks.py reads too: it reports a negative one with the
+# list's other ids (`_id_problems`), so the model bounds it above only.
+SeedValue = Annotated[int, Field(le=MAX_SEED_VALUE)]
+TaskId = Annotated[int, Field(lt=MAX_TASKS)]
+TaskIdFrom0 = Annotated[int, Field(ge=0, lt=MAX_TASKS)]  # one the checks do not read
+EpisodeSteps = Annotated[int, Field(gt=0, le=MAX_EPISODE_STEPS)]
+TrialTimeout = Annotated[float, Field(ge=0.0, le=MAX_TRIAL_TIMEOUT_S, allow_inf_nan=False)]
+BlockSeeds = Annotated[int, Field(gt=0, le=MAX_SEEDS)]
+FRAMES_EVERY_HINT = (
+    f"a whole number N >= 0 (at most {MAX_EPISODE_STEPS}): every N-th frame into a WebP strip, "
+    "0 for none"
+)
 
 
 def installed_backend(value: Any) -> str | None:
@@ -63,7 +80,7 @@ class TrialsConfig(Strict):
         default=1, validation_alias=AliasChoices("trials_per_generation", "total")
     )
     # Suites mode: the tasks of an entry that names neither task_ids nor task_prompts.
-    task_ids: list[int] | None = None
+    task_ids: list[TaskIdFrom0] | None = None
     # Suites mode: where run dirs go (<output_dir>/<YYYYMMDD_HHMMSS>), relative to the YAML.
     output_dir: Annotated[Path, SERVER_PATH] = Path("gap_runs")
     # Suites mode: concurrent trials per entry where an entry names none.
@@ -72,12 +89,12 @@ class TrialsConfig(Strict):
     record_video: bool = False
     # Each trial's workflow trace (nodes, inputs, outputs, timings) in its trace/ dir.
     enable_tracing: bool = True
-    # 0 turns the per-trial watchdog off.
-    task_timeout_secs: NonNegativeFloat = 0.0
+    # Seconds of the per-trial watchdog, at most a day; 0 turns it off.
+    task_timeout_secs: TrialTimeout = 0.0
     # Counted steps per episode. None: each suite's protocol limit (LIBERO spatial 220, object
     # 280, goal 300, libero_10 520). A lower limit is for smoke runs; its rates are not
     # comparable with published ones (the plan digest includes it).
-    max_steps: PositiveInt | None = None
+    max_steps: EpisodeSteps | None = None
     # A WebP sprite strip of every N-th agentview frame per trial, in <run dir>/frames/
     # (--gap-frames overrides it). 0 or None: none. A recording flag: not part of the plan.
     frames_every: int | None = None
@@ -87,7 +104,8 @@ class TrialsConfig(Strict):
     @field_validator("frames_every", mode="before")
     @classmethod
     def _frames_every(cls, value: Any) -> Any:
-        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if value is None or (whole and 0 <= value <= MAX_EPISODE_STEPS):
             return value
         raise ValueError(FRAMES_EVERY_HINT)
 
@@ -96,7 +114,7 @@ class CompositionConfig(Strict):
     """How an LLM-written workflow is checked and fixed before it runs."""
 
     # How often an LLM-written workflow that fails validation is sent back to be fixed.
-    max_validation_retries: int = Field(default=2, ge=0)
+    max_validation_retries: int = Field(default=2, ge=0, le=MAX_RETRIES)
 
 
 class SkillsConfig(Strict):
@@ -155,9 +173,9 @@ class SequentialGate(Strict):
     # Seeds of every task per block: the rate is looked at after each whole block. Each block
     # builds each task's env once (or reuses it from the pool), so fewer seeds per block look
     # more often and build envs more often.
-    block_seeds: PositiveInt = 5
+    block_seeds: BlockSeeds = 5
     # Stop a cell undecided (INCONCLUSIVE) after this many scored trials; None: its plan.
-    max_trials: PositiveInt | None = None
+    max_trials: Annotated[int, Field(gt=0, le=MAX_TRIALS_PER_CELL)] | None = None
 
 
 class BaselineGate(Strict):
@@ -174,7 +192,7 @@ class BaselineGate(Strict):
     rule: Literal["sequential", "fixed"] = "sequential"
     # The chance of failing a run that is not worse by more than the margin, split across cells.
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
-    block_seeds: PositiveInt = 5  # seeds of every task per block (rule: sequential)
+    block_seeds: BlockSeeds = 5  # seeds of every task per block (rule: sequential)
     # Compare with a baseline recorded on other harness code or simulator packages.
     allow_harness_mismatch: bool = False
 
@@ -198,7 +216,7 @@ class ABCompare(Strict):
     margin: float = Field(default=0.05, gt=0.0, lt=1.0)
     # The level of the whole A/B test, split across its cells.
     alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
-    block_seeds: PositiveInt = 5  # seeds of every task per block, for both arms
+    block_seeds: BlockSeeds = 5  # seeds of every task per block, for both arms
 
 
 class BenchmarkBlock(Strict):
@@ -212,13 +230,13 @@ class BenchmarkBlock(Strict):
     # workflow, or a plugin's).
     modes: list[str] = list(DEFAULT_MODES)
     # The first n tasks of each variation's suite (where task_ids is unset).
-    n_tasks: PositiveInt = 10
+    n_tasks: Annotated[int, Field(gt=0, le=MAX_TASKS)] = 10
     # The tasks of every cell; overrides n_tasks.
-    task_ids: list[int] | None = None
+    task_ids: list[TaskId] | None = None
     # Seeds 0..n-1 per task; seed s starts from the suite's init state s mod its count.
     n_seeds: Seeds = 50
     # Exactly these seeds; overrides n_seeds.
-    seeds: list[int] | None = None
+    seeds: list[SeedValue] | None = None
     # Concurrent trials per cell (under xdist, the workers a cell's trials may use at once).
     num_workers: Workers = 8
     # The policy axis: registry ids each policy-taking mode runs once per.
@@ -248,15 +266,15 @@ class SuiteEntry(Strict):
     # A LIBERO suite (`gap suites`) or family/variation: the cell's scenes.
     suite_name: str
     # Task id -> the instruction the workflow is given instead of the suite's.
-    task_prompts: dict[int, str] = {}
+    task_prompts: dict[TaskId, str] = {}
     # The entry's tasks (else task_prompts' keys, else trials.task_ids).
-    task_ids: list[int] | None = None
+    task_ids: list[TaskId] | None = None
     # Seeds 0..n-1 per task (else trials.trials_per_generation).
     trials_per_generation: Seeds | None = None
     # Exactly these seeds; overrides trials_per_generation.
-    seeds: list[int] | None = None
+    seeds: list[SeedValue] | None = None
     # Per-trial watchdog limit (else trials.task_timeout_secs).
-    timeout_secs: NonNegativeFloat | None = None
+    timeout_secs: TrialTimeout | None = None
     # Concurrent trials of this entry (else trials.num_workers).
     num_workers: Workers | None = None
     # Object hints for the LLM: name -> what it is, added to the task text.

@@ -17,9 +17,6 @@ from pydantic import (
     AfterValidator,
     AliasChoices,
     Field,
-    NonNegativeFloat,
-    NonNegativeInt,
-    PositiveInt,
     field_validator,
     model_validator,
 )
@@ -37,6 +34,24 @@ from pytest_gap.policies.endpoint import (
     ObsFormatName,
 )
 from pytest_gap.redaction import redact_text
+
+# Upper bounds of the counts and timeouts below: far above any use, finite (an infinite timeout
+# or 10**9 restarts holds a session for ever on one typo).
+MAX_CPUS = 1024.0
+MAX_GPUS = 64.0
+MAX_MEMORY_BYTES = 2**50  # a PiB
+MAX_REPLY_S = 3600.0
+MAX_WARMUP_S = 7200.0
+MAX_REPLY_MB = 4096.0
+MAX_STARTUP_S = 7200.0
+MAX_GRACE_S = 600.0
+MAX_RESTARTS = 10  # the k-th waits restart_backoff_s * 2**(k-1): the tenth, 512 backoffs
+MAX_BACKOFF_S = 60.0
+
+
+def _bounded(high: float, *, gt: float | None = None, ge: float | None = None):
+    """A finite number up to `high` (never inf or nan)."""
+    return Field(gt=gt, ge=ge, le=high, allow_inf_nan=False)
 
 
 def _no_ground_truth(value: Any) -> str | None:
@@ -65,11 +80,11 @@ class RayResources(Strict):
     bytes (Ray's unit); None reserves none."""
 
     # CPUs each actor holds.
-    num_cpus: NonNegativeFloat = 1.0
+    num_cpus: Annotated[float, _bounded(MAX_CPUS, ge=0)] = 1.0
     # GPUs (or a fraction) each actor holds; Ray sets its CUDA_VISIBLE_DEVICES.
-    num_gpus: NonNegativeFloat = 0.0
+    num_gpus: Annotated[float, _bounded(MAX_GPUS, ge=0)] = 0.0
     # Bytes of memory each actor reserves; None reserves none.
-    memory: PositiveInt | None = None
+    memory: Annotated[int, Field(gt=0, le=MAX_MEMORY_BYTES)] | None = None
 
     @model_validator(mode="after")
     def _holds_something(self) -> RayResources:
@@ -112,10 +127,11 @@ class PolicyEntry(Strict):
     privileged_state: Annotated[bool, RemoteValue(_no_ground_truth)] = False
     # Seconds a measured reply may take (a later one is an infrastructure failure, never a stale
     # action applied), and the one warm-up inference per process (openpi compiles on its first).
-    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=3600)
-    warmup_timeout_s: float = Field(DEFAULT_WARMUP_TIMEOUT_S, gt=0, le=7200)  # first inference
+    timeout_s: Annotated[float, _bounded(MAX_REPLY_S, gt=0)] = DEFAULT_TIMEOUT_S
+    # the first inference
+    warmup_timeout_s: Annotated[float, _bounded(MAX_WARMUP_S, gt=0)] = DEFAULT_WARMUP_TIMEOUT_S
     # The largest frame its server may send us (policies/client.py); actions are kilobytes.
-    max_reply_mb: float = Field(DEFAULT_MAX_REPLY_MB, gt=0, le=4096)
+    max_reply_mb: Annotated[float, _bounded(MAX_REPLY_MB, gt=0)] = DEFAULT_MAX_REPLY_MB
     # Under --gap-ray, a managed server runs in a Ray actor holding these resources, on a node
     # that has them (scale/ray_policy.py); without --gap-ray it runs here, as any other.
     ray: Annotated[RayResources | None, ServerOnly("where a server it starts would run")] = None
@@ -192,10 +208,11 @@ class PolicyManagerConfig(Strict):
     """How the session starts, stops and restarts the policy servers it manages."""
 
     # Seconds a started server has to accept connections before the session fails.
-    startup_timeout_s: NonNegativeFloat = 120.0
+    startup_timeout_s: Annotated[float, _bounded(MAX_STARTUP_S, ge=0)] = 120.0
     # Seconds between SIGTERM and SIGKILL when a server is stopped.
-    evict_grace_s: NonNegativeFloat = 10.0
+    evict_grace_s: Annotated[float, _bounded(MAX_GRACE_S, ge=0)] = 10.0
     # A managed server that dies mid-session is restarted at most max_restarts times (0: never),
     # the k-th restart after restart_backoff_s * 2**(k-1) s (pytest_gap/servers/supervisor.py).
-    max_restarts: NonNegativeInt = 3
-    restart_backoff_s: NonNegativeFloat = 1.0  # the first restart's wait; doubles each time
+    max_restarts: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 3
+    # the first restart's wait; doubles each time
+    restart_backoff_s: Annotated[float, _bounded(MAX_BACKOFF_S, ge=0)] = 1.0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gap.config.model import FRAMES_EVERY_HINT
+from pytest_gap.config.model import FRAMES_EVERY_HINT, MAX_EPISODE_STEPS
 from pytest_gap.errors import GapError
 from pytest_gap.outputs import plots
 from pytest_gap.scale.shard import ShardSpec, parse_shard
@@ -85,7 +85,7 @@ def frames_every(raw: str) -> int:
         value = int(raw)
     except ValueError:
         value = -1
-    if value < 0:
+    if not 0 <= value <= MAX_EPISODE_STEPS:  # the config key's bound, the same words
         raise argparse.ArgumentTypeError(f"{raw!r}: {FRAMES_EVERY_HINT}")
     return value
 

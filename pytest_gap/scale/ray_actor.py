@@ -11,7 +11,7 @@ The actor keeps its env pool (sim/pool.py) and its local run dir between trials,
 seeds reuse one env and one produced workflow.
 
 Every node needs pytest-gap (and what the configs' backends import) installed; the controller
-forwards PYTHONPATH and the GAP_* variables (ray_executor.forwarded_env).
+forwards PYTHONPATH and the harness's settings (ray_cluster.forwarded_env).
 """
 
 from __future__ import annotations

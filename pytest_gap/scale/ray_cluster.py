@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_gap.doors import holds_secret
+from pytest_gap.doors import holds_secret, is_harness_setting
 from pytest_gap.errors import GapError, one_line
 from pytest_gap.run.devices import DEVICES_VAR
 from pytest_gap.scale.dispatch import ActorGone, Slot, TrialBroke
@@ -26,9 +26,9 @@ if TYPE_CHECKING:
 STARTUP_TIMEOUT_S = 180.0  # an actor's start: a worker process, its runtime env, its imports
 GET_TIMEOUT_S = 120.0  # fetching a finished trial's outcome (its files) from a node
 # What a node's actors inherit from the controller besides their node's environment: the
-# import path (pytest-gap, a config's backend), the harness's GAP_* knobs (not the xdist GPU
-# list: Ray assigns GPUs) and the renderer's choice.
-FORWARDED = ("PYTHONPATH", "MUJOCO_GL", "PYOPENGL_PLATFORM")
+# import path (pytest-gap, a config's backend), the harness's settings by name
+# (doors.is_harness_setting; not the xdist GPU list: Ray assigns GPUs) and the renderer's choice.
+FORWARDED = frozenset({"PYTHONPATH", "MUJOCO_GL", "PYOPENGL_PLATFORM"})
 
 
 PROBE_TIMEOUT_S = 5.0
@@ -71,13 +71,13 @@ def resolve_address(address: str) -> str:
 
 
 def forwarded_env(environ=os.environ) -> dict[str, str]:
-    """What the actors inherit: PYTHONPATH, the GL choice and the harness's GAP_* settings, but
-    never a GAP_* variable that holds a secret (GAP_TOKEN, GAP_RUN_SECRET: doors.holds_secret),
-    which a Ray runtime env would carry to every node of the cluster."""
+    """What the actors inherit: PYTHONPATH, the GL choice and the harness's own settings, by
+    name; never a secret (GAP_TOKEN, GAP_RUN_SECRET: doors.holds_secret) or another `GAP_*` name
+    of the operator's (a GAP_DB_URL), which a Ray runtime env would carry to every node."""
     return {
         k: v
         for k, v in environ.items()
-        if (k in FORWARDED or k.startswith("GAP_")) and k != DEVICES_VAR and not holds_secret(k)
+        if (k in FORWARDED or is_harness_setting(k)) and k != DEVICES_VAR and not holds_secret(k)
     }
 
 

@@ -10,6 +10,7 @@ server and run id (`stored_run_secret`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import urllib.error
@@ -25,7 +26,7 @@ from websockets.sync.client import connect
 
 from pytest_gap.bind import is_loopback
 from pytest_gap.doors import read_secret, run_secret_path, server_token_path, write_secret
-from pytest_gap.errors import GapError
+from pytest_gap.errors import GapError, shown, shown_lines
 from pytest_gap.policies.wire import MAX_QUEUED_FRAMES, packb, unpackb
 from pytest_gap.service.protocol import (
     CONTROL_PATH,
@@ -38,6 +39,7 @@ from pytest_gap.service.protocol import (
 )
 
 MAX_FRAME_BYTES = 64 * 2**20
+MAX_ERROR_BYTES = 64 * 2**10  # of a refusal's body: a line or a few, never megabytes
 # A connectivity smoke's answer: five steps of no motion with the gripper open (openpi's
 # `actions` chunk). Episodes answered so are labelled smoke and never scored.
 FAKE_REPLY = {"actions": np.tile(np.array([0, 0, 0, 0, 0, 0, -1.0]), (5, 1))}
@@ -102,11 +104,27 @@ def _connect(url: str, path: str, token: str | None):
     except InvalidStatus as exc:
         code = exc.response.status_code
         why = "missing or wrong token (--token-file)" if code == 401 else f"HTTP {code}"
-        if code == 403:  # a door's own one-line reason
-            why = exc.response.body.decode(errors="replace").strip() or why
+        if code == 403:  # a door's own one-line reason (plain, or a JSON error)
+            body = exc.response.body[:MAX_ERROR_BYTES].decode(errors="replace").strip()
+            with contextlib.suppress(ValueError, AttributeError):
+                body = str(json.loads(body).get("error", body))
+            why = shown_lines(body or why)
         raise ServiceError(f"{_base(url, 'http')} refused the connection: {why}") from None
     except OSError as exc:
         raise ServiceError(f"cannot reach the evaluation server at {url}: {exc}") from None
+
+
+def _error_of(exc: urllib.error.HTTPError) -> str:
+    """The error a server's HTTP refusal states (its JSON `error`, else its reason), escaped:
+    read at most MAX_ERROR_BYTES of it, and never trusted to be JSON, a mapping or a string."""
+    try:
+        body = exc.read(MAX_ERROR_BYTES)
+    except OSError:
+        body = b""
+    detail: object = exc.reason
+    with contextlib.suppress(ValueError, AttributeError):
+        detail = json.loads(body or b"{}").get("error", exc.reason)
+    return shown_lines(detail)
 
 
 def submit(url: str, config: Path, run_id: str, token: str | None = None) -> Submitted:
@@ -120,7 +138,7 @@ def submit(url: str, config: Path, run_id: str, token: str | None = None) -> Sub
         ws.send(packb(request.model_dump()))
         answer = unpackb(ws.recv(), "answer")
     if not answer.get("ok"):
-        raise ServiceError(f"gap submit refused: {answer.get('error')}")
+        raise ServiceError(f"gap submit refused: {shown_lines(answer.get('error'))}")
     return Submitted.model_validate({k: v for k, v in answer.items() if k != "ok"})
 
 
@@ -132,7 +150,7 @@ def run_status(url: str, run_id: str, token: str | None = None) -> RunStatus:
         with urllib.request.urlopen(request, timeout=30) as answer:
             return RunStatus.model_validate(json.loads(answer.read()))
     except urllib.error.HTTPError as exc:
-        detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
+        detail = _error_of(exc)
         raise ServiceError(f"{_base(url, 'http')}: {detail} (HTTP {exc.code})") from None
     except OSError as exc:
         raise ServiceError(f"cannot reach the evaluation server at {url}: {exc}") from None
@@ -187,9 +205,11 @@ class EvalClient:
                 elif kind == "finished":
                     return frame
                 elif kind == "error":
-                    raise ServiceError(f"the evaluation server refused: {frame['error']}")
+                    why = shown_lines(frame.get("error"))
+                    raise ServiceError(f"the evaluation server refused: {why}")
                 else:
-                    raise ServiceError(f"the evaluation server sent an unknown frame {kind!r}")
+                    what = shown(repr(kind))[:80]
+                    raise ServiceError(f"the evaluation server sent an unknown frame {what}")
 
 
 def policy_act(url: str, protocol: str = "openpi") -> tuple[Callable[[dict], dict], dict]:
@@ -211,7 +231,7 @@ def _platform(base_url: str, token: str, method: str, path: str, body: dict | No
         with urllib.request.urlopen(request, timeout=30) as answer:
             return json.loads(answer.read())
     except urllib.error.HTTPError as exc:
-        detail = json.loads(exc.read() or b"{}").get("error", exc.reason)
+        detail = _error_of(exc)
         raise ServiceError(f"{_base(base_url, 'http')}: {detail} (HTTP {exc.code})") from None
     except OSError as exc:
         raise ServiceError(f"cannot reach the platform at {base_url}: {exc}") from None

@@ -13,10 +13,13 @@ are never logged, written under the runs dir, or put on a command line.
     GET  /tasks/<task id>                                      -> Task
 
 A ready task's run secret, the task servers' environment and the limits on tasks are
-platform.py's (see its docstring). Here are the limits on a request itself: a body needs a
-Content-Length of at most MAX_BODY_BYTES (411/400/413 before anything is read); a connection
-idle for `request_timeout_s` is closed (408), and at most `max_connections` are served at once
-(503 beyond).
+platform.py's (see its docstring). Here are the limits on a request itself: a request a browser
+made (`Origin`, `Sec-Fetch-Site`) is refused (403), as at every door (doors.browser_refusal); a
+body needs a Content-Length of at most MAX_BODY_BYTES (411/400/413 before anything is read); a
+request's head not in within `request_timeout_s` is answered 408, and so is its body not in
+within as long again. A request gets a thread only once its head is in and its token is good
+(http_gate.py), so connections without a token cannot starve those with one; at most
+`max_connections` requests are served at once (503 beyond).
 """
 
 from __future__ import annotations
@@ -28,14 +31,14 @@ import re
 import socket
 import threading
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from pydantic import ValidationError
 
 from pytest_gap.bind import exposure_notice
-from pytest_gap.doors import bearer, same_secret
+from pytest_gap.doors import bearer, browser_refusal, same_secret
 from pytest_gap.errors import GapError
+from pytest_gap.service.http_gate import GatedHandler, GatedHTTPServer
 from pytest_gap.service.platform import MAX_LIST, Platform, Refused, TaskRequest
 
 log = logging.getLogger(__name__)
@@ -89,9 +92,28 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-class TaskHandler(BaseHTTPRequestHandler):
+def _refusal(platform: Platform, headers) -> tuple[HTTPStatus, str] | None:
+    """Why a request may not go on, before anything else is read of it: a browser's (403) or
+    one without a good bearer token (401); None when it may."""
+    why = browser_refusal(headers)
+    if why is not None:
+        return HTTPStatus.FORBIDDEN, why
+    if _owner_of(platform, bearer(headers) or "") is None:
+        return HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token"
+    return None
+
+
+def _owner_of(platform: Platform, token: str) -> str | None:
+    # constant time per token, on bytes: a timing probe learns nothing about valid prefixes,
+    # and a non-ASCII header is a 401 like any wrong token
+    matches = [o for t, o in platform.tokens.items() if same_secret(token, t)]
+    return matches[0] if matches else None
+
+
+class TaskHandler(GatedHandler):
     """One request of the platform's API (the module's docstring), one request per connection
-    (HTTP/1.0). `handler_for` makes the class a server uses: it sets `platform` and `timeout`."""
+    (HTTP/1.0), on a thread of its own once the server's gate let its head through.
+    `handler_for` makes the class a server uses: it sets `platform` and `timeout`."""
 
     platform: Platform
     # each read and write on the connection; `setup` adds a deadline for the whole request
@@ -129,22 +151,19 @@ class TaskHandler(BaseHTTPRequestHandler):
     def _error(self, status: HTTPStatus, message: str) -> None:
         self._send(status, {"error": _one_line(message)})
 
-    def _owner(self) -> tuple[str, str] | None:
-        """(owner, token) of the request's bearer token; None after answering 401."""
-        token = bearer(self.headers) or ""
-        # constant time per token, on bytes: a timing probe learns nothing about valid
-        # prefixes, and a non-ASCII header is a 401 like any wrong token
-        matches = [o for t, o in self.platform.tokens.items() if same_secret(token, t)]
-        if not matches:
-            self._error(HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token")
+    def _owner(self) -> str | None:
+        """The request's owner; None after answering 403 or 401. The gate already refused
+        such requests: asked again here, a handler never serves one it let by."""
+        refused = _refusal(self.platform, self.headers)
+        if refused is not None:
+            self._error(*refused)
             return None
-        return matches[0], token
+        return _owner_of(self.platform, bearer(self.headers) or "")
 
     def do_GET(self) -> None:
-        caller = self._owner()
-        if caller is None:
+        owner = self._owner()
+        if owner is None:
             return
-        owner = caller[0]
         url = urlsplit(self.path)
         if url.path.rstrip("/") == "/tasks":
             try:
@@ -164,16 +183,15 @@ class TaskHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         # once a body is refused unread, the connection cannot carry another request
         self.close_connection = True
-        caller = self._owner()
-        if caller is None:
+        owner = self._owner()
+        if owner is None:
             return
-        owner, token = caller
         if urlsplit(self.path).path.rstrip("/") != "/tasks":
             return self._error(HTTPStatus.NOT_FOUND, f"no such path {self.path[:200]}")
         try:
             body = self._body()
             request = TaskRequest.model_validate_json(body or b"{}")
-            task, created = self.platform.create(owner, token, request)
+            task, created = self.platform.create(owner, request)
         except Refused as exc:
             return self._error(exc.status, str(exc))
         except ValidationError as exc:
@@ -209,64 +227,20 @@ class TaskHandler(BaseHTTPRequestHandler):
         pass  # request lines carry no token, but nothing here needs them either
 
 
-def handler_for(platform: Platform) -> type[BaseHTTPRequestHandler]:
+def handler_for(platform: Platform) -> type[TaskHandler]:
     """The handler class of `platform`'s server (socketserver makes one instance a request)."""
     attributes = {"platform": platform, "timeout": platform.limits.request_timeout_s}
     return type("Handler", (TaskHandler,), attributes)
 
 
-class _BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, at most `max_connections` at once: beyond that a connection is
-    answered 503 and closed at once, so a flood of slow clients cannot pile up threads."""
-
-    def __init__(self, address: tuple[str, int], handler, max_connections: int):
-        self.slots = threading.BoundedSemaphore(max_connections)
-        self.max_connections = max_connections
-        # the kernel's accept queue (socketserver's default is 5): connections past it wait
-        # unseen for retransmits, so a flood would look like a platform that does not answer
-        self.request_queue_size = 2 * max_connections
-        super().__init__(address, handler)
-
-    def process_request(self, request, client_address) -> None:
-        if not self.slots.acquire(blocking=False):
-            self._turn_away(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except Exception:
-            self.slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
-
-    def _turn_away(self, request: socket.socket) -> None:
-        body = (
-            json.dumps(
-                {
-                    "error": f"the platform is serving its {self.max_connections} connections; "
-                    "try again shortly"
-                }
-            )
-            + "\n"
-        ).encode()
-        head = (
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        ).encode()
-        try:
-            request.settimeout(1.0)
-            request.sendall(head + body)
-        except OSError:
-            pass
-        self.shutdown_request(request)
-
-
-def make_platform_server(platform: Platform, host: str, port: int) -> ThreadingHTTPServer:
+def make_platform_server(platform: Platform, host: str, port: int) -> GatedHTTPServer:
     notice = exposure_notice("the platform", host)
     if notice:
         log.warning(notice)
-    return _BoundedServer((host, port), handler_for(platform), platform.limits.max_connections)
+    return GatedHTTPServer(
+        (host, port),
+        handler_for(platform),
+        max_connections=platform.limits.max_connections,
+        head_timeout_s=platform.limits.request_timeout_s,
+        screen=lambda headers: _refusal(platform, headers),
+    )

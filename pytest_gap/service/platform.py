@@ -4,9 +4,15 @@ evaluation server for the task (`gap serve` on a free loopback port, the set's c
 under the task id as run id) and hands out its endpoint. A task whose run has finished gives its
 place to the next one. online.py is its HTTP face.
 
-A ready task carries its run's secret (`run_secret`, beside `endpoint`): its owner's client
-presents it to attach. The task servers get the allow-listed environment (doors.child_env) and
-their token: no operator API key reaches them.
+A task server trusts the platform, never the owner: the platform mints two tokens per task.
+The server token (its `GAP_TOKEN`) opens every door of the task's server; the platform alone
+holds it, to poll the run's status. The client token (its `GAP_CLIENT_TOKEN`) opens `/episodes`
+for the task's run only and `GET /runs/<task id>`: a ready task carries it (`client_token`)
+beside its run's secret (`run_secret`) and `endpoint`, and that is all its owner's clients need
+to attach and follow the run. The owner's platform token never reaches the task server: it opens
+no door there, and no client token opens `/control`, so the work inside a task server is the
+set's config and nothing an owner adds. The task servers get the allow-listed environment
+(doors.child_env) and these secrets: no operator API key reaches them.
 
 Limits (`Limits`; everything from the network is untrusted and must not hold the platform): each
 owner has at most `max_tasks_per_owner` tasks queued or ready (429) and the platform at most
@@ -38,7 +44,7 @@ from pytest_gap.config.reader import read_yaml
 from pytest_gap.doors import child_env, new_secret
 from pytest_gap.errors import GapError
 from pytest_gap.servers.manager import free_port
-from pytest_gap.service.protocol import RUN_SECRET_ENV, RUNS_PATH, TOKEN_ENV
+from pytest_gap.service.protocol import CLIENT_TOKEN_ENV, RUN_SECRET_ENV, RUNS_PATH, TOKEN_ENV
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0  # how often running tasks are asked whether their run finished
@@ -49,15 +55,23 @@ TaskState = Literal["queued", "ready", "finished", "failed", "expired"]
 LIVE: tuple[TaskState, ...] = ("queued", "ready")  # what holds (or waits for) a place
 
 
+# The ceilings of the limits below: far above any use, finite.
+MAX_TASKS = 10_000
+MAX_WAIT_S = 86_400.0
+MAX_REQUEST_S = 600.0
+MAX_CONNECTIONS = 4096
+MAX_CAPACITY = 256  # evaluation servers at once, each with its clients' simulator slots
+
+
 class Limits(BaseModel):
     """What one owner, and the network, may take of the platform (`gap online serve` options)."""
 
-    max_tasks_per_owner: int = Field(default=4, ge=1)
-    max_queued: int = Field(default=32, ge=1)
-    attach_timeout_s: float = Field(default=300.0, gt=0)
-    request_timeout_s: float = Field(default=10.0, gt=0)
-    max_connections: int = Field(default=64, ge=1)
-    keep_ended: int = Field(default=100, ge=1)
+    max_tasks_per_owner: int = Field(default=4, ge=1, le=MAX_TASKS)
+    max_queued: int = Field(default=32, ge=1, le=MAX_TASKS)
+    attach_timeout_s: float = Field(default=300.0, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
+    request_timeout_s: float = Field(default=10.0, gt=0, le=MAX_REQUEST_S, allow_inf_nan=False)
+    max_connections: int = Field(default=64, ge=1, le=MAX_CONNECTIONS)
+    keep_ended: int = Field(default=100, ge=1, le=MAX_TASKS)
 
 
 class Refused(GapError):
@@ -82,6 +96,7 @@ class Task(BaseModel):
     state: TaskState
     endpoint: str | None = None  # the evaluation server, once ready
     run_secret: str | None = None  # what attaching to the task's run needs, once ready
+    client_token: str | None = None  # its server's token for this run's doors only, once ready
     created_at: float
     ready_at: float | None = None
     finished_at: float | None = None
@@ -91,7 +106,8 @@ class Task(BaseModel):
 class _Entry(BaseModel):
     task: Task
     owner: str
-    token: str  # the owner's token: its evaluation server asks for it (kept in memory only)
+    # The task server's own token (minted here, kept in memory only): the platform's polls.
+    server_token: str = Field(default_factory=new_secret, repr=False)
     key: str  # idempotency key: a retried submit finds the pending task
     port: int | None = None
     ready_since: float | None = None  # time.monotonic() when it became ready
@@ -142,8 +158,8 @@ class Platform:
         capacity: int,
         limits: Limits | None = None,
     ):
-        if capacity < 1:
-            raise GapError(f"--capacity {capacity}: give at least 1")
+        if not 1 <= capacity <= MAX_CAPACITY:
+            raise GapError(f"--capacity {capacity}: give a whole number from 1 to {MAX_CAPACITY}")
         self.runs_dir, self.sets, self.tokens = runs_dir.resolve(), sets, tokens
         self.capacity, self.limits = capacity, limits or Limits()
         self.entries: dict[str, _Entry] = {}
@@ -153,7 +169,9 @@ class Platform:
         self.stopped = threading.Event()
 
     # -- tasks ----------------------------------------------------------------------------------
-    def create(self, owner: str, token: str, request: TaskRequest) -> tuple[Task, bool]:
+    def create(self, owner: str, request: TaskRequest) -> tuple[Task, bool]:
+        """Queue `request` for `owner` (or find its pending twin). The owner's token, which
+        online.py authenticated, never reaches the task: its server gets tokens of its own."""
         if request.benchmark_set not in self.sets:
             have = ", ".join(sorted(self.sets))
             raise GapError(f"no benchmark set {request.benchmark_set!r} here (it has: {have})")
@@ -173,7 +191,7 @@ class Platform:
                 state="queued",
                 created_at=time.time(),
             )
-            self.entries[task_id] = _Entry(task=task, owner=owner, key=key, token=token)
+            self.entries[task_id] = _Entry(task=task, owner=owner, key=key)
         # started beside the request, not in it: bringing a server up takes seconds to minutes,
         # and the client's answer (its task, queued) should not wait for that
         threading.Thread(target=self._schedule, name="gap-online-start", daemon=True).start()
@@ -246,13 +264,19 @@ class Platform:
         runs = self.runs_dir / task.task_id
         runs.mkdir(parents=True, exist_ok=True)
         log_file = open(runs / "serve.log", "ab")  # noqa: SIM115 (the server's whole life)
-        # The task's server takes its owner's token, through the environment: not argv (ps),
-        # not a file in the runs dir.
+        # The task's server takes its tokens (the platform's, the owner's clients') and its run
+        # secret through the environment: not argv (ps), not a file in the runs dir.
         # The set's config is the operator's: the server schedules it at start (`--config`),
-        # trusted, not through the public submit a tenant's config takes; its run secret is
-        # chosen here and handed over the same way as the token.
-        run_secret = new_secret()
-        env = child_env({TOKEN_ENV: entry.token, RUN_SECRET_ENV: run_secret})
+        # trusted, not through the public submit a tenant's config takes; no token an owner
+        # holds opens that door.
+        run_secret, client_token = new_secret(), new_secret()
+        env = child_env(
+            {
+                TOKEN_ENV: entry.server_token,
+                CLIENT_TOKEN_ENV: client_token,
+                RUN_SECRET_ENV: run_secret,
+            }
+        )
         config = ["--config", str(self.sets[task.benchmark_set]), "--run-id", task.task_id]
         server = subprocess.Popen(
             [*gap, "serve", "--port", str(port), "--runs-dir", str(runs), *config],
@@ -283,7 +307,7 @@ class Platform:
         with self.lock:
             entry.port = port
             task.state, task.endpoint, task.ready_at = "ready", endpoint, time.time()
-            task.run_secret = run_secret
+            task.run_secret, task.client_token = run_secret, client_token
             entry.ready_since = time.monotonic()
         log.info("task %s ready at %s", task.task_id, endpoint)
 
@@ -321,7 +345,8 @@ class Platform:
     def _run_status(self, entry: _Entry) -> dict:
         """The task's run status from its evaluation server ({} when it does not answer)."""
         url = f"{entry.task.endpoint}{RUNS_PATH}{entry.task.task_id}"
-        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {entry.token}"})
+        headers = {"Authorization": f"Bearer {entry.server_token}"}
+        request = urllib.request.Request(url, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=5) as answer:
                 status = json.loads(answer.read())

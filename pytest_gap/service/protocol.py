@@ -20,17 +20,30 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field
 
+from pytest_gap.errors import GapError
 from pytest_gap.names import check_name
+from pytest_gap.service.limits import CEILING_ATTACHMENTS_PER_RUN
 
 EPISODES_PATH = "/episodes"
 CONTROL_PATH = "/control"
 RUNS_PATH = "/runs/"
-MAX_WORKER_ID = 1_000_000  # far above any fleet; an id is a slot thread's and a record's name
+# Worker ids run from 0 to the server's --max-attachments-per-run less one (at most this): an id
+# is a simulator slot, and the server keeps a line of status for each one a run has seen.
+MAX_WORKER_ID = CEILING_ATTACHMENTS_PER_RUN - 1
 SplitName = Literal["val_train", "val_unseen", "test"]
 HELD_OUT: SplitName = "test"  # its seeds stay on the server: status names no trial of it
 TOKEN_ENV = "GAP_TOKEN"  # the bearer token, for `gap serve` and clients without --token-file
+# A second token of `gap serve --config --run-id ID` (the platform mints one per task): it opens
+# `/episodes` (attaching to run ID only) and `GET /runs/ID`, never `/control` or another run.
+CLIENT_TOKEN_ENV = "GAP_CLIENT_TOKEN"
+MAX_REASONS = 50  # why trials were given up: the first this many, in a status or a card
 RUN_SECRET_ENV = "GAP_RUN_SECRET"  # a run's secret, for `gap eval` without --run-secret-file
 MAX_SECRET_CHARS = 200
+
+
+class RunRefused(GapError):
+    """A submission or attach the server will not take; the message says why and the fix (sent
+    to the client as the error of its answer)."""
 
 
 def check_run_id(run_id: str) -> str:
@@ -75,11 +88,13 @@ class Hello(BaseModel):
 
 class WorkerStatus(BaseModel):
     worker_id: int
-    state: Literal["attached", "detached"]
+    # refused: its client failed too many trials in a row; the id may not attach again
+    state: Literal["attached", "detached", "refused"]
     host: str = ""
     smoke: bool = False
     episodes_done: int = 0
     current: str | None = None  # the trial it is running (never named on the held-out split)
+    reason: str | None = None  # why it was detached or refused, when the server ended it
 
 
 class RunStatus(BaseModel):
@@ -91,7 +106,9 @@ class RunStatus(BaseModel):
     in_progress: int
     remaining: int  # neither saved nor in progress
     infra_failures: int  # episodes that ended unscored (each handed out again)
-    given_up: int = 0  # trials the harness failed to run MAX_ATTEMPTS times: missing
+    given_up: int = 0  # trials given up (runs.ServiceRun.finish): missing from the rates
+    # why, one line each, the first MAX_REASONS (on the held-out split without the trial's key)
+    given_up_reasons: list[str] = []
     smoke_episodes: int
     workers: list[WorkerStatus]
     gate: str | None = None  # the gate line, once finished

@@ -20,35 +20,25 @@ import logging
 import threading
 from pathlib import Path
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PositiveInt,
-    TypeAdapter,
-    ValidationError,
-    field_validator,
-)
-
 from pytest_gap.cells import Cell, Trial
 from pytest_gap.config.document import BenchmarkConfig, load_config
 from pytest_gap.config.keys import Profile
 from pytest_gap.config.messages import ConfigError
-from pytest_gap.config.reader import read_yaml
 from pytest_gap.doors import new_secret, same_secret
-from pytest_gap.errors import GapError, one_line
+from pytest_gap.errors import one_line
 from pytest_gap.layout import RESULT_FILE, SMOKE_DIR, inside
 from pytest_gap.plan import all_trials, plan
 from pytest_gap.policies.endpoint import PolicyEndpoint
-from pytest_gap.producers.templates import template_names
 from pytest_gap.report import RunSummary, fold_config
 from pytest_gap.results import TrialResult, now_iso, read_result, scan_results, write_json
-from pytest_gap.service.protocol import SplitName, Submit, Submitted
+from pytest_gap.service.limits import OPTION, ServiceLimits
+from pytest_gap.service.protocol import RunRefused, Submit, Submitted
+from pytest_gap.service.splits import SERVICE_MODE, Splits, apply_split
+from pytest_gap.service.work import work_problems
 
 log = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
 SERVICE_FILE = "service.json"
-SERVICE_MODE = "policy_only"  # a remote client's policy acts alone, from the arm's home pose
 MAX_ATTEMPTS = 3  # runs of one trial that the harness could not score before it gives up
 SECRET_DIGEST = "run_secret_sha256"  # the card's key for the run secret's digest
 
@@ -59,108 +49,30 @@ def secret_digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-class RunRefused(GapError):
-    """A submission or attach the server will not take; the message says why and the fix."""
-
-
-class Split(BaseModel):
-    """A split the server holds: what a run of it measures is the server's alone. Its seeds
-    (clients never see them), its tasks (None: the benchmark's default tasks), its step limit
-    (None: each suite's protocol limit) and its template. A submission under `split:` names
-    the policy and the suite; none of these."""
-
-    model_config = ConfigDict(extra="forbid")
-    seeds: list[int] = Field(min_length=1)
-    task_ids: list[int] | None = Field(default=None, min_length=1)
-    max_steps: PositiveInt | None = None
-    template: str = "policy_only"
-
-    @field_validator("template")
-    @classmethod
-    def _shipped(cls, template: str) -> str:
-        if template not in template_names():
-            raise ValueError(f"{template!r} is no shipped template; use one of {template_names()}")
-        return template
-
-
-Splits = dict[SplitName, Split]
-# What a split decides; a submission under `split:` that sets one of them is refused, by name.
-SPLIT_DECIDES = {
-    "benchmark": ("seeds", "n_seeds", "task_ids", "n_tasks", "mode_overrides"),
-    "trials": ("max_steps",),
-}
-
-
-def load_splits(path: Path) -> Splits:
-    """`gap serve --splits FILE`: {val_train|val_unseen|test: {seeds: [...], task_ids: [...],
-    max_steps: N, template: NAME}} (seeds required)."""
-    try:  # the hardened reader: tags, keys given twice and alias bombs are refused here too
-        data = read_yaml(path)
-    except ConfigError as exc:
-        raise GapError(f"--splits {exc}") from None
-    try:
-        return TypeAdapter(Splits).validate_python(data or {})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        raise GapError(f"--splits {path}: {where}: {message}") from None
-
-
-def _with_split(data: dict, name: str, splits: Splits) -> tuple[dict, str | None]:
-    """The config data with what the server's split of its `split:` decides (seeds, tasks,
-    step limit, template), and the split's name."""
-    split = data.pop("split", None)
-    if split is None:
-        return data, None
-    if not isinstance(split, str) or split not in splits:
-        have = ", ".join(splits) or "none"
-        raise RunRefused(
-            f"{name}: split: {one_line(str(split), 60)} is not a split of this server (it has: "
-            f"{have}); ask for one it has: a split is never substituted"
-        )
-    block = data.get("benchmark")
-    if not isinstance(block, dict):
-        raise RunRefused(f"{name}: split: {split} runs a benchmark: grid; write one")
-    chosen = [
-        f"{name}: {section}.{key}: split: {split} decides it on this server; remove it"
-        for section, keys in SPLIT_DECIDES.items()
-        if isinstance(data.get(section), dict)
-        for key in keys
-        if key in data[section]
-    ]
-    if chosen:
-        raise RunRefused("\n".join(chosen))
-    chosen_split = splits[split]
-    block = {
-        **block,
-        "seeds": list(chosen_split.seeds),
-        "mode_overrides": {SERVICE_MODE: {"template": chosen_split.template}},
-    }
-    if chosen_split.task_ids is not None:
-        block["task_ids"] = list(chosen_split.task_ids)
-    data["benchmark"] = block
-    trials = data.get("trials", {})
-    if chosen_split.max_steps is not None and isinstance(trials, dict):  # else the model says
-        data["trials"] = {**trials, "max_steps": chosen_split.max_steps}
-    return data, split
-
-
 def _config(
-    text: str, name: str, base: Path, splits: Splits, profile: Profile = "remote"
+    text: str,
+    name: str,
+    base: Path,
+    splits: Splits,
+    limits: ServiceLimits,
+    profile: Profile = "remote",
 ) -> tuple[BenchmarkConfig, list[Cell], str | None]:
     """The run's config and cells from its text. `remote` (a submission): the hardened reader,
     then the remote profile on the data as submitted, then the split's additions; `file` (the
-    operator's config): as a session reads a config file, relative paths from `base`."""
+    operator's config): as a session reads a config file, relative paths from `base`. Its work
+    (trials x steps) is counted against `limits` before a cell is planned."""
     split: str | None = None
 
     def with_split(data: dict) -> dict:  # the server's split, added after the remote check
         nonlocal split
-        data, split = _with_split(data, name, splits)
+        data, split = apply_split(data, name, splits)
         return data
 
     try:
         config = load_config(name, text=text, profile=profile, base=base, amend=with_split)
+        too_much = work_problems(config, limits, name)
+        if too_much:
+            raise RunRefused("\n".join(too_much))
         cells = plan(config)
     except ConfigError as exc:
         raise RunRefused(str(exc)) from None
@@ -181,28 +93,45 @@ def _config(
 
 
 class ServiceRun:
-    def __init__(self, run_dir: Path, splits: Splits | None = None):
-        self.run_dir = run_dir
-        self.card = json.loads((run_dir / SERVICE_FILE).read_text())
-        text = (run_dir / CONFIG_FILE).read_text()
+    """One run as the server holds it: its plan (bounded by `limits` before it is made), what
+    is saved (read from its records), what is out with a client, and what was given up, why."""
+
+    def __init__(
+        self, run_dir: Path, splits: Splits | None = None, limits: ServiceLimits | None = None
+    ):
+        self.run_dir, self.limits = run_dir, limits or ServiceLimits()
+        try:
+            self.card = json.loads((run_dir / SERVICE_FILE).read_text())
+            text = (run_dir / CONFIG_FILE).read_text()
+            name = str(self.card["config_name"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RunRefused(
+                f"run {run_dir.name} on disk cannot be read ({type(exc).__name__}: "
+                f"{one_line(str(exc), 120)}); move its directory out of the runs dir"
+            ) from None
         # Only `register` writes a card that says trusted (with the config file's directory).
         trusted = self.card.get("trusted") is True
         base = Path(self.card["base"]) if trusted else run_dir
+        profile: Profile = "file" if trusted else "remote"
         self.config, self.cells, self.split = _config(
-            text, self.card["config_name"], base, splits or {}, "file" if trusted else "remote"
+            text, name, base, splits or {}, self.limits, profile
         )
         self.trials: dict[str, Trial] = {t.key: t for t in all_trials(self.cells)}
         self.policy_id: str = self.cells[0].policy_id
-        entry = self.config.policies[self.policy_id]
-        self.obs_format = entry.resolved_obs_format
+        self.entry = self.config.policies[self.policy_id]
         self.saved: set[str] = {
             key for key, r in scan_results(run_dir).items() if key in self.trials and not r.errored
         }
         self.in_progress: dict[str, int] = {}  # trial key -> worker id
         self.attempts: dict[str, int] = {}  # runs of a trial the harness could not score
-        self.given_up: set[str] = set()
+        self.handouts: dict[str, int] = {}  # unscored ends of a trial not of its own making
+        self.given_up: dict[str, str] = {}  # trial key -> why it is missing
+        self.last_errors: dict[str, str] = {}  # trial key -> its last attempt's error
         self.infra_failures = 0
+        self.failing: dict[int, int] = {}  # worker id -> trials in a row its client failed
+        self.refused: dict[int, str] = {}  # worker id -> why it may not attach again
         self.smoke_episodes = len(list((run_dir / SMOKE_DIR).rglob(RESULT_FILE)))
+        self.gate_line: str | None = None  # the gate's line once ended (`gate`)
         # Its outputs are written (the card completed): by this server, or before a restart.
         # Every attached client's handler gets there when the run ends; the first writes.
         self.summarized = self.ended and "finished_at" in self.card
@@ -222,8 +151,16 @@ class ServiceRun:
 
     def endpoint(self, url: str) -> PolicyEndpoint:
         """The run's policy as a trial reaches it: `url` (a worker's relay), the entry's
-        obs_format (what the remote policy reads and answers)."""
-        return PolicyEndpoint(url=url, protocol="openpi", obs_format=self.obs_format)
+        obs_format (what the remote policy reads and answers) and its reply bounds (the relay
+        waits on the client as long as the trial waits on the relay)."""
+        return PolicyEndpoint(
+            url=url,
+            protocol="openpi",
+            obs_format=self.entry.resolved_obs_format,
+            timeout_s=self.entry.timeout_s,
+            warmup_timeout_s=self.entry.warmup_timeout_s,
+            max_reply_mb=self.entry.max_reply_mb,
+        )
 
     def claim(self, worker_id: int) -> Trial | None:
         """The next trial no one has saved, is running or gave up on, in plan order."""
@@ -237,26 +174,83 @@ class ServiceRun:
         """The first trial of the plan, for a fake-action connectivity check."""
         return next(iter(self.trials.values()))
 
-    def finish(self, key: str) -> None:
-        """A trial ended: saved if its record is scored, handed out again if not."""
+    def finish(
+        self,
+        key: str,
+        worker_id: int,
+        *,
+        harness_error: str | None = None,
+        client: str | None = None,
+    ) -> None:
+        """A trial ended: saved if its record is scored, else handed out again, within bounds.
+        `harness_error`: the server itself could not run it (no thread, no memory: its record,
+        if any, is not read); `client`: why the worker's client failed it (gone, silent).
+        Neither is the trial's fault: it goes out again until it has ended unscored
+        `max_trial_handouts` times; a worker whose client failed `max_worker_failures` trials
+        in a row is refused. A trial the harness cannot run for a reason of its own (an
+        errored record that is not an infrastructure failure) is given up after MAX_ATTEMPTS."""
         self.in_progress.pop(key, None)
-        result = read_result(inside(self.run_dir, key))
-        if isinstance(result, TrialResult) and not result.errored:
+        result = None if harness_error else read_result(inside(self.run_dir, key))
+        scored = isinstance(result, TrialResult) and not result.errored
+        if scored:  # the policy answered every step it was asked (a client gone after: ok)
             self.saved.add(key)
+            self.failing.pop(worker_id, None)
             return
         self.infra_failures += 1
-        why = result.error if isinstance(result, TrialResult) else "no record"
-        # A client gone mid-episode is not the trial's fault: its episode goes out again as
-        # often as that happens. A trial the harness itself cannot run would go round forever.
-        if not (isinstance(result, TrialResult) and result.infra_failure):
-            self.attempts[key] = self.attempts.get(key, 0) + 1
-            if self.attempts[key] >= MAX_ATTEMPTS:
-                self.given_up.add(key)
-                log.warning(
-                    "run %s: %s given up after %d attempts: %s", self.run_id, key, MAX_ATTEMPTS, why
-                )
-                return
-        log.warning("run %s: %s is handed out again: %s", self.run_id, key, why)
+        why = harness_error or (result.error if isinstance(result, TrialResult) else "no record")
+        if client:
+            self._client_failed(worker_id, client)
+        infra = bool(harness_error or client) or (
+            isinstance(result, TrialResult) and result.infra_failure
+        )
+        if infra:
+            self._hand_out_again(key, str(why))
+        else:
+            self._attempted(key, str(why))
+
+    def _hand_out_again(self, key: str, why: str) -> None:
+        self.handouts[key] = n = self.handouts.get(key, 0) + 1
+        if n >= self.limits.max_trial_handouts:
+            limit = self.limits.max_trial_handouts
+            self._give_up(
+                key,
+                f"ended unscored {n} times, never by the policy's answers (--max-trial-handouts "
+                f"{limit})",
+                why,
+            )
+        else:
+            log.warning("run %s: %s is handed out again: %s", self.run_id, key, why)
+
+    def _attempted(self, key: str, why: str) -> None:
+        self.attempts[key] = n = self.attempts.get(key, 0) + 1
+        if n >= MAX_ATTEMPTS:
+            self._give_up(key, f"the harness could not run it {n} times", why)
+        else:
+            log.warning("run %s: %s is handed out again: %s", self.run_id, key, why)
+
+    def _give_up(self, key: str, why: str, last: str) -> None:
+        """Give up on `key`: `why` (names no trial: the held-out split shows it), and the last
+        attempt's error (which may: the split shows it to the operator only)."""
+        self.given_up[key] = why
+        self.last_errors[key] = one_line(last, 200)
+        log.warning("run %s: %s given up: %s (last: %s)", self.run_id, key, why, last)
+
+    def given_up_reasons(self, held_out: bool) -> list[str]:
+        """Why each trial was given up, one line each (on the held-out split, no trial named)."""
+        if held_out:
+            return list(self.given_up.values())
+        last = self.last_errors
+        return [f"{key}: {why}; last: {last[key]}" for key, why in self.given_up.items()]
+
+    def _client_failed(self, worker_id: int, why: str) -> None:
+        self.failing[worker_id] = n = self.failing.get(worker_id, 0) + 1
+        if n >= self.limits.max_worker_failures:
+            self.refused[worker_id] = (
+                f"worker id {worker_id} of run {self.run_id} is refused: its client failed {n} "
+                f"trials in a row (--max-worker-failures {self.limits.max_worker_failures}; "
+                f"last: {one_line(why, 160)}); fix the client, then attach under a new worker id"
+            )
+            log.warning("run %s: %s", self.run_id, self.refused[worker_id])
 
     @property
     def complete(self) -> bool:
@@ -265,10 +259,16 @@ class ServiceRun:
     @property
     def ended(self) -> bool:
         """Every trial saved or given up on: no episode is left to hand out."""
-        return len(self.saved) + len(self.given_up - self.saved) == len(self.trials)
+        return len(self.saved) + len(self.given_up.keys() - self.saved) == len(self.trials)
 
     def summary(self) -> RunSummary:
         return self.folded()[0]
+
+    def gate(self) -> str:
+        """The gate line of an ended run (its records read once; they change no more)."""
+        if self.gate_line is None:
+            self.gate_line = self.summary().gate.line()
+        return self.gate_line
 
     def folded(self) -> tuple[RunSummary, dict[str, TrialResult]]:
         """The run's summary and the records it folds (keyed by trial dir)."""
@@ -276,9 +276,16 @@ class ServiceRun:
         return fold_config(self.cells, results, self.config), results
 
 
-def submit(runs_dir: Path, request: Submit, splits: Splits | None = None) -> Submitted:
+def submit(
+    runs_dir: Path,
+    request: Submit,
+    splits: Splits | None = None,
+    limits: ServiceLimits | None = None,
+) -> Submitted:
     """Schedule a submitted config's trials under a run id (the public door: the config is
-    untrusted data, see the module's docstring); the same submission again adds nothing."""
+    untrusted data, see the module's docstring); the same submission again adds nothing. A
+    refused one (its work over `limits` among the reasons) leaves nothing on disk."""
+    limits = limits or ServiceLimits()
     run_dir = inside(runs_dir, request.run_id)
     if (run_dir / SERVICE_FILE).is_file():
         if (run_dir / CONFIG_FILE).read_text() != request.config_text:
@@ -286,7 +293,7 @@ def submit(runs_dir: Path, request: Submit, splits: Splits | None = None) -> Sub
                 f"run id {request.run_id} is taken by another config on this server; pick a "
                 "new run id (or resubmit the same config to reuse it)"
             )
-        run = ServiceRun(run_dir, splits)
+        run = ServiceRun(run_dir, splits, limits)
         return Submitted(
             run_id=request.run_id,
             created=False,
@@ -295,8 +302,30 @@ def submit(runs_dir: Path, request: Submit, splits: Splits | None = None) -> Sub
             f"{len(run.saved)} saved); nothing added; its run secret went to the first submit "
             "(lost? submit under a new run id)",
         )
-    _, cells, split = _config(request.config_text, request.config_name, run_dir, splits or {})
-    return _create(run_dir, request.config_text, request.config_name, split, cells, {})
+    _room_for_a_run(runs_dir, limits)
+    text, name = request.config_text, request.config_name
+    _, cells, split = _config(text, name, run_dir, splits or {}, limits)
+    return _create(run_dir, text, name, split, cells, {})
+
+
+def _room_for_a_run(runs_dir: Path, limits: ServiceLimits) -> None:
+    """RunRefused, naming the option, when the runs dir holds `max_runs` submitted runs: each
+    keeps its records on this server's disk, so a token holder cannot add runs without end.
+    Counted from the cards on disk (a restart forgets nothing), the operator's own not among
+    them; at most `max_runs` cards are read."""
+    held = 0
+    for card in runs_dir.glob(f"*/{SERVICE_FILE}"):
+        try:
+            trusted = json.loads(card.read_text()).get("trusted") is True
+        except (OSError, ValueError, AttributeError):
+            trusted = False  # an unreadable card still holds its run's place
+        held += not trusted
+        if held >= limits.max_runs:
+            raise RunRefused(
+                f"this server holds {held} submitted runs, the most {OPTION['max_runs']} "
+                f"({limits.max_runs}) allows; resubmit an existing run id, or ask the "
+                "operator to remove finished runs (or raise the option)"
+            )
 
 
 def register(
@@ -305,13 +334,15 @@ def register(
     path: Path,
     splits: Splits | None = None,
     secret: str | None = None,
+    limits: ServiceLimits | None = None,
 ) -> Submitted:
     """Schedule the operator's own config file under `run_id` (`gap serve --config`): read as
     a session reads a config file (skill packages, workflow dirs and the rest allowed),
-    relative paths from its directory. Never reached from the network. Registering the same
-    file again adds nothing; another config under a taken run id is refused. `secret` is the
-    run's secret when the operator chose it (gap online hands it to the task's owner), else a
-    new one, in the answer."""
+    relative paths from its directory, and held to the same `limits` as a submission. Never
+    reached from the network. Registering the same file again adds nothing; another config
+    under a taken run id is refused. `secret` is the run's secret when the operator chose it
+    (gap online hands it to the task's owner), else a new one, in the answer."""
+    limits = limits or ServiceLimits()
     run_dir = inside(runs_dir, run_id)
     name = path.name
     try:
@@ -324,7 +355,7 @@ def register(
             raise RunRefused(
                 f"--run-id {run_id} is taken by another config on this server; pick a new one"
             )
-        run = ServiceRun(run_dir, splits)
+        run = ServiceRun(run_dir, splits, limits)
         return Submitted(
             run_id=run_id,
             created=False,
@@ -333,7 +364,7 @@ def register(
             f"{len(run.trials)} trials saved); nothing added",
         )
     base = path.parent.resolve()
-    _, cells, split = _config(text, name, base, splits or {}, "file")
+    _, cells, split = _config(text, name, base, splits or {}, limits, "file")
     trusted = {"trusted": True, "base": str(base)}
     return _create(run_dir, text, name, split, cells, trusted, secret)
 
@@ -347,6 +378,9 @@ def _create(
     extra: dict,
     secret: str | None = None,
 ) -> Submitted:
+    """Write a run that was checked and planned: its config, then its card (the card is what
+    makes it a run: a directory without one is no run, and the next submit writes over it)."""
+    n = sum(len(c.task_ids) * len(c.seeds) for c in cells)  # what all_trials gives, uncounted
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(text)
     secret = secret or new_secret()  # the submitter's alone: attaching to the run needs it
@@ -361,7 +395,6 @@ def _create(
             **extra,
         },
     )
-    n = len(all_trials(cells))
     return Submitted(
         run_id=run_dir.name,
         created=True,

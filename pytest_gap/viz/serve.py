@@ -8,19 +8,29 @@ images), each confined to the run dir. Anything else (a directory, result.json, 
 symlink out of the run dir) answers 404: a run dir may hold prompts, configs and traces not
 meant to leave, and a page on another site must not read them through the user's browser, so a
 `Host` other than this server's own names is refused too (DNS rebinding).
+
+A file is served only if it is a regular file of at most MAX_SERVED_BYTES when it is opened
+(its size read from the open file, never by reading it: 403 and one line beyond), and exactly
+that many bytes go out: a file that grows while it is served is cut at the size it had, one
+that shrinks ends the connection early. The open file is checked to lie in the run dir, so a
+link swapped in between the check and the open is not followed either.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import mimetypes
-import shutil
+import os
+import stat
+import sys
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from pytest_gap.viz.files import inside, relative
+from pytest_gap.errors import shown
+from pytest_gap.viz.files import MAX_READ_BYTES, relative
 from pytest_gap.viz.html import compare_json, render
 from pytest_gap.viz.model import Report, load_report
 from pytest_gap.viz.trace import read_trace, trace_images
@@ -29,6 +39,9 @@ HOST = "127.0.0.1"  # loopback only: a run dir may hold prompts and traces not m
 PAGE_PATHS = frozenset({"/", "/index.html", "/report.html"})
 TRACE_PATH = "/api/trace"
 REQUEST_TIMEOUT_S = 30.0  # a connection that sends nothing does not hold a thread for ever
+MAX_SERVED_BYTES = MAX_READ_BYTES  # one video, frame strip or image (docs/security.md: 64 MiB)
+CHUNK_BYTES = 1 << 20  # what one write of a served file holds in memory
+log = logging.getLogger(__name__)
 
 
 def linked_files(report: Report, root: Path) -> dict[str, Path]:
@@ -82,20 +95,25 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _file(self, path: str) -> None:
         file = self.files.get(path)
-        # checked again now: a link swapped in after the server started points nowhere new
-        if file is None or not inside(file, self.root) or not file.is_file():
+        opened = _open_inside(file, self.root) if file is not None else None
+        if opened is None:
             return self._refuse(
                 HTTPStatus.NOT_FOUND,
                 f"{path[:200]!r} is not a file this report links (gap viz serves the page and "
                 "its videos, frame strips and images only)",
             )
-        kind = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
-        with open(file, "rb") as source:
-            size = source.seek(0, 2)
-            source.seek(0)
+        fd, size = opened
+        with open(fd, "rb") as source:
+            if size > MAX_SERVED_BYTES:
+                return self._refuse(
+                    HTTPStatus.FORBIDDEN,
+                    f"{path[:200]!r} is {size} bytes; gap viz --serve hands out files of at most "
+                    f"{MAX_SERVED_BYTES >> 20} MiB (MAX_SERVED_BYTES): open it from the run dir",
+                )
+            kind = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
             self._head(HTTPStatus.OK, kind, size)
             with contextlib.suppress(ConnectionError):  # a video the browser stopped loading
-                shutil.copyfileobj(source, self.wfile)
+                _copy(source, self.wfile, size)
 
     def _head(self, status: HTTPStatus, kind: str, size: int) -> None:
         self.send_response(status)
@@ -117,13 +135,66 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # one line per video request drowns the URL the user needs
 
 
+def _open_inside(file: Path, root: Path) -> tuple[int, int] | None:
+    """(descriptor, size) of `file` opened for reading, when it is a regular file in `root`
+    (symlinks followed) at the moment it is open; None otherwise. The size comes from the open
+    file: a FIFO, device or directory is never read, and neither is a file to learn its size."""
+    try:
+        target = file.resolve(strict=True)
+    except (OSError, RuntimeError, ValueError):  # gone, a symlink loop, a NUL byte
+        return None
+    if not target.is_relative_to(root):
+        return None
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO opens, unread
+    try:
+        fd = os.open(target, flags)
+    except OSError:  # a link swapped in since the resolve, or unreadable
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or not _opened_inside(fd, root):
+        os.close(fd)
+        return None
+    return fd, info.st_size
+
+
+def _opened_inside(fd: int, root: Path) -> bool:
+    """Whether the file open as `fd` lies in `root`: a parent directory swapped for a link
+    between the resolve and the open is caught here (Linux names an open file in /proc)."""
+    try:
+        where = Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:  # no /proc: the resolve's answer stands
+        return True
+    return where.is_relative_to(root)
+
+
+def _copy(source, out, size: int) -> None:
+    """Exactly `size` bytes of `source` to `out`, a chunk at a time (fewer if it shrank)."""
+    left = size
+    while left > 0:
+        chunk = source.read(min(CHUNK_BYTES, left))
+        if not chunk:
+            return
+        out.write(chunk)
+        left -= len(chunk)
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """One line in the log, escaped: the traceback http.server prints may quote a request."""
+        exc = sys.exception()
+        if isinstance(exc, ConnectionError):  # a browser that stopped loading a video
+            return
+        why = f"{type(exc).__name__}: {shown(exc)}"
+        log.warning("gap viz: a request from %s failed: %s", client_address[0], why)
+
+
 def make_server(run_dir: Path, port: int = 0, against: Path | None = None) -> ThreadingHTTPServer:
     """A server for `run_dir` on loopback (port 0: any free port); call serve_forever()."""
     root = run_dir.resolve()
     report = load_report(root, root, inline_budget=0, serve=True)
     if against is not None:
         report.compare = compare_json(against, run_dir)
-    server = ThreadingHTTPServer((HOST, port), _Handler)
+    server = _Server((HOST, port), _Handler)
     bound = server.server_address[1]
     server.RequestHandlerClass = type(
         "GapVizHandler",

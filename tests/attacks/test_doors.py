@@ -39,6 +39,7 @@ from pytest_gap.policies.builtin import HoldPolicy
 from pytest_gap.policies.client import connect_policy
 from pytest_gap.policies.wire import packb, unpackb
 from pytest_gap.service.client import EvalClient, local_token, stored_run_secret
+from tests.service_configs import remote_policy_config
 
 GAP = [sys.executable, "-m", "pytest_gap.cli"]
 TIMEOUT = 240
@@ -52,15 +53,7 @@ API_KEYS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _own_state(monkeypatch, tmp_path):
-    """The test's secrets in its own state directory; loopback reached without a proxy."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.delenv("GAP_TOKEN", raising=False)
-    monkeypatch.delenv("GAP_RUN_SECRET", raising=False)
+pytestmark = pytest.mark.usefixtures("own_state")
 
 
 def _free_port() -> int:
@@ -131,24 +124,7 @@ def _serve(home: Path, procs: list, *extra: str) -> tuple[Process, int]:
 
 
 def _config(path: Path, steps: int = 20) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "policies": {"remote": {"url": "ws://127.0.0.1:1", "obs_format": "gap"}},
-                "trials": {"max_steps": steps},
-                "benchmark": {
-                    "families": ["libero"],
-                    "variations": ["object"],
-                    "modes": ["policy_only"],
-                    "policies": ["remote"],
-                    "task_ids": [0],
-                    "n_seeds": 1,
-                    "gate_threshold": 0.0,
-                    "mode_overrides": {"policy_only": {"template": "policy_only"}},
-                },
-            }
-        )
-    )
+    path.write_text(yaml.safe_dump(remote_policy_config(max_steps=steps)))
     return path
 
 
@@ -411,19 +387,53 @@ def _dumper(out: Path, port: str = "{port}") -> list[str]:
     return [sys.executable, "-c", DUMP_ENV, str(out), port]
 
 
+# An operator's shell: a proxy login in every spelling programs read, settings of their own
+# under the harness's prefix and a desktop session's, beside what a child does need.
+PROXIES = {
+    "https_proxy": "http://door-user:door-pass-0x7@proxy.example:3128",
+    "HTTPS_PROXY": "http://door-user:door-pass-0x7@proxy.example:3128/",
+    "http_proxy": "door-user:door-pass-0x7@proxy.example:3128",  # no scheme: curl takes it
+    "ALL_PROXY": "socks5h://door-user:door%2Fpass-0x7@proxy.example:1080",
+    "ftp_proxy": "http://door-user:door/pass#0x7@proxy.example:21",  # unencoded / and #
+}
+NOT_FOR_CHILDREN = {
+    "GAP_DB_URL": "postgresql://ops:db-pass-0x8@db.internal/gap",
+    "GAP_NOTES": "door-notes-0x9",
+    "XDG_SESSION_COOKIE": "door-cookie-0xa",
+}
+SECRETS_SEEN_NOWHERE = ("door-pass-0x7", "door%2Fpass-0x7", "door-user", "0x8", "0x9", "0xa")
+
+
 def _check_child_env(seen: dict) -> None:
     assert [k for k in API_KEYS if k in seen] == []
     assert not [v for v in API_KEYS.values() if v in json.dumps(seen)]
     assert seen["PATH"] == os.environ["PATH"]
-    assert seen["GAP_ENV_POOL_SIZE"] == "1"  # the harness's own settings do pass
+    assert seen["GAP_ENV_POOL_SIZE"] == "1"  # the harness's own settings do pass, by name
+    assert seen["XDG_CACHE_HOME"] == os.environ["XDG_CACHE_HOME"]
     assert seen["MY_SETTING"] == "from-entry" and seen["HF_TOKEN"] == "hf-entry"  # its env:
+    _check_no_operator_setting(seen)
+
+
+def _check_no_operator_setting(seen: dict) -> None:
+    """The proxies pass with their host and without their login; the operator's own `GAP_*`
+    and `XDG_*` names do not pass at all."""
+    assert [k for k in NOT_FOR_CHILDREN if k in seen] == []
+    assert {k: seen.get(k) for k in PROXIES} == {
+        "https_proxy": "http://proxy.example:3128",
+        "HTTPS_PROXY": "http://proxy.example:3128/",
+        "http_proxy": "proxy.example:3128",
+        "ALL_PROXY": "socks5h://proxy.example:1080",
+        "ftp_proxy": "http://proxy.example:21",
+    }
+    assert not [x for x in SECRETS_SEEN_NOWHERE if x in json.dumps(seen)]
 
 
 @pytest.fixture
-def operator_env(monkeypatch):
-    for name, value in API_KEYS.items():
+def operator_env(monkeypatch, tmp_path):
+    for name, value in {**API_KEYS, **PROXIES, **NOT_FOR_CHILDREN}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("GAP_ENV_POOL_SIZE", "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
 def test_a_managed_policy_server_sees_no_operator_key(tmp_path, operator_env):
@@ -461,7 +471,12 @@ def test_gap_policy_serve_config_gives_its_command_the_same_environment(tmp_path
 
 
 # -- the platform ---------------------------------------------------------------------------------
-def test_a_non_ascii_platform_token_is_a_401_and_the_platform_serves_on(tmp_path, procs):
+def test_a_non_ascii_platform_token_is_a_401_and_task_servers_get_no_operator_setting(
+    tmp_path, procs, operator_env
+):
+    """The platform answers a token that decodes to non-ASCII text 401 and serves on; the task
+    server it starts sees no proxy login and none of the operator's own `GAP_*` / `XDG_*`
+    names (a GAP_DB_URL once reached it)."""
     (tmp_path / "tokens").write_text("t0k3n-alice-0123456789 alice\n")
     _config(tmp_path / "smoke.yaml")
     (tmp_path / "sets.yaml").write_text("smoke: smoke.yaml\n")
@@ -471,19 +486,56 @@ def test_a_non_ascii_platform_token_is_a_401_and_the_platform_serves_on(tmp_path
     _wait(lambda: _answers(f"http://127.0.0.1:{port}/tasks"), "gap online serve")
     answer = _raw_get(port, "/tasks", b"Authorization: Bearer \xff\xfe-not-ascii")
     assert answer.startswith(b"HTTP/1.0 401") and b"missing or wrong bearer token" in answer
-    code, body = _get(
-        f"http://127.0.0.1:{port}/tasks", {"Authorization": "Bearer t0k3n-alice-0123456789"}
-    )
+    url, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer t0k3n-alice-0123456789"}
+    code, body = _get(f"{url}/tasks", auth)
     assert code == 200 and json.loads(body) == []
-    assert "Traceback" not in procs[-1].output()
+
+    body = json.dumps({"model_name": "m", "benchmark_set": "smoke"}).encode()
+    request = urllib.request.Request(
+        f"{url}/tasks", data=body, headers={**auth, "Content-Type": "application/json"}
+    )
+    task = json.loads(urllib.request.urlopen(request, timeout=30).read())
+    ready = _wait(
+        lambda: (
+            (t := json.loads(_get(f"{url}/tasks/{task['task_id']}", auth)[1]))["endpoint"] and t
+        ),
+        "the task server",
+    )
+    task_port = int(ready["endpoint"].rsplit(":", 1)[1])
+    (pid,) = _children_listening(procs[-1].process.pid, task_port)
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    seen = dict(x.decode().split("=", 1) for x in environ if b"=" in x)
+    _check_no_operator_setting(seen)
+    assert seen["GAP_ENV_POOL_SIZE"] == "1"  # what it needs passes, by name
+    assert "Traceback" not in procs[-1].stop()  # SIGTERM: its task server goes with it
+    _wait(lambda: not Path(f"/proc/{pid}").exists(), "the task server to stop", 30)
+
+
+def _children_listening(parent: int, port: int) -> list[int]:
+    """The pids of `parent`'s child processes that listen on `port`."""
+    found = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat_file.read_text().rsplit(")", 1)[1].split()[1])
+            pid = int(stat_file.parent.name)
+            if ppid == parent and port in _listening_ports(pid):
+                found.append(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 def test_ray_actors_inherit_no_secret_of_the_harness():
-    """The Ray runtime env carries the harness's GAP_* settings to every node: none of its
-    secrets go with them."""
+    """The Ray runtime env carries the harness's settings to every node: none of its secrets
+    go with them, nor an operator's own `GAP_*` name."""
     from pytest_gap.scale.ray_cluster import forwarded_env
 
-    environ = {**API_KEYS, "GAP_RUN_SECRET": "rs-door-0x6", "GAP_ENV_POOL_SIZE": "1"}
+    environ = {
+        **API_KEYS,
+        "GAP_RUN_SECRET": "rs-door-0x6",
+        "GAP_ENV_POOL_SIZE": "1",
+        "GAP_DB_URL": "postgres://ops:pw@db/prod",
+    }
     assert forwarded_env({**environ, "PYTHONPATH": "/x"}) == {
         "GAP_ENV_POOL_SIZE": "1",
         "PYTHONPATH": "/x",

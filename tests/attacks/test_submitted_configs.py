@@ -32,6 +32,7 @@ from websockets.sync.client import connect
 
 from pytest_gap.policies.wire import packb, unpackb
 from pytest_gap.producers.templates import template_dir
+from tests.service_configs import remote_policy_config
 from tests.test_service import GAP, _free_port
 
 _IDS = itertools.count()
@@ -41,20 +42,7 @@ TIMEOUT = 60
 
 def honest() -> dict:
     """The config a service run takes (tests/test_service.py's): one remote policy, policy_only."""
-    return {
-        "policies": {"remote": {"url": "ws://127.0.0.1:1", "obs_format": "gap"}},
-        "trials": {"max_steps": 20},
-        "benchmark": {
-            "families": ["libero"],
-            "variations": ["object"],
-            "modes": ["policy_only"],
-            "policies": ["remote"],
-            "task_ids": [0],
-            "n_seeds": 1,
-            "gate_threshold": 0.0,
-            "mode_overrides": {"policy_only": {"template": "policy_only"}},
-        },
-    }
+    return remote_policy_config()
 
 
 def fresh(prefix: str) -> str:
@@ -67,16 +55,25 @@ def _cap_memory() -> None:
 
 
 class Serve:
-    """A `gap serve` process on a free loopback port; `pythonpath` is importable from it."""
+    """A `gap serve` process on a free loopback port; `pythonpath` is importable from it, `env`
+    is added to its environment."""
 
-    def __init__(self, home: Path, *extra: str, pythonpath: Path | None = None):
+    def __init__(
+        self,
+        home: Path,
+        *extra: str,
+        pythonpath: Path | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.home, self.port = home, _free_port()
         self.runs = home / "runs"
         self.url = f"http://127.0.0.1:{self.port}"
+        given = env or {}  # added to the server's environment (a run secret it is to use)
         env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "no_proxy")}
         env["NO_PROXY"] = "127.0.0.1,localhost"
         if pythonpath is not None:
             env["PYTHONPATH"] = str(pythonpath)
+        env.update(given)
         self.log_path = home / f"serve_{self.port}.log"
         self.token_file = home / f"token_{self.port}"
         self.token_file.write_text(f"token-{self.port}\n")
@@ -457,7 +454,8 @@ def test_a_wrong_typed_split_submission_is_refused_and_the_server_serves_on(
 
 
 def test_a_split_run_is_planned_from_the_servers_set(split_server):
-    from pytest_gap.service.runs import ServiceRun, load_splits
+    from pytest_gap.service.runs import ServiceRun
+    from pytest_gap.service.splits import load_splits
 
     answer = split_server.submit(yaml.safe_dump(_split_config()), "held")
     assert answer["ok"] and answer["trials"] == 2, answer

@@ -278,3 +278,60 @@ def test_a_summary_cell_of_the_wrong_shape_is_left_out_with_a_warning(crafted, c
     report = load_report(run_dir, run_dir, inline_budget=0)
     assert [c.key for c in report.cells] == [summary["cells"][0]["key"]]
     assert any("a cell it cannot show" in r.message for r in caplog.records)
+
+
+def _stream(port: int, target: str, after_head=None) -> tuple[int, int, int, bytes]:
+    """(status, Content-Length, body bytes received until the server closed, the body's first
+    200 bytes) of one request, counting the body rather than keeping it; `after_head()` runs
+    once the head is in, before the body is read on."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+        conn.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer and (chunk := conn.recv(65536)):
+            answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        if after_head is not None:
+            after_head()
+        received, first = len(body), body[:200]
+        while chunk := conn.recv(1 << 20):
+            received += len(chunk)
+            first = (first + chunk)[:200]
+    lines = head.decode().split("\r\n")
+    length = next(int(x.split(":")[1]) for x in lines if x.lower().startswith("content-length"))
+    return int(lines[0].split()[1]), length, received, first
+
+
+def test_a_file_over_the_bound_is_refused_from_its_size_and_a_growing_one_is_cut(crafted):
+    """A video past MAX_SERVED_BYTES (a sparse file: its size costs no disk), directly or through
+    a link inside the run dir, is refused in one line from its size; one of exactly the bound
+    is served whole; one that grows while it is served goes out at the size it had."""
+    from pytest_gap.viz.serve import MAX_SERVED_BYTES
+
+    run_dir, outside, mtimes = crafted
+    with _serve(run_dir) as port:
+        page = _data(_get(port, "/")[1].decode())
+        honest = next(t for t in page["trials"] if t["key"] == HONEST)
+        video, frames = run_dir / honest["video"], run_dir / honest["frames"]
+        os.truncate(video, 0)
+        os.truncate(video, MAX_SERVED_BYTES + 1)
+        big = run_dir / "big.bin"  # in the run dir, but the page links it only through a link
+        big.touch()
+        os.truncate(big, 3 * MAX_SERVED_BYTES)
+        frames.unlink()
+        frames.symlink_to(big)
+        for link in (honest["video"], honest["frames"]):
+            status, length, received, body = _stream(port, "/" + link)
+            assert status == 403, (link, status)
+            (line,) = body.decode().strip().splitlines()
+            assert f"hands out files of at most {MAX_SERVED_BYTES >> 20} MiB" in line, line
+            assert "MAX_SERVED_BYTES" in line and received == length < 1000
+        os.truncate(video, MAX_SERVED_BYTES)  # the bound itself is served, whole
+        assert _stream(port, "/" + honest["video"])[:3] == (200, *(2 * [MAX_SERVED_BYTES]))
+
+        # larger than any socket buffer: the server is still reading it when it grows
+        os.truncate(video, 32 << 20)
+        grow = lambda: os.truncate(video, MAX_SERVED_BYTES + (64 << 20))  # noqa: E731
+        status, length, received, _ = _stream(port, "/" + honest["video"], after_head=grow)
+        assert (status, length, received) == (200, 32 << 20, 32 << 20)
+        assert _get(port, "/")[0] == 200  # and the next client is served
+    _unchanged(outside, mtimes)
