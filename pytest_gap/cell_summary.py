@@ -12,6 +12,7 @@ from pytest_gap.cells import Cell
 from pytest_gap.control_drop import ControlDrop
 from pytest_gap.results import TrialResult
 from pytest_gap.sequential import SequentialState
+from pytest_gap.sim.failure_labels import FAILURE_LABELS
 
 
 class TaskRow(BaseModel):
@@ -70,6 +71,9 @@ class CellSummary(BaseModel):
     rerun_after_fault: int = 0  # trials re-run after a fault (scored, or faulted again)
     rerun_scored: int = 0  # of them, re-runs that ran clean: scored, in n_trials
     rerun_success: int = 0  # of those, successes
+    # How its scored failures failed (sim/failure_labels.py): label -> trials, in the labels'
+    # order; failures without a label (records older than it) are not counted.
+    failure_labels: dict[str, int] = {}
     # gate_rule: sequential: where the cell stands (decided at n=K of N planned, or not yet).
     sequential: SequentialState | None = None
     # A perturbed cell whose matched control arm ran: the paired drop (control_drop.py).
@@ -133,6 +137,14 @@ def fault_counts(results: list[TrialResult]) -> dict[str, int]:
     }
 
 
+def label_counts(results: list[TrialResult]) -> dict[str, int]:
+    """CellSummary.failure_labels over `results`: the scored failures' labels, counted."""
+    found = [r.failure_label for r in results if not r.errored and not r.success]
+    order = {label: i for i, label in enumerate(FAILURE_LABELS)}
+    counts = {label: found.count(label) for label in set(found) if label is not None}
+    return dict(sorted(counts.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])))
+
+
 def summarize_cell(cell: Cell, results: list[TrialResult]) -> CellSummary:
     scored = [r for r in results if not r.errored]
     n_success = sum(r.success for r in scored)
@@ -185,4 +197,5 @@ def summarize_cell(cell: Cell, results: list[TrialResult]) -> CellSummary:
         completion_ci_high=completion_ci[1],
         **reference_rate(*reference_counts(results)),
         **fault_counts(results),
+        failure_labels=label_counts(results),
     )

@@ -6,6 +6,7 @@
       <cell key>/cell_result.json
       <cell key>/task_03/workflow/                 what a trial runs (run/produce.py)
       <cell key>/task_03/seed_007/result.json      one trial (its key: ids.py)
+      <cell key>/task_03/seed_007/steps.parquet    every control step's evidence
       <cell key>/task_03/seed_007/trace/dag_trace.json   every node's inputs, outputs, timing
 
 The keys of cells and trials are ids.py's; every other name of a run dir is here, and so is
@@ -29,6 +30,8 @@ DONE_FLAG = "aaa_done_flag.txt"
 CELL_RESULT = "cell_result.json"  # a cell's summary (as its entry in summary.json)
 RESULT_FILE = "result.json"  # one trial's record, written last and atomically
 RUNNING_FILE = "running.json"  # a trial in flight (its pid, its start); gone once recorded
+# beside result.json: every control step's action, state, gripper, reply (sim/step_log.py)
+STEPS_FILE = "steps.parquet"
 ERROR_FILE = "error.txt"  # beside result.json: the traceback of a trial the harness broke
 VIDEOS_DIR = "videos"  # the session's videos, one per recorded trial (recording on)
 FRAMES_DIR = "frames"  # <run dir>/frames/<trial slug>.webp: every trial's strip, side by side

@@ -33,6 +33,7 @@ from pytest_gap.gate import Gate, coverage, evaluate_gate
 from pytest_gap.redaction import redact_tree
 from pytest_gap.results import TrialResult, now_iso
 from pytest_gap.sequential import SequentialState, alpha_per_cell, cell_state
+from pytest_gap.sim.failure_labels import FAILURE_LABELS
 
 if TYPE_CHECKING:
     from pytest_gap.config.document import BenchmarkConfig
@@ -72,6 +73,10 @@ CONTROL_COLUMNS = (
 # Harness faults (faults.py) and the trials re-run after one (cell_summary.fault_counts): last,
 # and only in a run where some trial faulted, so readers by position keep working.
 FAULT_COLUMNS = ("harness_faults", "rerun_after_fault", "rerun_scored", "rerun_success")
+# How the cells' failures failed (CellSummary.failure_labels): one `fail_<label>` column per
+# label some cell has, in the labels' order, after the control columns and before the fault
+# columns; none in a run without a labelled failure.
+FAILURE_PREFIX = "fail_"
 DROP_MEANING = (
     "drop = control arm's success - the cell's on the same (task, seed) episodes "
     "[95% task bootstrap], McNemar p"
@@ -133,11 +138,14 @@ def format_tsv(cells: list[CellSummary]) -> str:
     names = (*TSV_COLUMNS, *CI_COLUMNS, *REF_COLUMNS)
     if any(c.control is not None for c in cells):
         names += CONTROL_COLUMNS
+    labels = failure_columns(cells)
+    names += tuple(FAILURE_PREFIX + label for label in labels)
     if any(c.harness_faults for c in cells):
         names += FAULT_COLUMNS
     lines = ["\t".join(names)]
     for c in cells:
         values = c.model_dump() | _control_values(c.control)
+        values |= {FAILURE_PREFIX + label: c.failure_labels.get(label, 0) for label in labels}
         values["wall_clock_s"] = f"{c.wall_clock_s:.1f}"
         lines.append("\t".join(_fmt(values[k]).replace("\t", " ") for k in names))
     pivots = [(f"{m}_pivot", pivot(cells, m)) for m in ("success_rate", "completion_rate")]
@@ -147,6 +155,14 @@ def format_tsv(cells: list[CellSummary]) -> str:
         lines += ["", "\t".join([title, *columns])]
         lines += ["\t".join([r, *(_fmt(matrix[r][col]) for col in columns)]) for r in rows]
     return "\n".join(lines) + "\n"
+
+
+def failure_columns(cells: list[CellSummary]) -> list[str]:
+    """The failure labels some cell counts, in the labels' order (FAILURE_LABELS)."""
+    present = {label for c in cells for label, n in c.failure_labels.items() if n}
+    return [label for label in FAILURE_LABELS if label in present] + sorted(
+        present - set(FAILURE_LABELS)
+    )
 
 
 def _with_interval(rate: float, low: float, high: float, n: int) -> str:

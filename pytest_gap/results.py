@@ -153,6 +153,11 @@ class TrialResult(BaseModel):
     video: str | None = None  # relative to the run dir
     frames: str | None = None  # the trial's WebP frame strip, relative to the run dir
     trace: str | None = None  # relative to the run dir
+    # Every control step's evidence (sim/step_log.py), relative to the run dir
+    steps_file: str | None = None
+    # How a failed episode failed, read from that evidence (sim/failure_labels.py; None when it
+    # succeeded or errored)
+    failure_label: str | None = None
     worker: str | None = None  # the xdist worker, Ray actor or service slot that ran it
     # What a backend running its own episode loop reported (vla-eval: its version, the server)
     backend_info: dict[str, Any] = {}

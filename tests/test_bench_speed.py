@@ -69,3 +69,12 @@ def test_first_step_prints_each_stage_compiled_and_from_the_scene_cache():
         compiled, cached = (float(x.rstrip("s")) for x in line.split()[1:])
         assert compiled > 0 and cached > 0, out
     assert re.search(r"^first control step at \d+\.\d+ s compiled, \d+\.\d+ s with", out, re.M)
+
+
+def test_step_evidence_times_the_same_steps_with_the_log_and_without():
+    out = _bench("step_evidence.py", "--steps", "6", "--rounds", "2")
+    assert "libero_object task 0, 6 steps, cameras: none" in out
+    for name in ("steps", "episode"):
+        (line,) = [line for line in out.splitlines() if line.startswith(name + " ")]
+        assert "without the log" in line and "median of 2 rounds each" in line
+        assert re.search(r"the log's own calls +\d+\.\d us a step = \d+\.\d\d% of the step", line)

@@ -23,6 +23,7 @@ from pytest_gap.viz.html import write_report
 from pytest_gap.viz.serve import make_server
 from tests.fake_session import BACKEND, FakeSession
 from tests.needs import missing
+from tests.service_configs import served_hold_config
 
 pytest_plugins = ["pytester"]
 
@@ -93,6 +94,11 @@ def real_run(tmp_path_factory) -> Path:
         ],
         "gate_threshold": 0.0,
     }
+    return _session(home, config)
+
+
+def _session(home: Path, config: dict) -> Path:
+    """A real pytest session over `config` in `home`; its run dir."""
     (home / "bench.yaml").write_text(yaml.safe_dump(config))
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "bench.yaml", "-p", "no:cacheprovider", "-q"],
@@ -257,3 +263,87 @@ def test_a_cells_filter_shows_only_the_trials_asked_for(pytester, browser):
     bars = browser.find_elements(By.CSS_SELECTOR, "#task-bars .bar")
     assert [b.get_attribute("data-task") for b in bars] == ["0", "1"]
     assert _errors(browser) == []
+
+
+def _chart(browser) -> dict:
+    return browser.execute_script(
+        "const c = document.getElementById('steps-chart');"
+        "if (!c) return null;"
+        "const all = (q) => [...c.querySelectorAll(q)];"
+        "return {steps: +c.dataset.steps,"
+        " holds: all('rect.hold').map(r => [r.dataset.object, r.dataset.ended]),"
+        " releases: all('path.mark.release').map(p => +p.dataset.step),"
+        " chunks: all('path.chunk').map(p => +p.dataset.step),"
+        " series: all('path.series').map(p => p.getAttribute('class').split(' ')[1]),"
+        " dist: !!document.querySelector('#steps-dist path.series.dist')};"
+    )
+
+
+def test_a_trials_steps_show_what_the_hand_held_and_where_it_let_go(real_run, browser):
+    """The pick_place trial grasps the can and carries it to the basket: a hold band named
+    after it, ending as the record's last steps say (the episode succeeds with the can still in
+    the fingers, or after a release mark); a click on the chart seeks the video there."""
+    from pytest_gap.sim.step_log import read_steps
+
+    report = write_report(real_run)
+    _open(browser, report.as_uri() + "#/trial/" + quote(PASSED, safe=""))
+    WebDriverWait(browser, WAIT_S).until(_playable)
+    record = json.loads((real_run / PASSED / "result.json").read_text())
+    steps = read_steps(real_run / record["steps_file"])
+    chart = _chart(browser)
+    assert chart["steps"] == record["steps"] == len(steps["step"])
+    held = [g for g in steps["grasped"] if g is not None]
+    ended = "end" if steps["grasped"][-1] is not None else "release"
+    assert held and chart["holds"] == [[held[0], ended]]
+    assert len(chart["releases"]) == (ended == "release")
+    assert chart["chunks"] == []  # scripted skills: no policy reply
+    assert set(chart["series"]) == {"x", "y", "z", "command", "gripper"} and chart["dist"]
+    assert browser.find_elements(By.ID, "failure-label") == []  # it succeeded
+    chart_el = browser.find_element(By.ID, "steps-chart")
+    browser.execute_script(
+        "const r = arguments[0].getBoundingClientRect();"
+        "arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true,"
+        " clientX: r.left + r.width * 0.75, clientY: r.top + r.height / 2}));",
+        chart_el,
+    )
+    WebDriverWait(browser, WAIT_S).until(
+        lambda d: d.execute_script("return document.getElementById('video').currentTime") > 1.0
+    )
+    _shot(browser, "trial_steps.png")
+    assert _errors(browser) == []
+
+
+def test_a_failed_trial_says_how_it_failed(real_run, browser):
+    report = write_report(real_run)
+    _open(browser, report.as_uri() + "#/trial/" + quote(FAILED, safe=""))
+    record = json.loads((real_run / FAILED / "result.json").read_text())
+    assert record["failure_label"] == "never_reached_target"
+    assert browser.find_element(By.ID, "failure-label").text == record["failure_label"]
+    assert _chart(browser)["holds"] == []
+    assert _errors(browser) == []
+
+
+def test_a_policy_trials_chunks_are_marked_and_load_from_the_server(tmp_path, browser):
+    """`gap policy serve hold` answers chunks of 10, run_policy applies 5 of each: a tick every
+    5 steps after the bring-up, on the served report too (api/steps)."""
+    gap = shutil.which("gap", path=str(Path(sys.executable).parent)) or "gap"
+    config = served_hold_config(gap, 20, seeds=[0], n_seeds=None)
+    run_dir = _session(tmp_path, config)
+    (result,) = run_dir.rglob("result.json")
+    record = json.loads(result.read_text())
+    key = str(result.parent.relative_to(run_dir))
+    server = make_server(run_dir)
+    host, port = server.server_address[:2]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _open(browser, f"http://{host}:{port}/#/trial/{quote(key, safe='')}")
+        WebDriverWait(browser, WAIT_S).until(lambda d: _chart(d) is not None)
+        chart = _chart(browser)
+        first = record["bringup_steps"] + 1
+        assert chart["chunks"] == list(range(first, record["steps"] + 1, 5))
+        assert chart["steps"] == record["steps"] and chart["holds"] == []
+        assert _errors(browser) == []
+        assert all(u.startswith(f"http://{host}:{port}/") for u in _requests(browser))
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -43,6 +43,10 @@ float64, the rest string; a nullable column is null where the record cannot say)
     worker              the xdist worker that ran it (null: a session without xdist)
     device              the EGL device its env rendered on, else the process's
                         MUJOCO_EGL_DEVICE_ID, else its CUDA_VISIBLE_DEVICES (null: none pinned)
+    failure_label       how a failed episode failed, read from its per-step evidence
+                        (sim/failure_labels.py; null: it succeeded, errored, or kept none)
+    steps_file          its per-step evidence (steps.parquet, sim/step_log.py), relative to
+                        the run dir (null: no step ran, or a record older than it)
 
 pandas keeps int64 columns int64 unless they hold nulls (`init_state` before any reset); read
 with `pd.read_parquet(path, dtype_backend="numpy_nullable")` to keep them integers then.
@@ -99,6 +103,8 @@ SCHEMA = pa.schema(
         pa.field("packages", pa.string()),
         pa.field("worker", pa.string()),
         pa.field("device", pa.string()),
+        pa.field("failure_label", pa.string()),
+        pa.field("steps_file", pa.string()),
     ]
 )
 
@@ -149,6 +155,8 @@ def episode_row(run_id: str, trial_dir: str, r: TrialResult) -> dict:
         else None,
         "worker": r.worker,
         "device": device_of(r.devices),
+        "failure_label": r.failure_label,
+        "steps_file": r.steps_file,
     }
 
 

@@ -11,7 +11,9 @@ what of it is recorded.
 - `no_workflow_fields(workflow_dir)`: the record of a producer that wrote no valid graph.
 - `relative_path`, `frames_link`, `frames_receipt`: the paths a record names.
 - `workflow_reason(run)`: the one-line reason of a workflow run that did not succeed.
-- `episode_loop_fields(outcome)`: the record of a backend's own episode loop (vla-eval).
+- `workflow_run_fields(run, ...)`: the record of a workflow run that ended.
+- `episode_loop_fields(outcome, ...)`: the record of a backend's own episode loop (vla-eval).
+- `evidence_fields(log, ...)`: either's per-step evidence (steps.parquet) and failure label.
 - `write_warmup(...)`: the run dir's record of a policy server's warm-up, charged to no trial.
 - `record_crash(...)`: the controller's record of a trial whose worker died and wrote nothing.
 
@@ -30,7 +32,14 @@ from typing import TYPE_CHECKING
 from pytest_gap.cells import Trial
 from pytest_gap.errors import GapError, VideoError
 from pytest_gap.faults import harness_fault
-from pytest_gap.layout import ERROR_FILE, PRODUCED_FILE, RUNNING_FILE, WARMUP_DIR, inside
+from pytest_gap.layout import (
+    ERROR_FILE,
+    PRODUCED_FILE,
+    RUNNING_FILE,
+    STEPS_FILE,
+    WARMUP_DIR,
+    inside,
+)
 from pytest_gap.policies.wire import metadata_digest
 from pytest_gap.provenance import record_fields
 from pytest_gap.redaction import redact_text
@@ -46,10 +55,12 @@ from pytest_gap.results import (
     write_json,
     write_result,
 )
+from pytest_gap.sim.failure_labels import failure_label
+from pytest_gap.workflow.executor import STEP_LIMIT, RunResult
 
 if TYPE_CHECKING:
     from pytest_gap.sim.backend import EpisodeOutcome, WarmUp
-    from pytest_gap.workflow.executor import RunResult
+    from pytest_gap.sim.step_log import StepLog
 
 
 def opening_fields(
@@ -150,10 +161,31 @@ def workflow_reason(run: RunResult) -> str | None:
     return f"workflow ended with {run.exit_status}{where}"
 
 
-def episode_loop_fields(outcome: EpisodeOutcome) -> dict:
+def workflow_run_fields(
+    run: RunResult, policy_id: str | None, log: StepLog, trial_dir: Path, run_dir: Path
+) -> dict:
+    """The record's fields of a workflow that ran to its end (success or not), its per-step
+    evidence among them (`evidence_fields`)."""
+    ran_out = run.exit_status == STEP_LIMIT
+    return {
+        "policy_digest": run.policy_digests.get(policy_id or ""),
+        "success": run.success,
+        "completion": run.completion,
+        "reward": 1.0 if run.success else 0.0,
+        "steps": run.steps,
+        "bringup_steps": run.bringup_steps,
+        "exit_status": run.exit_status,
+        "reason": workflow_reason(run),
+        **evidence_fields(log, trial_dir, run_dir, not run.success, ran_out),
+    }
+
+
+def episode_loop_fields(outcome: EpisodeOutcome, trial_dir: Path, run_dir: Path) -> dict:
     """The record of a trial run by its backend's own episode loop (sim/backend.py
-    EpisodeLoopEnv), but for its frame strip, which the trial checks."""
+    EpisodeLoopEnv), its per-step evidence among them, but for its frame strip, which the trial
+    checks. The loop runs to its budget unless the episode succeeds."""
     served = outcome.server_metadata
+    failed = not outcome.success
     return {
         "init_state": outcome.init_state,
         "init_state_digest": outcome.init_state_digest,
@@ -169,7 +201,26 @@ def episode_loop_fields(outcome: EpisodeOutcome) -> dict:
         "exit_status": "task_success" if outcome.success else "step_limit",
         "reason": outcome.reason,
         "backend_info": outcome.info,
+        **evidence_fields(outcome.step_log, trial_dir, run_dir, failed, ran_out=failed),
     }
+
+
+def evidence_fields(
+    log: StepLog | None,
+    trial_dir: Path,
+    run_dir: Path,
+    failed: bool = False,
+    ran_out: bool = False,
+) -> dict:
+    """An episode's per-step evidence (sim/step_log.py) written beside its result.json, when
+    a step ran, and the label read from it when the episode `failed` (sim/failure_labels.py;
+    `ran_out`: of steps): the record's `steps_file` and `failure_label`."""
+    if log is None or not len(log):
+        return {}
+    fields = {"steps_file": relative_path(log.write(trial_dir / STEPS_FILE), run_dir)}
+    if failed:
+        fields["failure_label"] = failure_label(log.columns(), log.targets, truncated=ran_out)
+    return fields
 
 
 def write_warmup(

@@ -45,6 +45,7 @@ from pytest_gap.run.devices import egl_device_for_cell
 from pytest_gap.run.produce import produce_for_trial, trial_workflow
 from pytest_gap.run.record import (
     episode_loop_fields,
+    evidence_fields,
     exception_fields,
     frames_link,
     frames_receipt,
@@ -52,7 +53,7 @@ from pytest_gap.run.record import (
     opening_fields,
     relative_path,
     start_state,
-    workflow_reason,
+    workflow_run_fields,
     write_warmup,
 )
 from pytest_gap.run.watchdog import NoWatchdog, Watchdog
@@ -63,6 +64,7 @@ from pytest_gap.sim.backend import (
     get_backend,
     resolve_variation,
 )
+from pytest_gap.sim.step_log import StepLog
 from pytest_gap.skills.policy import privileged_state
 from pytest_gap.throttle import Slot, SlotTimeout
 from pytest_gap.workflow.executor import RunResult, run_workflow
@@ -253,6 +255,7 @@ class TrialRun:
         if not (workflow_dir / WORKFLOW_FILE).is_file():  # the producer wrote no valid graph
             return self._no_workflow(env, workflow_dir)
         trace_dir = (self._trace_dir or self.dir / "trace") if cell.enable_tracing else None
+        step_log = StepLog.of(env)
         with self._throttled():
             self.workflow_run = run = run_workflow(
                 load_workflow(workflow_dir),
@@ -263,10 +266,12 @@ class TrialRun:
                 keep_images=self.keep_images,
                 perception=cell.perception,
                 before_connect=self._warm_policy,
+                step_log=step_log,
             )
         self.video_frames = env.finish_video()
         if run.infra_failure:
             return {
+                **evidence_fields(step_log, self.dir, self.run_dir),
                 "exit_code": EXIT_ERROR,
                 "error": run.error,
                 "infra_failure": True,
@@ -277,7 +282,7 @@ class TrialRun:
                 "policy_digest": run.policy_digests.get(cell.policy_id or ""),
                 "frames": self._frames_link(),
             }
-        return self._workflow_fields(env, run, video, trace_dir)
+        return self._workflow_fields(env, run, video, trace_dir, step_log)
 
     def _no_workflow(self, env, workflow_dir: Path) -> dict:
         """The record of a trial whose producer wrote no valid graph: the problems it found."""
@@ -290,20 +295,13 @@ class TrialRun:
         }
 
     def _workflow_fields(
-        self, env, run: RunResult, video: Path | None, trace_dir: Path | None
+        self, env, run: RunResult, video: Path | None, trace_dir: Path | None, log: StepLog
     ) -> dict:
         """The record of a workflow that ran to its end (success or not)."""
         return {
             **start_state(env.episode),
             **self._prompts,
-            "policy_digest": run.policy_digests.get(self.trial.cell.policy_id or ""),
-            "success": run.success,
-            "completion": run.completion,
-            "reward": 1.0 if run.success else 0.0,
-            "steps": run.steps,
-            "bringup_steps": run.bringup_steps,
-            "exit_status": run.exit_status,
-            "reason": workflow_reason(run),
+            **workflow_run_fields(run, self.trial.cell.policy_id, log, self.dir, self.run_dir),
             "video": self._relative(video) if video else None,
             "frames": self._frames_receipt(),
             "trace": self._relative(trace_dir / "dag_trace.json") if trace_dir else None,
@@ -345,7 +343,8 @@ class TrialRun:
             outcome = env.run_episode(
                 trial.seed, url=endpoint.url, timeout_s=endpoint.timeout_s, **recording
             )
-        return {**episode_loop_fields(outcome), "frames": self._frames_receipt()}
+        fields = episode_loop_fields(outcome, self.dir, self.run_dir)
+        return {**fields, "frames": self._frames_receipt()}
 
     def _warm_policy(self, policy_id: str) -> None:
         """Before this trial first talks to `policy_id`'s server: warm it, once per process

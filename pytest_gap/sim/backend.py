@@ -150,6 +150,8 @@ class EpisodeOutcome:
     # The server's handshake reply (vla-eval's HELLO), for the record's policy identity; not
     # written anywhere as is (the runner keeps its digest only).
     server_metadata: dict[str, Any] | None = None
+    # The episode's per-step evidence (a sim/step_log.py StepLog), where the loop kept one
+    step_log: Any = None
 
 
 @dataclass

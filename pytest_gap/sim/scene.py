@@ -116,6 +116,8 @@ class SceneView:
         owners = [body_owner.get(int(b)) for b in self._model.geom_bodyid]
         self._geom_labels = np.array([index.get(o, 0) for o in owners], dtype=np.int32)
         self._renderer: SceneRenderer | None = None
+        self._fingers: tuple[np.ndarray, np.ndarray] | None = None
+        self._geom_sets: dict[tuple[str, ...], np.ndarray] = {}
 
     # -- objects -----------------------------------------------------------------------------
     def objects(self, *, include_fixtures: bool = True) -> list[SceneObject]:
@@ -189,6 +191,12 @@ class SceneView:
             max_width=float(left[1] - right[0]),
         )
 
+    def gripper_command(self) -> float:
+        """The gripper command the robot executes now, -1 open to +1 closed: robosuite's
+        `format_action` ramps it toward the sign of the action's gripper entry (the Panda by
+        its `speed` a step), so it lags the action by a few steps after each switch."""
+        return float(np.ravel(self._env.robots[0].gripper.current_action)[-1])
+
     # -- contacts ----------------------------------------------------------------------------
     def owner_of_geom(self, geom: int) -> str:
         body = int(self._model.geom_bodyid[geom])
@@ -211,20 +219,47 @@ class SceneView:
         """The movable object the fingers hold now, or None: one that touches a geom of each
         finger (robosuite's own grasp test, `_check_grasp`, reads the same finger geoms).
         Fingers closed on nothing, or pushing an object with one finger, hold nothing."""
-        robot = self._env.robots[0]
-        fingers = robot.gripper.important_geoms
+        if self._data.ncon == 0:
+            return None
+        contact = self._data.contact  # the active contacts only
+        g1, g2 = np.asarray(contact.geom1), np.asarray(contact.geom2)
         sides = []
-        for side in ("left_finger", "right_finger"):
-            ids = {self._model.geom(name).id for name in fingers[side]}
-            touched = set()
-            for c in self._data.contact[: self._data.ncon]:
-                for mine, other in ((c.geom1, c.geom2), (c.geom2, c.geom1)):
-                    if int(mine) in ids:
-                        touched.add(self.owner_of_geom(int(other)))
-            sides.append(touched)
-        held = sides[0] & sides[1]
+        for finger in self._finger_masks():
+            others = np.concatenate([g2[finger[g1]], g1[finger[g2]]])
+            sides.append(set(self._geom_labels[others].tolist()))
+        held = (self._labels.get(i) for i in sides[0] & sides[1])
         movable = sorted(n for n in held if n in self._objects and not self._objects[n].fixture)
         return movable[0] if movable else None
+
+    def _finger_masks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per geom id, whether it is the left finger's, the right finger's (robosuite's
+        `important_geoms`)."""
+        if self._fingers is None:
+            fingers = self._env.robots[0].gripper.important_geoms
+            masks = []
+            for side in ("left_finger", "right_finger"):
+                mask = np.zeros(self._model.ngeom, dtype=bool)
+                mask[[self._model.geom(name).id for name in fingers[side]]] = True
+                masks.append(mask)
+            self._fingers = (masks[0], masks[1])
+        return self._fingers
+
+    def hand_distance(self, names) -> float:
+        """Metres from the grip site to the nearest collision geom box of the named objects
+        (0 touching one): how close the hand came to them, cheap enough for every step."""
+        names = tuple(names)
+        geoms = self._geom_sets.get(names)
+        if geoms is None:  # the objects' geoms stay theirs: found once per set of names
+            geoms = self._geom_sets[names] = np.concatenate(
+                [self._collision_geoms(name) for name in names]
+            )
+        hand = self._data.site_xpos[self._env.robots[0].eef_site_id]
+        center, half = self._model.geom_aabb[geoms, :3], self._model.geom_aabb[geoms, 3:]
+        rot = self._data.geom_xmat[geoms].reshape(-1, 3, 3)
+        # the hand in each geom's own frame, against its box there
+        local = np.einsum("kji,kj->ki", rot, hand - self._data.geom_xpos[geoms]) - center
+        outside = np.maximum(np.abs(local) - half, 0.0)
+        return float(np.sqrt((outside**2).sum(axis=1)).min())
 
     # -- cameras -----------------------------------------------------------------------------
     @property

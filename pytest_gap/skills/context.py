@@ -11,6 +11,7 @@ import numpy as np
 
 from pytest_gap.sim.backend import Env, StepResult
 from pytest_gap.sim.render import CameraFrame
+from pytest_gap.sim.step_log import StepLog
 from pytest_gap.skills.perception_setting import PERCEPTION_CAMERAS, Perception
 
 if TYPE_CHECKING:
@@ -50,6 +51,11 @@ class SkillContext:
     # Called with a policy id before this run first connects to its server: the runner warms
     # the server there (policies/warmup.py), once per process, charged to no trial.
     before_connect: Callable[[str], None] | None = None
+    # Every control step's evidence (sim/step_log.py), when the runner keeps it; `policy_reply`
+    # is the reply the policy skill is applying now (None: no policy chose the step).
+    step_log: StepLog | None = None
+    policy_reply: int | None = None
+    policy_replies: int = 0  # the replies policies gave this run, every policy node's
     _clients: dict[str, Any] = field(default_factory=dict)
     _frames: dict[tuple[str, int, int, int], CameraFrame] = field(default_factory=dict)
 
@@ -134,7 +140,19 @@ class SkillContext:
     def act(self, action) -> StepResult:
         """One control step through the env's 7-D action; stops the run on success or budget."""
         self.check_budget()
+        log = self.step_log
+        if log is not None and not len(log):
+            log.start(self.env.observe(cameras=()).state)  # no camera renders for it
         result = self.env.step(action)
+        if log is not None:
+            log.record(
+                step=result.steps,
+                action=action,
+                state_after=result.obs.state,
+                reward=result.reward,
+                done=result.success,
+                reply=self.policy_reply,
+            )
         if result.success:
             raise TaskSucceeded()
         return result

@@ -109,8 +109,13 @@ def run_policy(
             "offer; use until: success"
         )
     client = ctx.policy(policy)  # raises for a policy without an endpoint
-    with _protocol_episode(ctx, client, ctx.policies[policy].protocol):
-        return _windows(ctx, client, policy, prompt, until, max_windows, replan_every, settle_steps)
+    try:
+        with _protocol_episode(ctx, client, ctx.policies[policy].protocol):
+            return _windows(
+                ctx, client, policy, prompt, until, max_windows, replan_every, settle_steps
+            )
+    finally:
+        ctx.policy_reply = None  # later steps are no reply's
 
 
 @contextlib.contextmanager
@@ -178,6 +183,7 @@ def _windows(
                 raise SkillFailure(f"policy {policy} ({fmt.name}) {exc}") from None
             # each inference's latency, for `gap viz` and anyone reading the trace
             ctx.note("policy window", window=window, infer_ms=infer_ms, actions=len(chunk))
+            ctx.policy_reply, ctx.policy_replies = ctx.policy_replies, ctx.policy_replies + 1
             for action in chunk:
                 ctx.act(action)  # ends the run on success or at the step budget
                 if until != "release":
@@ -185,6 +191,7 @@ def _windows(
                 if action[6] > CLOSE_THRESHOLD:
                     held = held or scene.grasped()
                 elif held is not None:  # held something, now released: the node is done
+                    ctx.policy_reply = None  # the settle steps are the node's, not a reply's
                     for _ in range(settle_steps):
                         ctx.act(NOOP_OPEN)
                     return PolicyRun(

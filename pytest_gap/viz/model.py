@@ -20,6 +20,7 @@ from pytest_gap.gate import Gate
 from pytest_gap.layout import RESULT_FILE, SUMMARY_JSON, is_stamp
 from pytest_gap.results import EXIT_TIMEOUT, TrialResult, scan_results
 from pytest_gap.viz.files import confined, read_json, relative
+from pytest_gap.viz.steps import StepsView, steps_view
 from pytest_gap.viz.trace import (
     DAG_TRACE,
     AgentTurn,
@@ -92,6 +93,8 @@ class TrialView(BaseModel):
     frames: str | None
     trace: str | None  # the trace dir, relative to the report
     agent_traces: str | None  # the LLM agents' prompts and answers dir (LLM modes)
+    failure_label: str | None = None  # how a failed episode failed (sim/failure_labels.py)
+    steps_file: str | None = None  # its per-step evidence, relative to the report
 
 
 class Overview(BaseModel):
@@ -110,6 +113,7 @@ class Report(BaseModel):
     trials: list[TrialView]
     traces: dict[str, TraceView] = {}  # trial key -> trace, for the trials inlined
     agents: dict[str, list[AgentTurn]] = {}  # agent_traces dir -> its turns
+    steps: dict[str, StepsView] = {}  # trial key -> its per-step evidence, for those inlined
     compare: dict[str, Any] | None = None  # `gap compare --json` of (another run, this run)
     serve: bool = False  # traces not inlined are fetched from the server
 
@@ -282,6 +286,7 @@ def _trial_view(run_dir: Path, out_dir: Path, key: str, r: TrialResult) -> Trial
         confined(run_dir, f"{r.workflow}/agent_traces", f"{where} workflow") if r.workflow else None
     )
     video = confined(run_dir, r.video, f"{where} video")
+    steps = confined(run_dir, r.steps_file, f"{where} steps_file")
     frames = confined(run_dir, r.frames, f"{where} frames")
     return TrialView(
         key=key,
@@ -302,24 +307,29 @@ def _trial_view(run_dir: Path, out_dir: Path, key: str, r: TrialResult) -> Trial
         frames=relative(frames, out_dir) if frames and frames.is_file() else None,
         trace=relative(trace_dir, out_dir) if trace_dir and trace_file(trace_dir) else None,
         agent_traces=relative(agents, out_dir) if agents and agents.is_dir() else None,
+        failure_label=r.failure_label,
+        steps_file=relative(steps, out_dir) if steps and steps.is_file() else None,
     )
 
 
 def _inline(report: Report, run_dir: Path, out_dir: Path, budget: int) -> None:
-    """Inline traces and agent traces, trials that did not succeed first, within `budget`."""
+    """Inline traces, then per-step evidence, trials that did not succeed first, within
+    `budget`; and agent traces."""
     order = sorted(report.trials, key=lambda t: (t.outcome == "success", t.key))
     used = 0
-    for trial in order:
-        if trial.trace is None:
-            continue
-        trace = read_trace(out_dir / trial.trace, out_dir)
-        if trace is None:
-            continue
-        size = len(trace.model_dump_json())
-        if used + size > budget:
-            break
-        report.traces[trial.key] = trace
-        used += size
+    for into, read in (
+        (report.traces, lambda t: t.trace and read_trace(out_dir / t.trace, out_dir)),
+        (report.steps, lambda t: t.steps_file and steps_view(out_dir / t.steps_file)),
+    ):
+        for trial in order:
+            view = read(trial)
+            if not view:
+                continue
+            size = len(view.model_dump_json())
+            if used + size > budget:
+                break
+            into[trial.key] = view
+            used += size
     for trial in order:
         if trial.agent_traces and trial.agent_traces not in report.agents:
             report.agents[trial.agent_traces] = read_agents(out_dir / trial.agent_traces)

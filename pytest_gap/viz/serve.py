@@ -1,13 +1,14 @@
 """`gap viz RUN_DIR --serve`: the report on loopback for runs too big to inline. The page is
-built without traces; each trial's trace is read when its page asks (`api/trace?key=`), and
-videos, frame strips and perception images are served from the run dir as files.
+built without traces; each trial's trace and per-step evidence are read when its page asks
+(`api/trace?key=`, `api/steps?key=`), and videos, frame strips and perception images are served
+from the run dir as files.
 
-What it serves is an allow-list built from the run's records when it starts: the page, the
-trace endpoint, and the files the page links (each trial's video and frame strip, its trace's
-images), each confined to the run dir. Anything else (a directory, result.json, a `..` path, a
-symlink out of the run dir) answers 404: a run dir may hold prompts, configs and traces not
-meant to leave, and a page on another site must not read them through the user's browser, so a
-`Host` other than this server's own names is refused too (DNS rebinding).
+What it serves is an allow-list built from the run's records when it starts: the page, the trace
+and steps endpoints, and the files the page links (each trial's video and frame strip, its
+trace's images), each confined to the run dir. Anything else (a directory, result.json, a `..`
+path, a symlink out of the run dir) answers 404: a run dir may hold prompts, configs and traces
+not meant to leave, and a page on another site must not read them through the user's browser, so
+a `Host` other than this server's own names is refused too (DNS rebinding).
 
 A file is served only if it is a regular file of at most MAX_SERVED_BYTES when it is opened
 (its size read from the open file, never by reading it: 403 and one line beyond), and exactly
@@ -33,11 +34,13 @@ from pytest_gap.errors import shown
 from pytest_gap.viz.files import MAX_READ_BYTES, relative
 from pytest_gap.viz.html import compare_json, render
 from pytest_gap.viz.model import Report, load_report
+from pytest_gap.viz.steps import steps_view
 from pytest_gap.viz.trace import read_trace, trace_images
 
 HOST = "127.0.0.1"  # loopback only: a run dir may hold prompts and traces not meant to leave
 PAGE_PATHS = frozenset({"/", "/index.html", "/report.html"})
 TRACE_PATH = "/api/trace"
+STEPS_PATH = "/api/steps"  # a trial's per-step evidence (viz/steps.py), read when asked
 REQUEST_TIMEOUT_S = 30.0  # a connection that sends nothing does not hold a thread for ever
 MAX_SERVED_BYTES = MAX_READ_BYTES  # one video, frame strip or image (docs/security.md: 64 MiB)
 CHUNK_BYTES = 1 << 20  # what one write of a served file holds in memory
@@ -83,7 +86,17 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(self.page, "text/html; charset=utf-8")
         if path == TRACE_PATH:
             return self._trace(parse_qs(url.query).get("key", [""])[0])
+        if path == STEPS_PATH:
+            return self._steps(parse_qs(url.query).get("key", [""])[0])
         return self._file(path)
+
+    def _steps(self, key: str) -> None:
+        trial = next((t for t in self.report.trials if t.key == key), None)
+        found = trial.steps_file if trial else None  # only a trial of this run: no path tricks
+        steps = steps_view(self.root / found) if found else None
+        if steps is None:
+            return self._refuse(HTTPStatus.NOT_FOUND, f"no step evidence for trial {key!r}")
+        self._send(steps.model_dump_json().encode(), "application/json")
 
     def _trace(self, key: str) -> None:
         trial = next((t for t in self.report.trials if t.key == key), None)

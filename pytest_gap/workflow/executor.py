@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from pytest_gap.errors import InfraFailure
 from pytest_gap.faults import HarnessFault, harness_fault
 from pytest_gap.sim.backend import Env
+from pytest_gap.sim.step_log import StepLog
 from pytest_gap.skills.catalogue import get_skill, skill_names
 from pytest_gap.skills.context import SkillContext, StepLimitReached, TaskSucceeded
 from pytest_gap.skills.perception_setting import Perception
@@ -166,13 +167,15 @@ def run_workflow(
     task_prompt: str | None = None,
     perception: Perception = "privileged",
     before_connect: Callable[[str], None] | None = None,
+    step_log: StepLog | None = None,
 ) -> RunResult:
     """Run from `workflow.start` on an env that was just reset; return what happened.
 
     `task_prompt` is the instruction the workflow was produced for, when it is not the env's
     own (skills that read the task or prompt a policy use it). `perception` is what the skills
     see with (`skills.perception_setting.PERCEPTION_CAMERAS`). `before_connect(policy_id)` runs
-    before the run first talks to a policy's server (the runner's warm-up)."""
+    before the run first talks to a policy's server (the runner's warm-up). `step_log` gets
+    every control step's evidence (sim/step_log.py)."""
     ctx = SkillContext(
         env,
         max_sim_steps=workflow.limits.max_sim_steps,
@@ -181,6 +184,7 @@ def run_workflow(
         task_prompt=task_prompt,
         perception=perception,
         before_connect=before_connect,
+        step_log=step_log,
     )
     try:
         return _run(workflow, env, ctx, trace_dir)

@@ -271,6 +271,25 @@ def _connection_client(src: Source) -> str:
     return _at(rel, src.cls(rel, "Connection"))
 
 
+def _steps_reach_the_recorder(src: Source) -> str:
+    fn = src.method(LIBERO_FILE, "LIBEROBenchmark", "step")
+    calls = [
+        node
+        for node in ast.walk(fn)
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("record_step")
+    ]
+    if not calls:
+        raise ClaimBroken("LIBEROBenchmark.step() no longer calls its recorder's record_step")
+    given = {k.arg for k in calls[0].keywords}
+    missing = {"reward", "done", "action", "state"} - given
+    if missing:
+        raise ClaimBroken(f"record_step() no longer gets {sorted(missing)}")
+    run = src.method("runners/sync_runner.py", "SyncEpisodeRunner", "run_episode")
+    if "recorder.is_active" not in ast.unparse(run):
+        raise ClaimBroken("the loop no longer asks recorder.is_active before adding recording")
+    return _at(LIBERO_FILE, fn)
+
+
 def _gl_env_setdefault(src: Source) -> str:
     module = src.module(LIBERO_FILE)
     found = []
@@ -346,6 +365,15 @@ CLAIMS: tuple[Claim, ...] = (
         "connection.py",
         "trials talk to model servers through vla-eval's own client",
         _connection_client,
+    ),
+    Claim(
+        "steps-reach-the-recorder",
+        "LIBEROBenchmark.step() hands each step's reward, done, executed action and state to "
+        "the episode's recorder (record_step); the loop adds recording to EPISODE_START only "
+        "for a recorder that is_active",
+        LIBERO_FILE,
+        "a trial's per-step evidence comes from vla-eval's own adapter, its messages unchanged",
+        _steps_reach_the_recorder,
     ),
     Claim(
         "gl-env-setdefault",

@@ -34,6 +34,8 @@ from pytest_gap.sim.backend import (
 )
 from pytest_gap.sim.gl import close_at_exit, ensure_gl_backend, import_robosuite_quietly
 from pytest_gap.sim.libero import fresh_property_samplers
+from pytest_gap.sim.scene import SceneView
+from pytest_gap.sim.step_log import StepLog, goal_objects
 from pytest_gap.sim.vla_eval.catalogue import LIBERO, NAME, vla_eval_version
 
 CONNECT_RETRIES = 1  # the session's preflight already found the server up; fail fast after
@@ -56,6 +58,40 @@ def init_state_digest(bench, task_id: int, episode_idx: int) -> str:
     sim as is (time, qpos, qvel), so it equals the libero backend's digest of the same seed."""
     states = bench._task_suite.get_task_init_states(task_id)
     return state_digest(states[episode_idx])
+
+
+def step_recorder():
+    """A recorder for vla-eval's loop that keeps each step's evidence in a StepLog
+    (sim/step_log.py), through vla-eval's own recording interface: its LIBERO adapter hands
+    `record_step` the reward, done, executed action (gripper snapped) and the state after each
+    step (claim steps-reach-the-recorder). It is inactive (`is_active` False, as vla-eval's
+    NullEpisodeRecorder), so the loop's EPISODE_START carries nothing more; the gripper command
+    as executed, what is held and how near the hand is come from a SceneView of the adapter's
+    env, read only. Each step is one reply of the server."""
+    from vla_eval.recording import NullEpisodeRecorder
+
+    class StepRecorder(NullEpisodeRecorder):
+        log: StepLog | None = None
+
+        def begin(self, bench) -> None:
+            scene = SceneView(bench._env.env)
+            self.log = StepLog(scene, goal_objects(scene.goal_state()))
+            self.log.start(bench._proprio_state(bench._last_result.obs))
+
+        def record_step(self, **fields: Any) -> None:
+            log = self.log
+            if log is None:
+                return
+            log.record(
+                step=len(log) + 1,
+                action=fields.get("action", np.full(7, np.nan)),
+                state_after=fields.get("state", np.full(8, np.nan)),
+                reward=float(fields.get("reward", 0.0)),
+                done=bool(fields.get("done", False)),
+                reply=len(log),
+            )
+
+    return StepRecorder()
 
 
 class VlaEvalEnv:
@@ -133,7 +169,8 @@ class VlaEvalEnv:
         """While vla-eval's loop runs: every `start_episode` of `bench` seeds its env from `seed`
         first and digests the settled scene after (into the yielded list). The adapter's own
         method runs in between, unchanged, with LIBERO's hard reset kept from piling up its
-        object-state samplers (`fresh_property_samplers`); the wrapper lives on this instance."""
+        object-state samplers (`fresh_property_samplers`); the wrapper lives on this instance.
+        A `StepRecorder` handed to it starts its episode's log on the settled scene."""
         digests: list[str] = []
         original = bench.start_episode
 
@@ -143,6 +180,8 @@ class VlaEvalEnv:
                 await original(task, recorder=recorder)
             close_at_exit(self)  # the adapter's env (robosuite's GL contexts) exists now
             digests.append(scene_digest(bench._env.env.sim.data._data))
+            if hasattr(recorder, "begin"):
+                recorder.begin(bench)
 
         bench.start_episode = start_episode
         try:
@@ -232,9 +271,10 @@ class VlaEvalEnv:
         try:
             bench = self._benchmark(conn.server_info.get("observation_params") or {})
             task = self._task(bench, seed)
+            recorder = step_recorder()
             with self._seeded_starts(bench, seed) as digests:
                 result = await SyncEpisodeRunner().run_episode(
-                    bench, task, conn, max_steps=self.max_steps
+                    bench, task, conn, max_steps=self.max_steps, recorder=recorder
                 )
         finally:
             await conn.close()
@@ -263,6 +303,7 @@ class VlaEvalEnv:
             reason=None
             if success
             else f"vla-eval's episode ended unsuccessful after {steps} steps",
+            step_log=recorder.log,
             info={
                 "backend": NAME,
                 "vla_eval_version": vla_eval_version(),

@@ -298,6 +298,61 @@ function traceSection(trial, trace) {
   return out;
 }
 
+// A trial's per-step evidence (viz/steps.py StepsView): the action's xyz and gripper entry and
+// the gripper as executed, over the steps; green bands where the hand held an object, red marks
+// where it let go (orange: lost while closed), ticks where a policy reply began; below, the
+// hand's distance to the goal's objects. The video (20 frames a second, frame k after step k)
+// and the chart follow each other: a click seeks the video, playing moves the cursor.
+const FPS = 20;
+function stepsSection(t, s) {
+  const W = 720, H = 200, D = 70, L = 34, R = 8;
+  const n = s.steps.length, first = s.steps[0], last = s.steps[n - 1];
+  const x = (step) => L + ((step - first) / Math.max(1, last - first)) * (W - L - R);
+  const y = (v) => 10 + (1 - (Math.max(-1, Math.min(1, v)) + 1) / 2) * (H - 30);
+  const line = (values, yOf) => values.map((v, i) => (v === null ? null : [x(s.steps[i]), yOf(v)]))
+    .reduce((d, p, i, all) => (p === null ? d : d + (i && all[i - 1] ? " L" : " M") + p[0].toFixed(1) + " " + p[1].toFixed(1)), "").trim();
+  const chart = h("svg", { id: "steps-chart", width: W, height: H, "data-steps": n, viewBox: `0 0 ${W} ${H}` },
+    h("path", { class: "axis", d: `M ${L} ${y(0)} H ${W - R}` }),
+    h("text", { x: 2, y: y(1) + 4 }, "+1"), h("text", { x: 2, y: y(-1) + 4 }, "-1"),
+    s.holds.map((hold) => h("rect", { class: "hold", "data-object": hold.object, "data-ended": hold.ended,
+      x: x(hold.first), y: 10, width: Math.max(1, x(hold.last) - x(hold.first)), height: H - 30 },
+      h("title", {}, `held ${hold.object}, steps ${hold.first}-${hold.last} (${hold.ended})`))),
+    s.holds.map((hold) => h("text", { class: "hold-label", x: x(hold.first) + 2, y: 22 }, hold.object)),
+    s.chunks.map((step) => h("path", { class: "chunk", "data-step": step, d: `M ${x(step).toFixed(1)} ${H - 20} v 6` })),
+    ["x", "y", "z"].map((axis, k) => h("path", { class: "series " + axis, d: line(s.xyz[k], y) })),
+    h("path", { class: "series command", d: line(s.command, y) }),
+    h("path", { class: "series gripper", d: line(s.gripper, y) }),
+    s.holds.filter((hold) => hold.ended !== "end").map((hold) => h("path", {
+      class: "mark " + hold.ended, "data-step": hold.last + 1, d: `M ${x(hold.last + 1).toFixed(1)} 10 V ${H - 20}` },
+      h("title", {}, `${hold.ended} of ${hold.object} at step ${hold.last + 1}`))),
+    h("text", { x: L, y: H - 2 }, `step ${first}`), h("text", { x: W - R - 60, y: H - 2 }, `step ${last}`),
+    h("path", { id: "steps-cursor", d: `M ${x(first)} 10 V ${H - 20}` }));
+  const dists = s.target_dist.filter((d) => d !== null);
+  const top = Math.max(0.05, ...dists);
+  const dist = dists.length ? h("svg", { id: "steps-dist", width: W, height: D, viewBox: `0 0 ${W} ${D}` },
+    h("path", { class: "series dist", d: line(s.target_dist, (d) => 6 + (1 - d / top) * (D - 16)) }),
+    h("path", { class: "axis", d: `M ${L} ${6 + (1 - 0.05 / top) * (D - 16)} H ${W - R}` }, h("title", {}, "5 cm: reached")),
+    h("text", { x: 2, y: 12 }, `${top.toFixed(2)} m`), h("text", { x: 2, y: D - 8 }, "0")) : null;
+  const cursor = chart.querySelector("#steps-cursor");
+  const moveTo = (step) => cursor.setAttribute("d", `M ${x(Math.max(first, Math.min(last, step))).toFixed(1)} 10 V ${H - 20}`);
+  chart.addEventListener("click", (ev) => {
+    const box = chart.getBoundingClientRect();
+    const step = Math.round(first + ((ev.clientX - box.left - L) / (W - L - R)) * (last - first));
+    moveTo(step);
+    const video = document.getElementById("video");
+    if (video) video.currentTime = Math.max(0, step) / FPS;
+  });
+  setTimeout(() => {
+    const video = document.getElementById("video");
+    if (video) video.addEventListener("timeupdate", () => moveTo(Math.round(video.currentTime * FPS)));
+  });
+  return [
+    h("h2", {}, `Steps: ${n}`),
+    h("p", { class: "muted" }, "action x y z, gripper command (dashed) and as executed (thick); green: held, red: released, orange: dropped; ticks: a policy reply began"),
+    chart, dist,
+  ];
+}
+
 function trialPage(key) {
   const t = TRIALS.get(key);
   if (!t) return [h("p", {}, `no trial ${key} in this run`)];
@@ -307,15 +362,26 @@ function trialPage(key) {
     : t.frames ? h("img", { class: "frames", src: t.frames, alt: "frame strip", id: "frames" })
     : h("p", { class: "muted" }, "no video or frames recorded (record_video / frames_every)");
   const traceBox = h("div", { id: "trace" });
+  const stepsBox = h("div", { id: "steps" });
   const page = [
     h("p", {}, link(cellHash(t.cell), cell ? `${cell.row}  ${cell.column}` : t.cell), `  /  task ${t.task_id}, seed ${t.seed}`),
     h("div", { class: "trial-top" }, media, h("div", {},
       h("p", {}, badge(t.outcome), ` exit ${t.exit_status || t.exit_code}, completion ${fmt(t.completion)}, ${t.steps} steps, ${fmt(t.wall_s, 1)} s`),
       t.reason ? h("p", { class: "note", id: "reason" }, t.reason) : null,
+      t.failure_label ? h("p", {}, "how it failed: ", h("b", { id: "failure-label" }, t.failure_label)) : null,
       t.prompt ? h("p", {}, "instruction: ", h("i", {}, t.prompt)) : null,
       h("p", { class: "muted" }, t.nodeid))),
+    stepsBox,
     traceBox,
   ];
+  if (DATA.steps[key]) stepsBox.append(...stepsSection(t, DATA.steps[key]).filter(Boolean));
+  else if (t.steps_file && DATA.serve) {
+    fetch("api/steps?key=" + encodeURIComponent(key)).then((r) => r.json())
+      .then((steps) => stepsBox.replaceChildren(...stepsSection(t, steps).filter(Boolean)))
+      .catch((err) => stepsBox.replaceChildren(h("p", { class: "note" }, `steps did not load: ${err}`)));
+  } else if (t.steps_file) {
+    stepsBox.append(h("p", { class: "note" }, "this trial's steps are not inlined (the report's size budget); open the run with `gap viz RUN_DIR --serve` to see them"));
+  }
   const inline = DATA.traces[key];
   if (inline) traceBox.append(...traceSection(t, inline));
   else if (!t.trace) traceBox.append(h("p", { class: "muted" }, "no workflow trace recorded for this trial"));
