@@ -275,10 +275,11 @@ def test_gap_policy_serve_runs_a_registry_entry(tmp_path):
 
 
 class Batched:
-    """Replies with the sender's id in every action; records how it was called."""
+    """Replies with the sender's id (`sender(obs)`) in every action; records how it was
+    called."""
 
-    def __init__(self):
-        self.calls = []
+    def __init__(self, sender=lambda obs: obs["client"]):
+        self.calls, self.sender = [], sender
 
     def infer(self, obs):
         raise AssertionError("a batching server must call infer_batch")
@@ -286,7 +287,7 @@ class Batched:
     def infer_batch(self, batch):
         self.calls.append(len(batch))
         time.sleep(0.05)
-        return [{"actions": np.full((2, 7), obs["client"], np.float32)} for obs in batch]
+        return [{"actions": np.full((2, 7), self.sender(obs), np.float32)} for obs in batch]
 
 
 def test_dynamic_batching_groups_connections_and_answers_each():

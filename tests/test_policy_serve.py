@@ -264,7 +264,7 @@ def test_the_replay_flags_belong_to_replay(tmp_path, capsys):
         ("hold", "--actions", str(good)): "--actions is for the replay policy only",
         ("random", "--chunk", "3"): "--chunk is for the replay policy only",
         ("hold", "--config", "bench.yaml", "--protocol", "vla-eval"): "--protocol: a --config",
-        ("hold", "--protocol", "vla-eval", "--max-batch-size", "4"): "--max-batch-size: for",
+        ("hold", "--protocol", "vla-eval", "--max-batch-size", "4"): "batching needs a policy",
     }
     for argv, message in cases.items():
         assert main(["policy", "serve", *argv, "--port", "1"]) == 2

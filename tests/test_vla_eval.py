@@ -3,6 +3,8 @@ in-process on loopback; and a run_policy trial through it on real LIBERO."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from vla_eval.model_servers.predict import PredictModelServer
@@ -11,6 +13,7 @@ from vla_eval.model_servers.predict import PredictModelServer
 from bench.twin import MessageLog, Served
 from pytest_gap.policies.client import PolicyTransportError, VlaEvalClient, connect_policy
 from pytest_gap.policies.endpoint import PolicyEndpoint
+from tests.test_policies import Batched
 
 
 class RecordingServer(MessageLog, PredictModelServer):
@@ -171,3 +174,35 @@ def test_after_an_error_run_policy_sends_no_episode_end_as_vla_evals_loop_sends_
     task = {"name": PROMPT, "suite": "libero_object", "task_id": 0, "episode_idx": 0}
     assert stream[0] == ("episode_start", {"task": task})
     assert stream[-1] == ("episode_end", {})
+
+
+def test_vla_evals_server_batches_connections_through_the_policys_infer_batch():
+    """Four vla-eval clients at once against `model_server(..., max_batch_size=4)`: vla-eval's
+    PredictModelServer gathers their observations into predict_batch, one infer_batch call, and
+    each client gets its own reply back."""
+    from pytest_gap.errors import GapError
+    from pytest_gap.policies.builtin import HoldPolicy
+    from pytest_gap.policies.vla_eval_server import model_server
+
+    policy = Batched(sender=lambda obs: obs["states"][0])
+    # A window far longer than four clients need: a full batch goes at once.
+    server = model_server(policy, "batched", max_batch_size=4, max_wait_ms=10_000)
+    replies, barrier = {}, threading.Barrier(4)
+
+    def one_client(i: int, url: str) -> None:
+        with VlaEvalClient(url) as client:
+            barrier.wait()
+            replies[i] = client.infer(_obs(float(i)))["actions"]
+
+    with Served(server) as served:
+        url = f"ws://127.0.0.1:{served.port}"
+        threads = [threading.Thread(target=one_client, args=(i, url)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    assert sorted(replies) == [0, 1, 2, 3]
+    assert all(np.allclose(replies[i], i) for i in replies)  # nobody got another's reply
+    assert max(policy.calls) > 1 and sum(policy.calls) == 4 and server.batch_sizes == policy.calls
+    with pytest.raises(GapError, match="batching needs a policy with infer_batch"):
+        model_server(HoldPolicy(), "hold", max_batch_size=2)

@@ -92,7 +92,6 @@ def _serve_vla_eval(policy, args: argparse.Namespace) -> int:
     unsupported = [
         flag
         for flag, given in (
-            ("--max-batch-size", args.max_batch_size != 1),
             ("--max-message-mb", args.max_message_mb != MAX_MESSAGE_MB),
             ("--debug", args.debug),
         )
@@ -103,7 +102,8 @@ def _serve_vla_eval(policy, args: argparse.Namespace) -> int:
             f"{', '.join(unsupported)}: for --protocol openpi only; vla-eval's own server has "
             "no such option (drop it, or serve with --protocol openpi)"
         )
-    server = model_server(policy, args.name)  # refuses a policy vla-eval cannot serve
+    # refuses a policy vla-eval cannot serve, or cannot batch when batching is asked for
+    server = model_server(policy, args.name, args.max_batch_size, args.max_wait_ms)
     with contextlib.suppress(KeyboardInterrupt):
         serve(server, args.host, args.port, _announcer(args, " (vla-eval protocol)"))
     return 0
@@ -151,7 +151,8 @@ def add(subparsers: argparse._SubParsersAction) -> None:
         "--max-batch-size",
         type=int,
         default=1,
-        help="batch observations across connections (needs the policy's infer_batch)",
+        help="batch observations across connections (needs the policy's infer_batch); over "
+        "vla-eval's protocol, its PredictModelServer's own batching",
     )
     serve.add_argument("--max-wait-ms", type=float, default=5.0, help="batch collection window")
     serve.add_argument(

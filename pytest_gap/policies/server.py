@@ -74,6 +74,22 @@ class Policy(Protocol):
     def infer(self, obs: dict) -> dict: ...
 
 
+def check_batchable(policy: Any, max_batch_size: int) -> None:
+    """GapError unless `policy` can be served `max_batch_size` observations at a time: it needs
+    infer_batch, and no per-connection state (fork()) one batch across connections would mix."""
+    if max_batch_size > 1 and not callable(getattr(policy, "infer_batch", None)):
+        raise GapError(
+            f"max_batch_size {max_batch_size}: batching needs a policy with "
+            "infer_batch(list of obs) -> list of replies"
+        )
+    if max_batch_size > 1 and callable(getattr(policy, "fork", None)):
+        raise GapError(
+            f"max_batch_size {max_batch_size}: the policy keeps per-connection state "
+            "(fork()), which one infer_batch call across connections cannot keep apart; "
+            "serve it with max_batch_size 1"
+        )
+
+
 class PolicyServer:
     def __init__(
         self,
@@ -88,17 +104,7 @@ class PolicyServer:
         debug: bool = False,
         url_token: str | None = None,
     ):
-        if max_batch_size > 1 and not callable(getattr(policy, "infer_batch", None)):
-            raise GapError(
-                f"max_batch_size {max_batch_size}: batching needs a policy with "
-                "infer_batch(list of obs) -> list of replies"
-            )
-        if max_batch_size > 1 and callable(getattr(policy, "fork", None)):
-            raise GapError(
-                f"max_batch_size {max_batch_size}: the policy keeps per-connection state "
-                "(fork()), which one infer_batch call across connections cannot keep apart; "
-                "serve it with max_batch_size 1"
-            )
+        check_batchable(policy, max_batch_size)
         self.policy, self.host, self.port = policy, host, port
         self.metadata = metadata or {}
         self.max_batch_size, self.max_wait_s = max_batch_size, max_wait_ms / 1000

@@ -19,6 +19,10 @@ What the adapter adds, and why:
   run_policy sends that state, never a vla-eval benchmark.
 - The HELLO reply's `observation_params` are vla-eval's defaults (none asked for): the
   built-ins read nothing of the observation but what vla-eval's LIBERO benchmark always sends.
+- `max_batch_size` > 1 is PredictModelServer's own batching: its queue gathers the
+  observations of several connections (up to the size, or what came within `max_wait_time`)
+  into one `predict_batch`, answered by the policy's `infer_batch`, with the openpi server's
+  refusals (`check_batchable`: no infer_batch, or per-connection state).
 - A browser's request is refused with 403 before vla-eval sees it (doors.py): its websocket
   handshakes, and its `GET /config?max_batch_size=...`, which reconfigures the server and which
   any web page could send. vla-eval's runner calls websockets' `serve` by the module name
@@ -55,14 +59,26 @@ class _PolicyAdapter:
     """The policy side of the model server; combined with PredictModelServer by
     `model_server`, which is what vla-eval's server runner calls."""
 
-    def __init__(self, policy: Any, name: str) -> None:
+    def __init__(
+        self, policy: Any, name: str, max_batch_size: int = 1, max_wait_ms: float = 5.0
+    ) -> None:
         if getattr(policy, "needs_privileged_state", False):
             raise GapError(
                 f"policy {name!r} reads privileged simulator state, which only pytest-gap's own "
                 "run_policy sends (openpi protocol, privileged_state: true) and no vla-eval "
                 "benchmark does: serve it with --protocol openpi"
             )
-        super().__init__(chunk_size=WHOLE_CHUNK)  # max_batch_size 1: one predict() at a time
+        from pytest_gap.policies.server import check_batchable
+
+        check_batchable(policy, max_batch_size)
+        # max_batch_size 1: one predict() at a time; above, PredictModelServer's own queue
+        # gathers observations of several connections for one predict_batch()
+        super().__init__(
+            chunk_size=WHOLE_CHUNK,
+            max_batch_size=max_batch_size,
+            max_wait_time=max_wait_ms / 1000,
+        )
+        self.batch_sizes: list[int] = []  # for inspection: the size of every batch inferred
         self.policy, self.name = policy, name
         self._forks: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._forks_lock = threading.Lock()  # predict() runs in a worker thread
@@ -80,6 +96,35 @@ class _PolicyAdapter:
     def predict(self, obs: dict, ctx: Any) -> dict:
         reply = self._episode_policy(ctx).infer(obs)
         return {"actions": _chunk(reply, self.name)}
+
+    async def on_serve_start(self, tg: Any) -> None:
+        await super().on_serve_start(tg)
+        if self.max_batch_size > 1:
+            tg.start_soon(self._close_batch_queue_at_end)
+
+    async def _close_batch_queue_at_end(self) -> None:
+        """PredictModelServer leaves its batch queue's memory streams open when its server's
+        task group ends (a ResourceWarning when they are collected): closed here, then."""
+        import anyio
+
+        try:
+            await anyio.sleep_forever()
+        finally:
+            for stream in (self._send_stream, self._receive_stream):
+                if stream is not None:
+                    stream.close()
+
+    def predict_batch(self, obs_batch: list[dict], ctx_batch: list[Any]) -> list[dict]:
+        """One infer_batch call for observations of several connections (max_batch_size > 1:
+        the policy keeps no per-episode state, check_batchable)."""
+        self.batch_sizes.append(len(obs_batch))
+        replies = list(self.policy.infer_batch(list(obs_batch)))
+        if len(replies) != len(obs_batch):
+            raise RuntimeError(
+                f"policy {self.name!r}: infer_batch returned {len(replies)} replies for "
+                f"{len(obs_batch)} observations"
+            )
+        return [{"actions": _chunk(reply, self.name)} for reply in replies]
 
     async def on_episode_end(self, result: dict, ctx: Any) -> None:
         with self._forks_lock:
@@ -116,9 +161,11 @@ def _server_class() -> type:
     return GapPolicyServer
 
 
-def model_server(policy: Any, name: str) -> Any:
-    """`policy` (anything with infer(obs) -> {"actions": (H, 7)}) as a vla-eval ModelServer."""
-    return _server_class()(policy, name)
+def model_server(policy: Any, name: str, max_batch_size: int = 1, max_wait_ms: float = 5.0):
+    """`policy` (anything with infer(obs) -> {"actions": (H, 7)}) as a vla-eval ModelServer;
+    `max_batch_size` > 1 batches observations across connections (the policy's infer_batch),
+    waiting at most `max_wait_ms` for a batch to fill."""
+    return _server_class()(policy, name, max_batch_size, max_wait_ms)
 
 
 def _guarded(process_request: Any) -> Any:
