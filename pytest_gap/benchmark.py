@@ -237,7 +237,9 @@ def _config_file(
     # A config built in Python: its paths are absolute already; written with 0600 since it
     # may carry an API key, and removed with the temporary directory.
     path = tmp / "benchmark.yaml"
-    data = config.model_dump(mode="json", exclude_none=True, exclude={"source"})
+    # What was set, not every default: a default of the other shape (suites mode's top-level
+    # `backend`) would be refused by a grid config's reader.
+    data = config.model_dump(mode="json", exclude_none=True, exclude_unset=True, exclude={"source"})
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     with os.fdopen(fd, "w") as handle:
         yaml.safe_dump(data, handle)

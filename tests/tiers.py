@@ -74,8 +74,11 @@ PROCESSES = frozenset(
 )
 SUBPROCESS_CALLS = frozenset({"run", "check_output", "check_call", "call"})
 # Modules whose `run` starts a process: subprocess's, and the Python API's (`benchmark.run` and
-# `run_benchmark` launch a pytest session); pytester's `run` when the test requests pytester.
-PROCESS_MODULES = frozenset({"subprocess", "pytest_gap.benchmark", "benchmark"})
+# `run_benchmark` launch a pytest session, as do `evaluate.run` and `evaluate.choose`);
+# pytester's `run` when the test requests pytester.
+PROCESS_MODULES = frozenset(
+    {"subprocess", "pytest_gap.benchmark", "benchmark", "pytest_gap.evaluate", "evaluate"}
+)
 PROCESS_FIXTURES = frozenset({"pytester", "testdir"})
 _ALWAYS_RUN = ("__init__", "__enter__", "__exit__", "__call__", "__post_init__")
 
@@ -108,7 +111,8 @@ class Reach:
 
     def subprocess_calls(self) -> bool:
         starters = self.modules & PROCESS_MODULES or self.fixtures & PROCESS_FIXTURES
-        return bool(starters) and bool(self.names & (SUBPROCESS_CALLS | {"run_benchmark"}))
+        calls = SUBPROCESS_CALLS | {"run_benchmark", "choose"}
+        return bool(starters) and bool(self.names & calls)
 
     def runs_libero_session(self) -> bool:
         session = bool(self.names & SESSIONS) or self.subprocess_calls()
