@@ -89,6 +89,8 @@ NOT_COVERED: dict[str, str] = {
     "viz/**/*.py": "pictures of the records",
     "progress.py": "the progress line",
     "benchmark.py": "the Python API: starts a session",
+    "evaluate.py": "the Python API for a training loop: serves its policies on loopback and "
+    "starts a session (benchmark.py); the policies are under test (policy_digest)",
     "session_plan.py": "a session's plan from plan.py (which is covered)",
     "results.py": "the record's model and how it is stored",
     "ids.py": "a trial's names",

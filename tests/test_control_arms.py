@@ -239,12 +239,13 @@ def test_a_session_reports_the_drop_and_gap_compare_pairs_the_declared_arms(pyte
     }
     tsv = (run / "summary.tsv").read_text().split("\n\n")
     header, easy, hard_row = tsv[0].splitlines()
+    # the control columns, then how the failures failed (this backend records no steps)
     assert header.endswith(
         "\tcontrol\tcontrol_rate\tperturbed_rate\tdrop\tdrop_ci_low\t"
-        "drop_ci_high\tdrop_p\tdrop_n_pairs"
+        "drop_ci_high\tdrop_p\tdrop_n_pairs\tfail_no_evidence"
     )
-    assert easy.endswith("\t" * 8)  # the control arm has no control of its own
-    assert hard_row.endswith("\tfake/easy\t0.667\t0.000\t0.667\t0.667\t0.667\t0.125\t6")
+    assert easy.endswith("\t" * 9 + "2")  # the control arm has no control of its own
+    assert hard_row.endswith("\tfake/easy\t0.667\t0.000\t0.667\t0.667\t0.667\t0.125\t6\t6")
     assert tsv[-1].startswith("drop_pivot\tfake/hard\nworkflow\t0.667")
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}

@@ -19,8 +19,10 @@ Episodes with no evidence to read (no step ran, or a backend without a scene: no
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # the report and the plugin read FAILURE_LABELS without starting numpy
+    import numpy as np
 
 REACH_M = 0.05  # the hand this close to a goal object's box has reached it
 FAILURE_LABELS = (
@@ -42,6 +44,8 @@ def failure_label(
     """The label of one failed episode (the module doc) from its step columns
     (`StepLog.columns()` or `read_steps`), the goal's objects, and whether it ran out of
     steps."""
+    import numpy as np
+
     grasped = list(steps.get("grasped", ()))
     dist = np.asarray(steps.get("target_dist", ()), dtype=np.float64)
     if not grasped or (all(g is None for g in grasped) and not np.isfinite(dist).any()):
