@@ -34,6 +34,9 @@ class Cell(BaseModel):
     device_offset: int = 0  # suites mode staggers cells over GAP_MUJOCO_EGL_DEVICES
     record_video: bool = False
     frames_every: int = 0  # a sprite strip of every N-th frame per trial; 0: none
+    # trials.dataset: both cameras at this size, every dataset_every-th step; 0: none
+    dataset_size: int = 0
+    dataset_every: int = 1
     enable_tracing: bool = True
     # What the skills see with (config skills.perception; skills.perception_setting).
     perception: Perception = "privileged"

@@ -8,6 +8,8 @@
       <cell key>/task_03/seed_007/result.json      one trial (its key: ids.py)
       <cell key>/task_03/seed_007/steps.parquet    every control step's evidence
       <cell key>/task_03/seed_007/trace/dag_trace.json   every node's inputs, outputs, timing
+      <cell key>/task_03/seed_007/dataset_*.mp4    both cameras, every step (trials.dataset)
+      dataset/                                     the episodes as a LeRobot v3 dataset
 
 The keys of cells and trials are ids.py's; every other name of a run dir is here, and so is
 `inside`, checked before the harness deletes or writes a path it made from names.
@@ -32,6 +34,11 @@ RESULT_FILE = "result.json"  # one trial's record, written last and atomically
 RUNNING_FILE = "running.json"  # a trial in flight (its pid, its start); gone once recorded
 # beside result.json: every control step's action, state, gripper, reply (sim/step_log.py)
 STEPS_FILE = "steps.parquet"
+# beside result.json, with trials.dataset on: each camera's dataset frames, losslessly
+DATASET_VIDEO = "dataset_{camera}.mp4"
+# beside them: the proprio state each frame shows, the recording's stride and size
+DATASET_STATE = "dataset_state.npz"
+DATASET_DIR = "dataset"  # <run dir>/dataset/: the run's episodes as a LeRobot v3 dataset
 ERROR_FILE = "error.txt"  # beside result.json: the traceback of a trial the harness broke
 VIDEOS_DIR = "videos"  # the session's videos, one per recorded trial (recording on)
 FRAMES_DIR = "frames"  # <run dir>/frames/<trial slug>.webp: every trial's strip, side by side

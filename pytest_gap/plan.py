@@ -91,6 +91,14 @@ def _check_init_states(key: str, ids: list[int], backend, suite: str, what: str)
     return []
 
 
+def _dataset_fields(trials) -> dict:
+    """A cell's dataset recording (Cell.dataset_size, dataset_every) from trials.dataset."""
+    dataset = trials.dataset
+    if dataset is None:
+        return {}
+    return {"dataset_size": dataset.image_size, "dataset_every": dataset.every}
+
+
 def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]:
     block = config.benchmark
     backend = get_backend(block.backend)
@@ -124,6 +132,7 @@ def _grid_cells(config, source, families, modes, table: ModeTable) -> list[Cell]
                 num_workers=(override and override.num_workers) or block.num_workers,
                 record_video=record_video,
                 frames_every=config.trials.frames_every or 0,
+                **_dataset_fields(config.trials),
                 enable_tracing=config.trials.enable_tracing,
                 perception=config.skills.perception,
                 error=_grid_cell_error(
@@ -321,6 +330,7 @@ def _suite_cells(config: BenchmarkConfig, source: str, table: ModeTable) -> list
                 device_offset=offset,
                 record_video=config.trials.record_video,
                 frames_every=config.trials.frames_every or 0,
+                **_dataset_fields(config.trials),
                 enable_tracing=config.trials.enable_tracing,
                 perception=config.skills.perception,
                 task_prompts=entry.task_prompts,

@@ -239,6 +239,7 @@ PLAN_EXCLUDED: dict[str, tuple[str, ...]] = {
         "trials.enable_tracing",
         "trials.frames_every",
         "benchmark.frames_every",
+        "trials.dataset",
     ),
     # how the verdict over the trials is read: the gate judges the results, it changes none
     "reporting": (

@@ -37,6 +37,7 @@ HELP_ORDER = (
     "status",
     "online",
     "viz",
+    "dataset",
     "merge",
     "schema",
 )

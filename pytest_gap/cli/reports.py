@@ -1,5 +1,5 @@
-"""`gap compare` and `gap viz`: read finished run dirs (a paired comparison of two rows, an HTML
-report).
+"""`gap compare`, `gap viz` and `gap dataset`: read finished run dirs (a paired comparison of two
+rows, an HTML report, the episodes as a LeRobot dataset).
 
 Each command imports what it runs when it runs (see the package's docstring: the parser stays
 light).
@@ -81,6 +81,34 @@ def _cmd_viz(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_dataset(args: argparse.Namespace) -> int:
+    """Write a run dir's recorded episodes (trials.dataset) as a LeRobot dataset at --out."""
+    from pathlib import Path
+
+    from pytest_gap.outputs.lerobot import write_dataset
+    from pytest_gap.results import scan_results
+    from pytest_gap.viz.model import check_run_dir
+
+    run = Path(args.run)
+    check_run_dir(run)
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise GapError(f"gap dataset: {out} exists; give another --out, or --force to replace it")
+    report = write_dataset(run, scan_results(run), out, only_success=args.only_success)
+    for key, why in report.skipped.items():
+        print(f"gap dataset: left out {key}: {why}", file=sys.stderr)
+    if not report.episodes:
+        raise GapError(
+            f"gap dataset: no episode of {run} to write: its trials recorded no dataset frames "
+            "(set trials.dataset in its config and run it again)"
+            if not report.skipped
+            else f"gap dataset: none of the {len(report.skipped)} recorded trials of {run} "
+            "went in (above: why)"
+        )
+    print(report.line())
+    return 0
+
+
 def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
@@ -158,3 +186,14 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     viz.add_argument("--serve", action="store_true", help="serve it on loopback instead")
     viz.add_argument("--port", type=int, default=0, help="--serve's port (default: any free)")
     viz.set_defaults(func=_cmd_viz)
+    dataset = subparsers.add_parser(
+        "dataset",
+        help="a run dir's episodes as a LeRobot v3 dataset (its trials ran with trials.dataset)",
+    )
+    dataset.add_argument("run", metavar="RUN", help="a run dir")
+    dataset.add_argument("--out", required=True, help="the dataset's directory")
+    dataset.add_argument(
+        "--only-success", action="store_true", help="only the episodes that succeeded"
+    )
+    dataset.add_argument("--force", action="store_true", help="replace a dataset at --out")
+    dataset.set_defaults(func=_cmd_dataset)

@@ -18,6 +18,7 @@ _PLAN_IGNORED_LEAVES = frozenset(
         "output_dir",
         "record_video",
         "frames_every",
+        "dataset",
         "enable_tracing",
         "gate_threshold",
         "gate_rule",

@@ -72,6 +72,35 @@ def installed_backend(value: Any) -> str | None:
     )
 
 
+CONTROL_HZ = 20  # LIBERO's control rate: a dataset's fps is this over `every`
+
+
+class DatasetConfig(Strict):
+    """trials.dataset: the run's episodes as a LeRobot v3 dataset in <run dir>/dataset/
+    (outputs/lerobot.py; `gap dataset RUN_DIR --out DIR` writes one again): both cameras,
+    the state, the actions, the task and each episode's success. A recording flag: not part
+    of the plan."""
+
+    # Both cameras' frames, square, in px (two renders a frame: the cost of recording).
+    image_size: int = Field(default=128, ge=16, le=512)
+    # A frame at every N-th control step (N divides 20 Hz; the dataset's fps is 20 / N): a
+    # policy queried every 5th step needs only those frames.
+    every: int = 1
+    # Only the episodes that succeeded (demonstrations to train on).
+    only_success: bool = False
+
+    @field_validator("every")
+    @classmethod
+    def _every(cls, value: int) -> int:
+        if value < 1 or CONTROL_HZ % value:
+            divisors = ", ".join(str(n) for n in range(1, CONTROL_HZ + 1) if CONTROL_HZ % n == 0)
+            raise ValueError(
+                f"{value} does not divide LIBERO's {CONTROL_HZ} Hz control rate (a dataset's "
+                f"fps is {CONTROL_HZ} / every); use one of {divisors}"
+            )
+        return value
+
+
 class TrialsConfig(Strict):
     """How each trial runs and what it records; in suites mode also the entries' defaults."""
 
@@ -98,6 +127,15 @@ class TrialsConfig(Strict):
     # A WebP sprite strip of every N-th agentview frame per trial, in <run dir>/frames/
     # (--gap-frames overrides it). 0 or None: none. A recording flag: not part of the plan.
     frames_every: int | None = None
+    # The episodes as a LeRobot dataset in <run dir>/dataset/ (DatasetConfig). None: none.
+    dataset: Annotated[
+        DatasetConfig | None,
+        ServerOnly(
+            "disk on the server for every frame of every episode, unbounded by the service's "
+            "quotas",
+            "remove it: record datasets in a session of your own",
+        ),
+    ] = None
     # Per-trial resources when the session runs on Ray (--gap-ray); ignored otherwise.
     ray: RayResources = RayResources()
 

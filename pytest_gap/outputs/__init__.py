@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-WRITERS = ("tsv", "json", "parquet", "videos", "plots", "manifest", "done")
+WRITERS = ("tsv", "json", "parquet", "videos", "plots", "lerobot", "manifest", "done")
 
 
 def register(config: Any) -> None:

@@ -58,6 +58,7 @@ from pytest_gap.run.record import (
 )
 from pytest_gap.run.watchdog import NoWatchdog, Watchdog
 from pytest_gap.sim.backend import (
+    DatasetFrames,
     EnvOptions,
     FrameStrip,
     episode_modes,
@@ -89,9 +90,8 @@ class TrialRun:
     `execute`, `workflow_run` is the executor's result (None when no workflow ran) and
     `video_frames` the recorded video's frame count.
 
-    A cell with `frames_every` N records a sprite strip of every N-th agentview frame to
-    `frames_path` (sim/backend.py FrameStrip); a trial that was asked for one and has none is
-    errored, never recorded without it."""
+    A cell with `frames_every` N records a strip of every N-th agentview frame to `frames_path`
+    (FrameStrip; asked for and missing: errored), with `dataset_size` its dataset frames."""
 
     def __init__(
         self,
@@ -122,8 +122,7 @@ class TrialRun:
         self._trace_dir, self._video = trace_dir, video
         self.keep_images, self.reset_options = keep_images, reset_options or {}
         self.workflow_run: RunResult | None = None
-        self.video_frames = 0
-        self.config_source = config
+        self.video_frames, self.config_source = 0, config
         # Checked here, before execute deletes and rewrites it: a trial dir never lies outside
         # its run dir, whatever names its key was made of.
         self.dir = inside(run_dir, trial.key)
@@ -131,8 +130,7 @@ class TrialRun:
         self.result: TrialResult | None = None
         self._fault: HarnessFault | None = None  # the last attempt's (faults.py)
         self._t0 = time.perf_counter()
-        self._produce_s = 0.0
-        self._slot_wait_s = 0.0
+        self._produce_s = self._slot_wait_s = 0.0
         self._started = time.time()
         self._eval_t0: float | None = None
         # prompt (what the workflow was given), env_prompt (the env's instruction), workflow
@@ -211,13 +209,15 @@ class TrialRun:
         backend = get_backend(cell.backend)
         variation = resolve_variation(backend, cell.family, cell.variation)
         env = self._open_env(backend)
-        # Only a trial that asks for frames passes `frames`: backends written before it keep
-        # working for every other trial.
-        recording = (
-            {"frames": FrameStrip(path=self.frames_path, every=cell.frames_every)}
-            if cell.frames_every
-            else {}
-        )
+        # Only a trial that asks for frames (a dataset) passes `frames` (`dataset`): backends
+        # written before them keep working for every other trial.
+        recording = {}
+        if cell.frames_every:
+            recording["frames"] = FrameStrip(path=self.frames_path, every=cell.frames_every)
+        if cell.dataset_size:
+            recording["dataset"] = DatasetFrames(
+                dir=self.dir, size=cell.dataset_size, every=cell.dataset_every
+            )
         if cell.mode in episode_modes(backend):
             return self._run_own_loop(env, recording)
         return self._run_workflow(env, variation, recording)

@@ -85,6 +85,21 @@ class FrameStrip(BaseModel):
     every: int = Field(ge=1)
 
 
+class DatasetFrames(BaseModel):
+    """One episode recorded for a dataset (`Env.reset(dataset=...)`): both cameras (agentview,
+    wrist) at `size` px at every `every`-th step from the scene after settling (step 0), as a
+    LIBERO client observes them (the observation instant, 4x MSAA) but upright, each camera
+    losslessly into `dir`/DATASET_VIDEO, with the proprio state each frame shows (eef xyz,
+    axis-angle, two finger joints: what a policy is sent) in `dir`/DATASET_STATE. Rendering is
+    the cost (two MSAA renders a frame): a policy queried every 5th step needs only those."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dir: Path
+    size: int = Field(ge=16, le=512)
+    every: int = Field(1, ge=1, le=20)
+
+
 @dataclass
 class Observation:
     images: dict[str, np.ndarray]
@@ -208,11 +223,13 @@ class Env(Protocol):
         variation: Variation | None = None,
         video: str | Path | None = None,
         frames: FrameStrip | None = None,
+        dataset: DatasetFrames | None = None,
     ) -> Observation:
         """Start an episode from init state `seed mod n_init_states`, with the variation applied,
         after the settle steps; with `video`, record this episode to that mp4; with `frames`,
-        to that sprite strip (a backend that cannot record raises SimInputError naming the
-        setting to turn off). The runner passes `frames` only when a trial asks for it."""
+        to that sprite strip; with `dataset`, its frames for a dataset (a backend that cannot
+        record raises SimInputError naming the setting to turn off). The runner passes
+        `frames` and `dataset` only when a trial asks for them."""
 
     def step(self, action: Any) -> StepResult:
         """One counted control step; SimInputError for an action the env cannot take."""
@@ -314,10 +331,12 @@ class EpisodeLoopEnv(Protocol):
         url: str,
         timeout_s: float,
         frames: FrameStrip | None = None,
+        dataset: DatasetFrames | None = None,
     ) -> EpisodeOutcome:
         """One episode from init state `seed mod n_init_states` against the server at `url`,
-        each reply within `timeout_s`; `frames` as in `Env.reset` (passed only when the trial
-        asks for a strip). Its outcome carries the scene digest after the settle steps."""
+        each reply within `timeout_s`; `frames` and `dataset` as in `Env.reset` (passed only
+        when the trial asks for them). Its outcome carries the scene digest after the settle
+        steps."""
 
 
 def state_digest(state: np.ndarray) -> str:

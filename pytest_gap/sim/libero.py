@@ -36,6 +36,7 @@ import numpy as np
 from pytest_gap.errors import EpisodeError, SimInputError, VideoError
 from pytest_gap.sim.backend import (  # re-exported: the data types used to live here
     SETTLE_STEPS,
+    DatasetFrames,
     EnvOptions,
     EpisodeInfo,
     FrameStrip,
@@ -46,6 +47,7 @@ from pytest_gap.sim.backend import (  # re-exported: the data types used to live
     scene_digest,
     state_digest,
 )
+from pytest_gap.sim.dataset_frames import DatasetRecorder
 from pytest_gap.sim.gl import ensure_gl_backend, import_robosuite_quietly
 from pytest_gap.sim.render import resolve_camera
 from pytest_gap.sim.scene import SceneView
@@ -186,6 +188,7 @@ class LiberoEnv:
         self._steps = 0
         self._episode: EpisodeInfo | None = None
         self._recordings: list[_Recording] = []
+        self._dataset: DatasetRecorder | None = None
         # robosuite's observation dict from the last set_init_state / step. robosuite samples
         # its observables once per control step, one physics substep before the step's end, from
         # kinematics computed before that substep's integration: what LIBERO hands a policy lags
@@ -221,13 +224,15 @@ class LiberoEnv:
         video: str | Path | None = None,
         video_wrist: bool = False,
         frames: FrameStrip | None = None,
+        dataset: DatasetFrames | None = None,
     ) -> Observation:
         """Start an episode: init state for `seed`, the variation's perturbation, settle steps.
 
         With `video`, an mp4 of this episode only is written there: the first frame shows the
         scene after settling, then one frame per control step. With `frames`, a sprite strip of
         every `frames.every`-th of those agentview frames (sim/backend.py FrameStrip); only
-        those steps render for it. Both are finalised by the next reset, `finish_video()` or
+        those steps render for it. With `dataset`, both cameras and the proprio state at every
+        frame (sim/dataset_frames.py). All are finalised by the next reset, `finish_video()` or
         `close()`.
         """
         self._check_open()
@@ -282,6 +287,11 @@ class LiberoEnv:
             self._robosuite_obs = self.raw.step(NOOP_ACTION)[0]
         self._steps = 0
         self._episode.scene_digest = scene_digest(self.raw.sim.data._data)
+        self._start_recordings(video, video_wrist, frames, dataset)
+        return self._observe_and_record()
+
+    def _start_recordings(self, video, video_wrist: bool, frames, dataset) -> None:
+        """The sinks of this episode's frames (reset's doc)."""
         model = self.raw.sim.model._model
         if video is not None:
             names = ("agentview", "wrist") if video_wrist else ("agentview",)
@@ -292,7 +302,8 @@ class LiberoEnv:
         if frames is not None:
             cameras = {"agentview": resolve_camera(model, "agentview")}
             self._recordings.append(_Recording(StripWriter(frames.path), cameras, frames.every))
-        return self._observe_and_record()
+        if dataset is not None:
+            self._dataset = DatasetRecorder(dataset)
 
     def _apply(self, perturbation: Perturbation) -> None:
         sim = self.raw.sim
@@ -418,6 +429,9 @@ class LiberoEnv:
                     )
                 frame.append(rendered[name])
             recording.sink.append(np.concatenate(frame, axis=1))
+        dataset = self._dataset
+        if dataset is not None and self._steps % dataset.every == 0:
+            dataset.append(self.libero_obs(dataset.size))
         return obs
 
     def finish_video(self) -> int:
@@ -425,6 +439,12 @@ class LiberoEnv:
         count (0 without one). Every recording is closed; the first that fails is raised."""
         recordings, self._recordings = self._recordings, []
         frames, failure = 0, None
+        dataset, self._dataset = self._dataset, None
+        if dataset is not None:
+            try:
+                dataset.close()
+            except VideoError as exc:
+                failure = exc
         for recording in recordings:
             try:
                 count = recording.sink.close()

@@ -18,15 +18,26 @@ from pytest_gap.errors import VideoError
 
 
 class VideoWriter:
-    def __init__(self, path: str | Path, fps: int = 20):
+    """`lossless`: exact RGB (libx264rgb at qp 0), for frames that are encoded again later
+    (sim/dataset_frames.py); else H.264 in yuv420p at imageio's quality 8, for people."""
+
+    def __init__(self, path: str | Path, fps: int = 20, *, lossless: bool = False):
         import imageio.v2 as imageio
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.frames = 0
-        self._writer = imageio.get_writer(
-            str(self.path), fps=fps, codec="libx264", quality=8, macro_block_size=1
+        encoding = (
+            {
+                "codec": "libx264rgb",
+                "pixelformat": "rgb24",
+                "quality": None,
+                "ffmpeg_params": ["-qp", "0", "-preset", "ultrafast"],
+            }
+            if lossless
+            else {"codec": "libx264", "quality": 8}
         )
+        self._writer = imageio.get_writer(str(self.path), fps=fps, macro_block_size=1, **encoding)
 
     def append(self, frame: np.ndarray) -> None:
         frame = np.asarray(frame, dtype=np.uint8)

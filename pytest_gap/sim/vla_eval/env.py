@@ -20,6 +20,7 @@ import numpy as np
 
 from pytest_gap.errors import EpisodeError, InfraFailure, SimInputError
 from pytest_gap.sim.backend import (
+    DatasetFrames,
     EnvOptions,
     EpisodeInfo,
     EpisodeOutcome,
@@ -47,6 +48,10 @@ VLA_EVAL_SEED = 7
 FRAMES_REFUSED = (
     "trials.frames_every / --gap-frames: the vla-eval backend records no frames yet; set "
     "frames_every: 0 or drop --gap-frames"
+)
+DATASET_REFUSED = (
+    "trials.dataset: the vla-eval backend records no dataset frames (its loop renders its own "
+    "observations); record datasets on backend: libero, or drop trials.dataset"
 )
 
 
@@ -242,6 +247,7 @@ class VlaEvalEnv:
         url: str,
         timeout_s: float = ACT_TIMEOUT_S,
         frames: FrameStrip | None = None,
+        dataset: DatasetFrames | None = None,
     ) -> EpisodeOutcome:
         """One episode through vla-eval's SyncEpisodeRunner against the server at `url`, each
         reply within `timeout_s` (vla-eval's Connection timeout). `frames` is refused
@@ -250,6 +256,8 @@ class VlaEvalEnv:
 
         if frames is not None:
             raise SimInputError(FRAMES_REFUSED)
+        if dataset is not None:
+            raise SimInputError(DATASET_REFUSED)
 
         try:
             return anyio.run(self._run_episode, seed, url, timeout_s)
@@ -333,6 +341,7 @@ class VlaEvalEnv:
         variation: Variation | None = None,
         video: str | Path | None = None,
         frames: FrameStrip | None = None,
+        dataset: DatasetFrames | None = None,
     ) -> Observation:
         import anyio
 
@@ -347,6 +356,8 @@ class VlaEvalEnv:
             )
         if frames is not None:
             raise SimInputError(FRAMES_REFUSED)
+        if dataset is not None:
+            raise SimInputError(DATASET_REFUSED)
         # Direct stepping: the adapter with vla-eval's defaults plus the wrist image and state.
         bench = self._benchmark({"send_wrist_image": True, "send_state": True})
         task = self._task(bench, seed)
