@@ -67,9 +67,14 @@ class FunctionPolicy:
 
 
 def as_policy(policy: Any) -> Any:
-    """`policy` itself when it has infer(obs); a plain callable wrapped; else GapError."""
+    """`policy` itself when it has infer(obs); a torch module served batched (TorchPolicy); a
+    plain callable wrapped; else GapError."""
     if callable(getattr(policy, "infer", None)):
         return policy
+    if callable(getattr(policy, "state_dict", None)) and callable(getattr(policy, "eval", None)):
+        from pytest_gap.policies.torch_policy import TorchPolicy  # a torch.nn.Module
+
+        return TorchPolicy(policy)
     if callable(policy):
         return FunctionPolicy(policy)
     raise GapError(

@@ -107,6 +107,8 @@ NOT_COVERED: dict[str, str] = {
     "record's policy_digest (its metadata frame), not the harness's",
     "policies/builtin.py": "the built-in policies are policies under test (policy_digest)",
     "policies/vla_eval_server.py": "serving over vla-eval's protocol: the policy side",
+    "policies/torch_policy.py": "a torch module served as a policy: the policy under test, "
+    "whose checkpoint's digest is in its metadata frame (policy_digest)",
     "policies/warmup.py": "readies a server before the first measured trial; what a trial sends "
     "and reads is wire, client and formats",
     "policies/__init__.py": "the package's docstring",

@@ -16,6 +16,6 @@ if ! dpkg -s libosmesa6 libegl1 libegl-mesa0 chromium chromium-driver >/dev/null
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[dev]"
+.venv/bin/python -m pip install -q -e ".[dev,torch]"
 # Interop tests talk to PyPI openpi-client. It pins numpy<2 without needing it: install it alone.
 .venv/bin/python -m pip install -q --no-deps "openpi-client==0.1.2"

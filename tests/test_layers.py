@@ -586,3 +586,24 @@ def test_no_module_over_500_lines_and_no_function_over_80():
                     long_functions.append(f"{name}.{node.name}: {length} lines")
     assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
     assert not long_functions, f"functions over {MAX_FUNCTION_LINES} lines: {long_functions}"
+
+
+def test_torch_is_imported_by_the_torch_adapter_alone():
+    """torch is an extra: only policies/torch_policy.py imports it, inside its functions, so
+    the core, the plugin and every command start without it (and without it installed)."""
+    importers = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            if any(n == "torch" or n.startswith("torch.") for n in names):
+                top_level = node in tree.body
+                where = path.relative_to(PACKAGE.parent).as_posix()
+                importers.setdefault(where, set()).add(top_level)
+    assert importers == {"pytest_gap/policies/torch_policy.py": {False}}

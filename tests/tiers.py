@@ -42,7 +42,9 @@ import pytest
 LIBERO = "libero"
 SLOW = "slow"
 
-SIMULATOR_PACKAGES = frozenset({"mujoco", "robosuite", "bench"})
+# torch (the [torch] extra) is no simulator, but its import alone takes seconds and the fast
+# tier never pays for it: a test that reaches it is in the full tier with the simulator's.
+SIMULATOR_PACKAGES = frozenset({"mujoco", "robosuite", "bench", "torch"})
 # Names whose call builds a real env (pytest_gap.sim and LIBERO's own), wherever they live.
 SIMULATOR_BUILDERS = frozenset(
     {

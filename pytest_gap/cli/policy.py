@@ -17,11 +17,9 @@ MAX_MESSAGE_MB = 64.0  # server.DEFAULT_MAX_MESSAGE_MB (not imported: parsing st
 
 
 def _cmd_policy_serve(args: argparse.Namespace) -> int:
-    from pytest_gap.policies.builtin import load_policy
-
     if args.config:
         return _exec_policy_entry(args)
-    policy = load_policy(args.name, actions=args.actions, chunk=args.chunk)
+    policy, metadata = _policy(args)
     if (args.protocol or "openpi") == "vla-eval":
         return _serve_vla_eval(policy, args)
     from pytest_gap.policies.server import PolicyServer
@@ -30,7 +28,7 @@ def _cmd_policy_serve(args: argparse.Namespace) -> int:
         policy,
         host=args.host,
         port=args.port,
-        metadata={"policy": args.name},
+        metadata=metadata,
         max_batch_size=args.max_batch_size,
         max_wait_ms=args.max_wait_ms,
         max_message_bytes=round(args.max_message_mb * 2**20),
@@ -39,6 +37,27 @@ def _cmd_policy_serve(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         server.run(_announcer(args))
     return 0
+
+
+def _policy(args: argparse.Namespace):
+    """The policy NAME names, and the metadata its server announces: a torch checkpoint's
+    announces its class and the file's digest (policies/torch_policy.py)."""
+    from pytest_gap.policies.builtin import load_policy
+
+    if args.name != "torch":
+        for flag, given in (("--checkpoint", args.checkpoint), ("--threads", args.threads)):
+            if given is not None:
+                raise GapError(f"{flag} is for `gap policy serve torch` only, not {args.name!r}")
+        policy = load_policy(args.name, actions=args.actions, chunk=args.chunk)
+        return policy, {"policy": args.name}
+    if args.checkpoint is None:
+        raise GapError("gap policy serve torch needs --checkpoint FILE (save_checkpoint's file)")
+    from pytest_gap.policies.torch_policy import load_checkpoint, set_threads
+
+    if args.threads is not None:
+        set_threads(args.threads)
+    policy = load_checkpoint(args.checkpoint, device=args.device)
+    return policy, policy.metadata
 
 
 def _announcer(args: argparse.Namespace, suffix: str = ""):
@@ -120,8 +139,8 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "name",
-        help="built-in (hold, random, scripted, replay), module:Class with infer(obs), or a "
-        "--config entry",
+        help="built-in (hold, random, scripted, replay), torch (with --checkpoint), "
+        "module:Class with infer(obs), or a --config entry",
     )
     serve.add_argument("--config", help="benchmark YAML whose policies: entry NAME to serve")
     serve.add_argument("--port", type=int, required=True)
@@ -160,6 +179,15 @@ def add(subparsers: argparse._SubParsersAction) -> None:
         type=positive_float,
         default=MAX_MESSAGE_MB,
         help="refuse incoming messages over this size (MiB; default 64), with close code 1009",
+    )
+    serve.add_argument(
+        "--checkpoint",
+        metavar="FILE",
+        help="torch: the checkpoint to serve (pytest_gap.policies.torch_policy.save_checkpoint)",
+    )
+    serve.add_argument("--device", default="cpu", help="torch: where it runs (cpu, cuda:0, ...)")
+    serve.add_argument(
+        "--threads", type=positive_int, help="torch: CPU threads for inference (default: torch's)"
     )
     serve.add_argument(
         "--debug",
