@@ -38,6 +38,7 @@ def follow(name: str, workdir: Path) -> None:
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "GAP_NO_PLOTS": "1",
         "XDG_STATE_HOME": str(workdir / ".state"),
+        "GAP_REPO": str(ROOT),  # where a page that imports examples/ finds them
     }
     groups: list[int] = []
     try:

@@ -50,7 +50,7 @@ def load_samples(root: Path, chunk: int, image_size: int) -> dict[str, np.ndarra
         frames = read_video(
             root / info["video_path"].format(video_key=key, chunk_index=0, file_index=0), size
         )
-        tensor = torch.from_numpy(frames).permute(0, 3, 1, 2).float().div_(255.0)
+        tensor = torch.from_numpy(frames.copy()).permute(0, 3, 1, 2).float().div_(255.0)
         if size != image_size:
             tensor = F.interpolate(tensor, size=(image_size, image_size), mode="area")
         images[camera] = (tensor * 255).round().to(torch.uint8)
