@@ -2,13 +2,16 @@
 
     python -m examples.policies.train DATASET --out DIR [--epochs 30] [--save 5,30]
         [--chunk 10] [--image-size 96] [--batch-size 64] [--lr 1e-3] [--seed 0] [--threads 2]
+        [--labels DIR ...] [--init CHECKPOINT]
 
 DATASET is a LeRobot v3 dataset written by pytest-gap (`trials.dataset`, `gap dataset`): its
 frames, the state, and the actions taken from each frame (`action.chunk` when it was recorded
 at every N-th step). Each sample is one frame: both cameras resized to `--image-size`, the
 state and the task, and as target the next `--chunk` actions the demonstrator took (masked
 past the episode's end); `--labels DIR` (repeatable) adds a DAgger round's queries labelled by
-the oracle (examples/policies/dagger.py). The loss is L1 on standardised actions; the images
+the oracle (examples/policies/dagger.py), and `--init CHECKPOINT` goes on from a checkpoint's
+weights and standardisation (a DAgger round's, from the checkpoint that acted). The loss is L1
+on standardised actions, the learning rate one cycle (5% warm-up, then cosine down); the images
 get a random shift of up to 4 px. Seeds fix the initial weights, the order and the shifts.
 
 Writes DIR/<epoch>.pt at each epoch of `--save` (pytest_gap.policies.torch_policy
@@ -29,9 +32,9 @@ import pyarrow.parquet as pq
 import torch
 from torch.nn import functional as F
 
-from examples.policies.visuomotor import CAMERAS, VisuomotorPolicy, word_buckets
+from examples.policies.visuomotor import CAMERAS, STATE_DIMS, VisuomotorPolicy, word_buckets
 from pytest_gap.outputs.lerobot_video import read_video
-from pytest_gap.policies.torch_policy import save_checkpoint
+from pytest_gap.policies.torch_policy import load_checkpoint, save_checkpoint
 
 FACTORY = "examples.policies.visuomotor:VisuomotorPolicy"
 SHIFT = 4  # px of random shift (pad and crop) per image
@@ -128,6 +131,16 @@ def shifted(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.stack([padded[i, :, dy[i] : dy[i] + h, dx[i] : dx[i] + w] for i in range(n)])
 
 
+def standardise(model: VisuomotorPolicy, state: torch.Tensor, actions: torch.Tensor) -> None:
+    with torch.no_grad():
+        read = state[:, list(STATE_DIMS)]
+        model.state_mean.copy_(read.mean(0))
+        # a floor of 1 cm (and 1 cm of finger travel): no dim is amplified past what it means
+        model.state_std.copy_(read.std(0).clamp_min(0.01))
+        model.action_mean.copy_(actions.mean(0))
+        model.action_std.copy_(actions.std(0).clamp_min(1e-3))
+
+
 def train(args: argparse.Namespace) -> list[dict]:
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -137,17 +150,21 @@ def train(args: argparse.Namespace) -> list[dict]:
         samples = merged(samples, load_labels(args.labels, args.chunk, args.image_size))
     kwargs = {"image_size": args.image_size, "chunk": args.chunk}
     model = VisuomotorPolicy(**kwargs)
+    print(json.dumps({"parameters": sum(p.numel() for p in model.parameters())}), flush=True)
     state = torch.from_numpy(samples["state"])
     targets = torch.from_numpy(samples["targets"])
     mask = torch.from_numpy(samples["mask"])
-    with torch.no_grad():
-        model.state_mean.copy_(state.mean(0))
-        model.state_std.copy_(state.std(0).clamp_min(1e-3))
-        valid = targets[mask]
-        model.action_mean.copy_(valid.mean(0))
-        model.action_std.copy_(valid.std(0).clamp_min(1e-3))
+    if args.init:  # a DAgger round goes on from the checkpoint that acted: its statistics too
+        model.load_state_dict(load_checkpoint(args.init).module.state_dict())
+    else:
+        standardise(model, state, targets[mask])
+
     words = [word_buckets(p, model.vocab) for p in samples["prompt"]]
     optimiser = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
+    steps = args.epochs * -(-len(state) // args.batch_size)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimiser, max_lr=args.lr, total_steps=steps, pct_start=0.05
+    )
     save = {int(e) for e in args.save.split(",")}
     args.out.mkdir(parents=True, exist_ok=True)
     log, n = [], len(state)
@@ -170,6 +187,7 @@ def train(args: argparse.Namespace) -> list[dict]:
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
+            schedule.step()
             total += loss.item() * len(rows)
         entry = {"epoch": epoch, "loss": total / n, "seconds": time.perf_counter() - started}
         entry["samples"] = n
@@ -200,6 +218,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--init", type=Path, help="a checkpoint to go on from (its weights and statistics)"
+    )
     parser.add_argument(
         "--labels",
         type=Path,
