@@ -27,7 +27,8 @@ SUMMARY_JSON = "summary.json"  # every cell, the matrix, the gate, the config's 
 SUMMARY_TSV = "summary.tsv"  # one row per cell, the spec's columns first, then the pivots
 EPISODES = "episodes.parquet"  # one row per recorded trial (docs: reference/parquet)
 MANIFEST = "run_manifest.json"  # the session: command, config, hosts, provenance, servers
-# Written when the session ended; sorts first: a reader sees at a glance that the run ended.
+# Written only while every planned trial has a record (outputs/done.py), and removed when one
+# has none; sorts first: a reader sees at a glance that the run is complete.
 DONE_FLAG = "aaa_done_flag.txt"
 CELL_RESULT = "cell_result.json"  # a cell's summary (as its entry in summary.json)
 RESULT_FILE = "result.json"  # one trial's record, written last and atomically

@@ -137,9 +137,11 @@ class TrialResult(BaseModel):
     success: bool = False  # the simulator's goal check held
     completion: float = 0.0  # the fraction of the goal's conjuncts held at the end; 1 on success
     reward: float = 0.0  # the env's reward at the end
-    steps: int = 0  # control steps (20 Hz) the episode took, settle steps not counted
-    # Of `steps`, those a bring-up took (policy_only: home, open the gripper) before the policy
-    # acted; not charged to the episode's step budget (the policy had all of it).
+    # Control steps (20 Hz) the episode's budget counted, at most the budget; settle steps and
+    # a bring-up's not counted.
+    steps: int = 0
+    # The steps a bring-up took (policy_only: home, open the gripper) before the policy acted,
+    # beside `steps`: charged to no budget (the policy had all of it).
     bringup_steps: int = 0
     exit_code: int = EXIT_RAN  # 0 it ran, 1 the harness could not run it, 124 watchdog, 137 died
     exit_status: str | None = None  # how the workflow ended (executor exit status)

@@ -30,7 +30,9 @@ CLI_MARKER = "<!-- gap:cli -->"
 
 
 def _cell(text) -> str:
-    return " ".join(str(text or "").split()).replace("|", "\\|")
+    from pytest_gap.config.reference import table_cell
+
+    return table_cell(text)
 
 
 def config_reference() -> str:
@@ -46,25 +48,39 @@ def _flags(action: argparse.Action) -> str:
     return ", ".join(f"`{flag}`" for flag in action.option_strings)
 
 
-def cli_reference() -> str:
-    from pytest_gap.cli import build_parser
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
 
-    parser = build_parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+def cli_sections(parser: argparse.ArgumentParser, prefix: str = "gap") -> list[str]:
+    """A section per command at every level (`gap policy serve torch` as well as `gap run`):
+    its help, then each argument with its help and default."""
+    commands = _subcommands(parser)
+    if commands is None:
+        return []
     helps = {a.dest: a.help for a in commands._choices_actions}
     sections = []
     for name, sub in commands.choices.items():
         rows = ["| argument | what it does | default |", "| --- | --- | --- |"]
         for action in sub._actions:
-            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+                continue
+            if action.help == argparse.SUPPRESS:
                 continue
             default = "" if action.default in (None, False, argparse.SUPPRESS) else action.default
-            text = " ".join((action.help or "").split()).replace("|", "\\|")
-            rows.append(
-                f"| {_flags(action)} | {text} | {f'`{default}`' if default != '' else ''} |"
-            )
-        sections.append(f"## gap {name}\n\n{helps.get(name) or ''}\n\n" + "\n".join(rows))
-    return "\n\n".join(sections)
+            shown = _cell(f"`{default}`") if default != "" else ""
+            rows.append(f"| {_flags(action)} | {_cell(action.help)} | {shown} |")
+        command = f"{prefix} {name}"
+        body = "\n".join(rows) if len(rows) > 2 else ""
+        sections.append(f"## {command}\n\n{_cell(helps.get(name))}\n\n{body}".rstrip())
+        sections += cli_sections(sub, command)
+    return sections
+
+
+def cli_reference() -> str:
+    from pytest_gap.cli import build_parser
+
+    return "\n\n".join(cli_sections(build_parser()))
 
 
 def pytest_reference() -> str:

@@ -30,6 +30,54 @@ def test_gap_help_lists_every_command_in_one_order():
     assert listed == list(HELP_ORDER)
 
 
+def _commands(parser, prefix="gap"):
+    """(command path, its help, its parser) for every `gap` command at every level."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {c.dest: c.help for c in action._choices_actions}
+            for name, sub in action.choices.items():
+                yield f"{prefix} {name}", helps.get(name), sub
+                yield from _commands(sub, f"{prefix} {name}")
+
+
+def test_every_command_and_argument_at_every_level_says_what_it_does():
+    """`gap --help` at any depth (and the CLI reference generated from the same parser) has a
+    line for everything: an argument added without a help string fails here, named."""
+    import argparse
+
+    from pytest_gap.cli import build_parser
+
+    silent = []
+    for path, text, parser in _commands(build_parser()):
+        if not text:
+            silent.append(path)
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+                continue
+            if not action.help:
+                silent.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+    assert silent == []
+
+
+def test_the_cli_reference_has_every_level_and_every_default():
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    try:
+        from docs_hooks import cli_reference
+    finally:
+        sys.path.pop(0)
+    from pytest_gap.cli import build_parser
+
+    page = cli_reference()
+    paths = [path for path, _, _ in _commands(build_parser())]
+    assert {"gap policy serve", "gap online serve", "gap online submit"} <= set(paths)
+    assert all(f"## {path}\n" in page for path in paths)
+    online = page.split("## gap online serve\n")[1].split("## ")[0]
+    assert "| `--port` | the port to listen on | `8780` |" in online
+    assert "| `--capacity` | evaluation servers at once | `1` |" in online
+
+
 def test_starting_gap_or_the_pytest_plugin_imports_nothing_it_does_not_run():
     """Every `gap` command and every pytest session (each xdist worker too) starts by importing
     these; the parser and the plugin stay light (numpy alone is a tenth of a second a process),
@@ -254,7 +302,7 @@ def test_every_shipped_benchmark_config_loads():
 
     root = Path(__file__).resolve().parent.parent
     configs = sorted([*root.glob("benchmarks/*.yaml"), *root.glob("examples/benchmark/*.yaml")])
-    assert len(configs) == 7
+    assert len(configs) == 8
     for path in configs:
         assert all_trials(plan(load_config(path))), path
     embedded = [c for p in root.glob("benchmarks/*.yaml") for c in plan(load_config(p))]
@@ -263,9 +311,13 @@ def test_every_shipped_benchmark_config_loads():
     suites = {(c.family, c.variation) for c in embedded}
     assert suites >= {("libero", v) for v in ("object", "spatial", "goal", "10")}
     # The main job shows a policy A/B: one mode with two policies on the same tasks and seeds.
-    ab = {(c.mode, c.policy_id): {t.id.split("::", 2)[-1] for t in c.trials()} for c in embedded}
+    pair = plan(load_config(root / "benchmarks/policy_ab.yaml"))
+    ab = {(c.mode, c.policy_id): {t.id.split("::", 2)[-1] for t in c.trials()} for c in pair}
     rows = [k for k in ab if k[0] == "policy_only"]
     assert len(rows) == 2 and ab[rows[0]] == ab[rows[1]]
+    # ... and a learned network, on init states its training never saw (40-49).
+    learned = plan(load_config(root / "benchmarks/learned.yaml"))
+    assert all(t.seed % 50 >= 40 for c in learned for t in c.trials())
 
 
 def test_gap_benchmark_refuses_curobo_planner_before_any_trial(tmp_path):

@@ -150,6 +150,9 @@ def test_every_problem_is_reported_at_once_with_its_key(tmp_path):
             {"benchmark": {"variations": ["object"], "families": ["posvar"]}},
             "benchmark.variations: unknown variation of the chosen families 'object'",
         ),
+        # a submission's key in a session: the seeds it stands for are the server's alone
+        ({"benchmark": {}, "split": "test"}, "split: only a config submitted to an evaluation"),
+        ({"benchmark": {}, "split": "tset"}, "split: Input should be 'val_train'"),
     ],
 )
 def test_user_errors_name_the_key(tmp_path, data, expected):

@@ -97,3 +97,46 @@ def test_home_a_reference_and_a_tutorial_open_clean_and_search_finds_a_key(serve
     assert any("reference/config/" in link for link in links), links
     box.send_keys(Keys.ESCAPE)
     assert _errors(browser) == []
+
+
+def _cell_text(driver, key: str) -> str:
+    """The text a reader sees in the last cell of the reference table row whose first cell is
+    `key`."""
+    from selenium.webdriver.common.by import By
+
+    for row in driver.find_elements(By.CSS_SELECTOR, "table tr"):
+        cells = row.find_elements(By.TAG_NAME, "td")
+        if cells and cells[0].text.strip() == key:
+            return cells[-1].text
+    raise AssertionError(f"no row {key!r}")
+
+
+def test_generated_tables_show_text_in_angle_brackets_as_written(served, browser):  # noqa: F811
+    """A description naming `<output_dir>/<stamp>` outside a code span reaches the reader, where
+    Markdown would have taken it for a tag and dropped it."""
+    if MISSING:
+        missing(MISSING)
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from pytest_gap.config.document import BenchmarkConfig
+    from pytest_gap.config.reference import key_rows
+
+    rows = {r.key: r.description for r in key_rows(BenchmarkConfig)}
+    written = rows["benchmark.output_dir"]
+    assert "<output_dir>" in written  # the model's own comment, which the page must show
+    browser.get(served + "reference/config/")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "table"))
+    assert _cell_text(browser, "benchmark.output_dir") == " ".join(written.split())
+    browser.get(served + "reference/run-dir/")
+    WebDriverWait(browser, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "table"))
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from docs_hooks import layout_names
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    notes = {name: note for _, name, note in layout_names()}
+    assert "<trial slug>" in notes["frames"]
+    assert _cell_text(browser, "frames") == " ".join(notes["frames"].split())

@@ -119,3 +119,77 @@ def test_the_readme_is_a_front_door_whose_links_resolve():
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
         if not target.startswith(("http://", "https://")):
             assert (ROOT / target).exists(), f"README links to {target}, which is not there"
+
+
+def test_the_service_pages_split_and_submission_are_what_a_server_takes(tmp_path):
+    """docs/service.md's splits.yaml and run.yaml, read as `gap serve --splits` and a submission
+    are: the split file loads, and the submission plans the split's seeds and tasks."""
+    from pytest_gap.service import runs
+    from pytest_gap.service.limits import ServiceLimits
+    from pytest_gap.service.splits import load_splits
+
+    page = (ROOT / "docs/service.md").read_text()
+    blocks = dict(re.findall(r"```yaml\n# (\S+) [^\n]*\n(.*?)```", page, re.S))
+    (tmp_path / "splits.yaml").write_text(blocks["splits.yaml"])
+    splits = load_splits(tmp_path / "splits.yaml")
+    _, cells, split = runs._config(
+        blocks["run.yaml"], "run.yaml", tmp_path, splits, ServiceLimits()
+    )
+    assert split == "test"
+    trials = [t for cell in cells for t in cell.trials()]
+    assert sorted({t.seed for t in trials}) == splits["test"].seeds
+
+
+def _defined(path: Path) -> set[str]:
+    """The names a module's source defines at its top level and in its classes (no import)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.ImportFrom):  # a name a package re-exports
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def _missing_reference(ref: str) -> str | None:
+    """None if `ref` (`pytest_gap/x/y.py`, a folder, or `pytest_gap.x.y[.name[.attr]]`) names
+    what is there; else what is not."""
+    if "/" in ref:
+        return None if (ROOT / ref.rstrip("/")).exists() else "no such file"
+    parts = ref.split(".")
+    for cut in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:cut])
+        module = (
+            base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        )
+        if module.is_file():
+            rest = parts[cut:]
+            if not rest or rest[0] in _defined(module) or (base / f"{rest[0]}.py").is_file():
+                return None
+            return f"{'.'.join(parts[:cut])} defines no {rest[0]}"
+    return "no such module"
+
+
+def test_every_package_path_and_module_the_docs_name_exists():
+    """A module moved or renamed leaves no page pointing at its old place: every
+    `pytest_gap/...` path and `pytest_gap....` dotted name in docs/ and the README is there."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    pattern = re.compile(r"pytest_gap(?:/[\w.]+)+/?|pytest_gap(?:\.\w+)+")
+    # Dotted names the package itself uses as names (an entry-point group): not modules.
+    source = "".join(p.read_text() for p in (ROOT / "pytest_gap").rglob("*.py"))
+    wrong = []
+    for page in pages:
+        for ref in sorted(set(pattern.findall(page.read_text()))):
+            ref = ref.rstrip(".")
+            if f'"{ref}"' in source:
+                continue
+            problem = _missing_reference(ref.split(":")[0])
+            if problem:
+                wrong.append(f"{page.relative_to(ROOT)}: {ref}: {problem}")
+    assert wrong == []

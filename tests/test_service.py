@@ -225,7 +225,7 @@ def test_two_clients_with_disjoint_worker_ids_finish_a_run(home, start, hold):
     ]
     for record in records.values():
         assert record["error"] is None
-        assert record["steps"] - record["bringup_steps"] == STEPS
+        assert record["steps"] == STEPS
         assert record["exit_status"] == "step_limit"  # holding still, to the last step
     assert {r["worker"] for r in records.values()} <= {"service-0", "service-1"}
     summary = json.loads((home / "runs/r1/summary.json").read_text())
@@ -263,7 +263,7 @@ def test_gap_eval_bridges_a_vla_eval_model_server(home, start):
     assert client.returncode == 0, out + err
     (record,) = _records(home, "vla").values()
     assert record["error"] is None
-    assert record["steps"] - record["bringup_steps"] == STEPS
+    assert record["steps"] == STEPS
     assert model.seen, "the model was never asked"
     first = model.seen[0]
     assert set(first["images"]) == {"agentview", "wrist"} and len(first["states"]) == 8
@@ -292,7 +292,7 @@ def test_a_client_killed_mid_episode_has_its_episode_handed_out_again(home, star
     assert again.returncode == 0, out + err
     (record,) = _records(home, "r2").values()
     assert record["error"] is None and not record["infra_failure"]
-    assert record["steps"] - record["bringup_steps"] == LONG_STEPS
+    assert record["steps"] == LONG_STEPS
     assert server.status("r2")["saved"] == 1
 
 
@@ -413,7 +413,7 @@ def test_a_split_takes_its_seeds_from_the_server_and_is_never_substituted(home, 
     assert client.returncode == 0, out + err
     assert list(_records(home, "held")) == ["policy_only/remote/libero/object/task_00/seed_007"]
     (record,) = _records(home, "held").values()
-    assert record["steps"] - record["bringup_steps"] == STEPS  # the split's step limit
+    assert record["steps"] == STEPS  # the split's step limit
     assert "seed" not in out + err  # the client learns no seed
     status = server.status("held")
     assert status["split"] == "test" and all(w["current"] is None for w in status["workers"])

@@ -339,9 +339,9 @@ def test_a_policy_trials_chunks_are_marked_and_load_from_the_server(tmp_path, br
         _open(browser, f"http://{host}:{port}/#/trial/{quote(key, safe='')}")
         WebDriverWait(browser, WAIT_S).until(lambda d: _chart(d) is not None)
         chart = _chart(browser)
-        first = record["bringup_steps"] + 1
-        assert chart["chunks"] == list(range(first, record["steps"] + 1, 5))
-        assert chart["steps"] == record["steps"] and chart["holds"] == []
+        first, total = record["bringup_steps"] + 1, record["bringup_steps"] + record["steps"]
+        assert chart["chunks"] == list(range(first, total + 1, 5))
+        assert chart["steps"] == total and chart["holds"] == []
         assert _errors(browser) == []
         assert all(u.startswith(f"http://{host}:{port}/") for u in _requests(browser))
     finally:

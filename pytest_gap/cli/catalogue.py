@@ -108,7 +108,9 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     suites = subparsers.add_parser(
         "suites", help="list LIBERO / LIBERO-PRO suites, or one suite's tasks"
     )
-    suites.add_argument("suite", nargs="?")
+    suites.add_argument(
+        "suite", nargs="?", help="a suite whose tasks to list (default: all suites)"
+    )
     families = subparsers.add_parser(
         "families", help="list benchmark families and their variations"
     )

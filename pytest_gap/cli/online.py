@@ -146,9 +146,11 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     online = subparsers.add_parser("online", help="the online platform: queued evaluation tasks")
     online_sub = online.add_subparsers(dest="online_command", required=True)
     oserve = online_sub.add_parser("serve", help="take tasks; start evaluation servers for them")
-    oserve.add_argument("--host", default="127.0.0.1")
-    oserve.add_argument("--port", type=int, default=8780)
-    oserve.add_argument("--runs-dir", default="online_runs")
+    oserve.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (loopback only)"
+    )
+    oserve.add_argument("--port", type=int, default=8780, help="the port to listen on")
+    oserve.add_argument("--runs-dir", default="online_runs", help="where the tasks' runs are kept")
     oserve.add_argument("--sets", required=True, help="YAML {benchmark set: config path}")
     oserve.add_argument("--tokens", required=True, help="a file of `TOKEN OWNER` lines")
     oserve.add_argument("--capacity", type=int, default=1, help="evaluation servers at once")
@@ -168,13 +170,24 @@ def add(subparsers: argparse._SubParsersAction) -> None:
         cmd = online_sub.add_parser(name, help=text)
         cmd.add_argument("--base-url", required=True, help="the platform, http://HOST:PORT")
         cmd.add_argument("--token", help="your platform token (or --token-file)")
-        cmd.add_argument("--token-file")
+        cmd.add_argument("--token-file", help="a file holding your platform token")
         if name == "submit":
-            cmd.add_argument("--model-name", required=True)
-            cmd.add_argument("--benchmark-set", required=True)
-            cmd.add_argument("--timeout", type=positive_float, default=600.0)
-            cmd.add_argument("--print-endpoint", action="store_true")
+            cmd.add_argument(
+                "--model-name", required=True, help="what your task evaluates: a name of yours"
+            )
+            cmd.add_argument(
+                "--benchmark-set", required=True, help="one of the platform's benchmark sets"
+            )
+            cmd.add_argument(
+                "--timeout",
+                type=positive_float,
+                default=600.0,
+                help="seconds to wait for the task to be ready (exit 1 if still queued)",
+            )
+            cmd.add_argument(
+                "--print-endpoint", action="store_true", help="print the ready task as JSON"
+            )
             cmd.add_argument("--idempotency-key", help="a retried submit with it never duplicates")
         if name == "ready":
-            cmd.add_argument("--task-id", required=True)
+            cmd.add_argument("--task-id", required=True, help="the task gap online submit made")
         cmd.set_defaults(func=func)

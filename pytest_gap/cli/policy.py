@@ -143,8 +143,10 @@ def add(subparsers: argparse._SubParsersAction) -> None:
         "module:Class with infer(obs), or a --config entry",
     )
     serve.add_argument("--config", help="benchmark YAML whose policies: entry NAME to serve")
-    serve.add_argument("--port", type=int, required=True)
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, required=True, help="the port to listen on")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default: loopback only)"
+    )
     serve.add_argument(
         "--protocol",
         choices=("openpi", "vla-eval"),

@@ -351,7 +351,7 @@ def add(subparsers: argparse._SubParsersAction) -> None:
         "serve", help="the evaluation server: remote policy clients attach"
     )
     serve.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (loopback only)")
-    serve.add_argument("--port", type=int, default=8765)
+    serve.add_argument("--port", type=int, default=8765, help="the port to listen on")
     serve.add_argument("--runs-dir", default="service_runs", help="where runs are kept")
     serve.add_argument(
         "--token-file",
@@ -374,14 +374,22 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--run-id", type=_run_id, help="the run id of --config")
     _limit_options(serve)
     serve.set_defaults(func=_cmd_serve)
+    _add_clients(subparsers)
+
+
+def _add_clients(subparsers: argparse._SubParsersAction) -> None:
+    """`gap submit`, `gap eval`, `gap status`: the client side of `gap serve`."""
     submit = subparsers.add_parser(
         "submit", help="schedule a config's trials on an evaluation server"
     )
     submit.add_argument("config", help="a benchmark YAML (modes: [policy_only], one policy)")
-    submit.add_argument("--run-id", required=True, type=_run_id)
-    submit.add_argument("--host", default="127.0.0.1")
-    submit.add_argument("--port", type=int, default=8765)
-    submit.add_argument("--token-file")
+    submit.add_argument("--run-id", required=True, type=_run_id, help="a name for the run")
+    submit.add_argument("--host", default="127.0.0.1", help="the evaluation server's host")
+    submit.add_argument("--port", type=int, default=8765, help="the evaluation server's port")
+    submit.add_argument(
+        "--token-file",
+        help="a file holding the service's bearer token (default: the GAP_TOKEN variable)",
+    )
     submit.add_argument(
         "--json", action="store_true", help="print the answer, run secret included, as JSON"
     )
@@ -390,18 +398,28 @@ def add(subparsers: argparse._SubParsersAction) -> None:
         "eval", help="attach a policy to a run on an evaluation server"
     )
     evaluate.add_argument("--url", required=True, help="the evaluation server, http://HOST:PORT")
-    evaluate.add_argument("--run-id", required=True, type=_run_id)
+    evaluate.add_argument(
+        "--run-id", required=True, type=_run_id, help="the run to attach to (gap submit's)"
+    )
     evaluate.add_argument(
         "--worker-ids", type=_worker_ids, default=[0], help="e.g. 0,1: one process each"
     )
     evaluate.add_argument("--policy", help="the model server the client asks, ws://HOST:PORT")
-    evaluate.add_argument("--protocol", choices=["openpi", "vla-eval"], default="openpi")
+    evaluate.add_argument(
+        "--protocol",
+        choices=["openpi", "vla-eval"],
+        default="openpi",
+        help="the protocol --policy speaks",
+    )
     evaluate.add_argument(
         "--fake-actions",
         action="store_true",
         help="a connectivity smoke with a fixed action: one episode, never scored",
     )
-    evaluate.add_argument("--token-file")
+    evaluate.add_argument(
+        "--token-file",
+        help="a file holding the service's bearer token (default: the GAP_TOKEN variable)",
+    )
     evaluate.add_argument(
         "--run-secret-file",
         help="a file holding the run's secret (default: GAP_RUN_SECRET, else where gap submit "
@@ -409,8 +427,11 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     )
     evaluate.set_defaults(func=_cmd_eval)
     status = subparsers.add_parser("status", help="where a run on an evaluation server stands")
-    status.add_argument("--url", required=True)
-    status.add_argument("--run-id", required=True, type=_run_id)
-    status.add_argument("--token-file")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--url", required=True, help="the evaluation server, http://HOST:PORT")
+    status.add_argument("--run-id", required=True, type=_run_id, help="the run to report on")
+    status.add_argument(
+        "--token-file",
+        help="a file holding the service's bearer token (default: the GAP_TOKEN variable)",
+    )
+    status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=_cmd_status)

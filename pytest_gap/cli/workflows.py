@@ -178,10 +178,12 @@ def add(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--backend", default="libero", help="simulator backend: a name or module:Class"
     )
-    run.add_argument("--family", required=True)
-    run.add_argument("--variation", required=True)
-    run.add_argument("--task", type=int, required=True)
-    run.add_argument("--seed", type=int, required=True)
+    run.add_argument("--family", required=True, help="the benchmark family (gap families)")
+    run.add_argument("--variation", required=True, help="the family's variation (gap families)")
+    run.add_argument("--task", type=int, required=True, help="the task's index in its suite")
+    run.add_argument(
+        "--seed", type=int, required=True, help="the init state (seed mod its count) and jitter"
+    )
     run.add_argument("--video", help="write an mp4 of the episode here")
     run.add_argument("--wrist", action="store_true", help="add the wrist camera to the video")
     run.add_argument("--trace-dir", help="where trace/dag_trace.json goes")

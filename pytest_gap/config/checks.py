@@ -38,6 +38,12 @@ def semantic_problems(data: dict, base: Path, mode_table: ModeTable = BUILTIN) -
     for i, entry in enumerate(suites if isinstance(suites, list) else []):
         if isinstance(entry, dict):
             problems += _suite_problems(f"suites.{i}", entry, base, backend)
+    if data.get("split") is not None:
+        problems.append(
+            "split: only a config submitted to an evaluation server with splits (gap serve "
+            "--splits) names one, and the server decides its seeds and tasks; here, remove it "
+            "and set benchmark.seeds and benchmark.task_ids"
+        )
     return problems + _gate_problems(data)
 
 

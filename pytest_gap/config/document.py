@@ -86,6 +86,10 @@ class BenchmarkConfig(Strict):
     gate: BaselineGate = BaselineGate()
     # A grid's two policies as a sequential A/B test (ab_gate.py).
     compare: ABCompare | None = None
+    # A config submitted to an evaluation server with splits (`gap serve --splits`): the split
+    # it runs on. The server's split decides its seeds, tasks, step limit and template, and
+    # takes this key off before the config is read; anywhere else it is refused.
+    split: Literal["val_train", "val_unseen", "test"] | None = None
     # An inert marker of smoke configs (the spec's); changes nothing.
     smoke: bool = False
     source: Annotated[Path | None, SERVER_PATH] = Field(default=None, exclude=True)

@@ -125,10 +125,11 @@ class PolicyEntry(Strict):
     obs_format: ObsFormatName | None = None
     # Send simulator ground truth (oracle policies only; their rows are labelled [privileged]).
     privileged_state: Annotated[bool, RemoteValue(_no_ground_truth)] = False
-    # Seconds a measured reply may take (a later one is an infrastructure failure, never a stale
-    # action applied), and the one warm-up inference per process (openpi compiles on its first).
+    # Seconds a measured reply may take: a later one makes the trial an infrastructure failure,
+    # never a stale action applied.
     timeout_s: Annotated[float, _bounded(MAX_REPLY_S, gt=0)] = DEFAULT_TIMEOUT_S
-    # the first inference
+    # Seconds the one warm-up inference per process may take (openpi compiles its model on its
+    # first call), charged to no trial; a later reply is an infrastructure failure of the trial.
     warmup_timeout_s: Annotated[float, _bounded(MAX_WARMUP_S, gt=0)] = DEFAULT_WARMUP_TIMEOUT_S
     # The largest frame its server may send us (policies/client.py); actions are kilobytes.
     max_reply_mb: Annotated[float, _bounded(MAX_REPLY_MB, gt=0)] = DEFAULT_MAX_REPLY_MB

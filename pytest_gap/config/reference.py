@@ -161,13 +161,21 @@ def key_rows(model: type[BaseModel], prefix: str = "") -> list[KeyRow]:
     return rows
 
 
-def markdown_table(rows: list[KeyRow]) -> str:
-    def cell(text: str) -> str:
-        return " ".join(text.split()).replace("|", "\\|")
+def table_cell(text: object) -> str:
+    """Text for one Markdown table cell: one line, pipes escaped, and `<`, `>`, `&` escaped
+    outside code spans (Markdown would take `<run dir>` for an HTML tag and drop it; inside a
+    code span it shows them as they are, and would show an escape as typed)."""
+    parts = " ".join(str(text or "").split()).replace("|", "\\|").split("`")
+    for i in range(0, len(parts), 2):  # the even parts are outside code spans
+        parts[i] = parts[i].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
 
+
+def markdown_table(rows: list[KeyRow]) -> str:
+    cell = table_cell
     lines = ["| key | type | default | allowed | what it does |", "| --- | --- | --- | --- | --- |"]
     lines += [
-        f"| `{r.key}` | {cell(r.type)} | `{cell(r.default)}` | {cell(r.allowed)} | "
+        f"| `{r.key}` | {cell(r.type)} | {cell(f'`{r.default}`')} | {cell(r.allowed)} | "
         f"{cell(r.description)} |"
         for r in rows
     ]

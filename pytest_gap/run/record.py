@@ -172,7 +172,8 @@ def workflow_run_fields(
         "success": run.success,
         "completion": run.completion,
         "reward": 1.0 if run.success else 0.0,
-        "steps": run.steps,
+        # The steps the episode's budget counted, at most the budget: a bring-up's are its own.
+        "steps": run.steps - run.bringup_steps,
         "bringup_steps": run.bringup_steps,
         "exit_status": run.exit_status,
         "reason": workflow_reason(run),
