@@ -106,6 +106,8 @@ NOT_COVERED: dict[str, str] = {
     "policies/server.py": "the serving side is the policy under test, whose identity is the "
     "record's policy_digest (its metadata frame), not the harness's",
     "policies/builtin.py": "the built-in policies are policies under test (policy_digest)",
+    "policies/credentials.py": "which credentials a connection carries; what answers is the "
+    "server's policy_digest",
     "policies/vla_eval_server.py": "serving over vla-eval's protocol: the policy side",
     "policies/torch_policy.py": "a torch module served as a policy: the policy under test, "
     "whose checkpoint's digest is in its metadata frame (policy_digest)",

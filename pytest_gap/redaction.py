@@ -59,6 +59,14 @@ def redact_text(text: str) -> str:
     )
 
 
+def redact_values(text: str, values) -> str:
+    """`text` with each of `values` (secrets known by value: a credential read from the
+    environment) masked, then `redact_text`'s forms."""
+    for value in sorted((v for v in values if v), key=len, reverse=True):
+        text = text.replace(value, MASK)
+    return redact_text(text)
+
+
 def redact_argv(argv: list[str]) -> list[str]:
     """A command line with secret option values masked: `--api-key VALUE`, `--api-key=VALUE`,
     `NAME=VALUE` (an environment assignment or a `-o` ini override), headers, urls."""

@@ -58,7 +58,7 @@ def test_preflight_names_an_unreachable_server_and_its_cause_once():
     port = free_port()  # nothing listens there
     url = f"ws://127.0.0.1:{port}"
     with pytest.raises(PolicyUnreachable) as info:
-        preflight({"ghost": (url, "openpi")}, timeout_s=2)
+        preflight({"ghost": (url, "openpi", {})}, timeout_s=2)
     message = str(info.value)
     assert "\n" not in message
     assert message.count(url) == 1 and message.count("start it") == 1, message

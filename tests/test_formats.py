@@ -432,7 +432,11 @@ def test_endpoints_carry_the_format_and_the_started_servers_url():
         "served": "gap",
     }
     assert endpoints["served"] == PolicyEndpoint(
-        url="ws://127.0.0.1:5", protocol="openpi", obs_format="gap", privileged=True
+        url="ws://127.0.0.1:5",
+        protocol="openpi",
+        obs_format="gap",
+        privileged=True,
+        policy_id="served",
     )
     # built by hand (a script, a test), an endpoint gets its protocol's format
     assert PolicyEndpoint(url="ws://h:2", protocol="vla-eval").obs_format == "vla-eval-libero"

@@ -131,11 +131,11 @@ def test_preflight_names_the_unreachable_policy():
     manager = PolicyManager()
     urls = manager.start_all({"hold": SERVE_HOLD})
     try:
-        live = {pid: (url, "openpi") for pid, url in urls.items()}
+        live = {pid: (url, "openpi", {}) for pid, url in urls.items()}
         preflight(live)  # a live server passes
         dead = f"ws://127.0.0.1:{free_port()}"
         with pytest.raises(PolicyUnreachable, match=r"preflight: policy pi05 at ws://127\.0\.0\.1"):
-            preflight({**live, "pi05": (dead, "openpi")}, timeout_s=2)
+            preflight({**live, "pi05": (dead, "openpi", {})}, timeout_s=2)
     finally:
         manager.stop_all()
 

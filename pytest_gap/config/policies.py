@@ -24,6 +24,7 @@ from pydantic import (
 from pytest_gap.config.keys import SERVER_COMMAND, RemoteValue, ServerOnly, Strict
 from pytest_gap.errors import one_line
 from pytest_gap.names import check_name
+from pytest_gap.policies.credentials import env_name_problem, header_name_problem
 
 # Defined beside the policy client (the policy layer imports nothing of config); named here too.
 from pytest_gap.policies.endpoint import (
@@ -47,6 +48,13 @@ MAX_STARTUP_S = 7200.0
 MAX_GRACE_S = 600.0
 MAX_RESTARTS = 10  # the k-th waits restart_backoff_s * 2**(k-1): the tenth, 512 backoffs
 MAX_BACKOFF_S = 60.0
+
+
+# A submission may not read the server's environment: a credential there is the operator's.
+_CREDENTIAL = (
+    "a credential read from the server's environment",
+    "remove it: a remote policy is attached by gap eval, on the client's side",
+)
 
 
 def _bounded(high: float, *, gt: float | None = None, ge: float | None = None):
@@ -133,6 +141,11 @@ class PolicyEntry(Strict):
     warmup_timeout_s: Annotated[float, _bounded(MAX_WARMUP_S, gt=0)] = DEFAULT_WARMUP_TIMEOUT_S
     # The largest frame its server may send us (policies/client.py); actions are kilobytes.
     max_reply_mb: Annotated[float, _bounded(MAX_REPLY_MB, gt=0)] = DEFAULT_MAX_REPLY_MB
+    # The environment variable holding the key the server wants, sent as `Authorization:
+    # Api-Key <value>` (openpi-client's form) over either protocol: its name, never the value.
+    api_key_env: Annotated[str | None, ServerOnly(*_CREDENTIAL)] = None
+    # Other headers the server wants, {header: the environment variable holding its value}.
+    headers_env: Annotated[dict[str, str], ServerOnly(*_CREDENTIAL)] = {}
     # Under --gap-ray, a managed server runs in a Ray actor holding these resources, on a node
     # that has them (scale/ray_policy.py); without --gap-ray it runs here, as any other.
     ray: Annotated[RayResources | None, ServerOnly("where a server it starts would run")] = None
@@ -147,6 +160,28 @@ class PolicyEntry(Strict):
         if native and self.protocol == "openpi":
             return "gap"
         return PROTOCOL_OBS_FORMATS[self.protocol]
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_variable(cls, name: str | None) -> str | None:
+        problem = env_name_problem(name) if name is not None else None
+        if problem:
+            raise ValueError(problem)
+        return name
+
+    @field_validator("headers_env")
+    @classmethod
+    def _header_variables(cls, headers: dict[str, str]) -> dict[str, str]:
+        for header, name in headers.items():
+            problem = header_name_problem(header) or env_name_problem(name)
+            if problem:
+                raise ValueError(f"{header}: {problem}")
+        if "authorization" in {h.lower() for h in headers}:
+            raise ValueError(
+                "Authorization: give api_key_env for openpi's `Api-Key` form; a header of your "
+                "own is fine under another name"
+            )
+        return headers
 
     @field_validator("url")
     @classmethod

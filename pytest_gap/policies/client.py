@@ -14,6 +14,7 @@ layer from its header, before it is read, and every frame decodes within wire.py
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import Any
 
@@ -33,6 +34,7 @@ from pytest_gap.policies.wire import (
     unpack_vla,
     unpackb,
 )
+from pytest_gap.redaction import redact_values
 
 
 class PolicyTransportError(InfraFailure):
@@ -90,12 +92,15 @@ class PolicyClient:
         connect_timeout_s: float = 5.0,
         timeout_s: float = 30.0,
         api_key: str | None = None,
+        headers: Mapping[str, str] | None = None,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_MB * 2**20,
     ):
         self.url, self.timeout_s = url, timeout_s
         self._sent_bytes = 0
         self._pack = packer().pack
-        headers = {"Authorization": f"Api-Key {api_key}"} if api_key else None
+        headers = dict(headers or {})
+        if api_key:  # openpi-client's own form (WebsocketClientPolicy(api_key=))
+            headers["Authorization"] = f"Api-Key {api_key}"
         # Entered as a context manager: the form every websockets version supports without
         # deprecation warnings; close() exits it.
         self._stack = ExitStack()
@@ -107,12 +112,12 @@ class PolicyClient:
                     max_size=max_reply_bytes,
                     max_queue=MAX_QUEUED_FRAMES,
                     open_timeout=connect_timeout_s,
-                    additional_headers=headers,
+                    additional_headers=headers or None,
                 )
             )
             self.metadata: dict[str, Any] = self._receive("metadata")
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
-            reason = f"{type(exc).__name__}: {exc}"
+            reason = redact_values(f"{type(exc).__name__}: {exc}", headers.values())
             raise PolicyTransportError(
                 f"policy server {url} is unreachable ({reason}); start it "
                 "(gap policy serve NAME --port P) or fix the url",
@@ -184,11 +189,13 @@ class VlaEvalClient:
         *,
         connect_timeout_s: float = 5.0,
         timeout_s: float = 30.0,
+        headers: Mapping[str, str] | None = None,
         max_reply_bytes: int = DEFAULT_MAX_REPLY_MB * 2**20,
     ):
         self.url, self.timeout_s = url, timeout_s
         self._seq = 0
         self._stack = ExitStack()
+        headers = dict(headers or {})
         try:
             self._ws: ClientConnection | None = self._stack.enter_context(
                 connect(
@@ -197,10 +204,11 @@ class VlaEvalClient:
                     max_size=max_reply_bytes,
                     max_queue=MAX_QUEUED_FRAMES,
                     open_timeout=connect_timeout_s,
+                    additional_headers=headers or None,
                 )
             )
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
-            reason = f"{type(exc).__name__}: {exc}"
+            reason = redact_values(f"{type(exc).__name__}: {exc}", headers.values())
             raise PolicyTransportError(
                 f"vla-eval server {url} is unreachable ({reason}); start it or fix the url", reason
             ) from None

@@ -31,6 +31,8 @@ class PolicyEndpoint(BaseModel):
     each measured reply (a later one closes the session: a stale chunk is never applied);
     `warmup_timeout_s` bounds the one warm-up inference per process (policies/warmup.py);
     `max_reply_mb` the largest frame its server may send (a larger one closes the session).
+    `api_key_env` and `headers_env` name the variables holding its credentials (never the
+    values: policies/credentials.py), read by each process as it connects.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -42,11 +44,19 @@ class PolicyEndpoint(BaseModel):
     timeout_s: float = DEFAULT_TIMEOUT_S
     warmup_timeout_s: float = DEFAULT_WARMUP_TIMEOUT_S
     max_reply_mb: float = DEFAULT_MAX_REPLY_MB
+    policy_id: str = ""  # the registry entry's id: what a missing credential's message names
+    api_key_env: str | None = None
+    headers_env: dict[str, str] = {}
 
     @property
     def client_options(self) -> dict[str, Any]:
-        """What connect_policy takes from the endpoint besides url, protocol and timeout."""
-        return {"max_reply_bytes": round(self.max_reply_mb * 2**20)}
+        """What connect_policy takes from the endpoint besides url, protocol and timeout: the
+        credentials' values read from this process's environment now."""
+        from pytest_gap.policies.credentials import credential_headers
+
+        where = f"policies.{self.policy_id or '<id>'}"
+        headers = credential_headers(where, self.api_key_env, self.headers_env)
+        return {"max_reply_bytes": round(self.max_reply_mb * 2**20), "headers": headers}
 
     @model_validator(mode="before")
     @classmethod

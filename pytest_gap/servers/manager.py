@@ -306,14 +306,19 @@ def _signal_group(process: subprocess.Popen, sig: int) -> None:
         os.killpg(process.pid, sig)
 
 
-def preflight(urls: dict[str, tuple[str, str]], timeout_s: float = PREFLIGHT_TIMEOUT_S) -> None:
-    """Handshake (in its protocol) with every external server, {id: (url, protocol)}; raise
-    for the first that does not answer, naming it and how to start it."""
+def preflight(
+    urls: dict[str, tuple[str, str, dict[str, str]]], timeout_s: float = PREFLIGHT_TIMEOUT_S
+) -> None:
+    """Handshake (in its protocol, with its credentials' headers) with every external server,
+    {id: (url, protocol, headers)}; raise for the first that does not answer, naming it and how
+    to start it."""
     from pytest_gap.policies.client import PolicyTransportError, connect_policy
 
-    for policy_id, (url, protocol) in urls.items():
+    for policy_id, (url, protocol, headers) in urls.items():
         try:
-            connect_policy(url, protocol, connect_timeout_s=timeout_s, timeout_s=timeout_s).close()
+            connect_policy(
+                url, protocol, connect_timeout_s=timeout_s, timeout_s=timeout_s, headers=headers
+            ).close()
         except PolicyTransportError as exc:
             raise PolicyUnreachable(
                 f"preflight: policy {policy_id} at {url} did not answer a {timeout_s:g} s "

@@ -16,8 +16,9 @@ from pathlib import Path
 from pytest_gap.cells import Cell
 from pytest_gap.config.document import BenchmarkConfig
 from pytest_gap.config.policies import PolicyEntry
+from pytest_gap.policies.credentials import credential_headers, unset
 from pytest_gap.policies.endpoint import PolicyEndpoint
-from pytest_gap.servers.manager import Launcher, PolicyManager, preflight
+from pytest_gap.servers.manager import Launcher, PolicyConfigError, PolicyManager, preflight
 from pytest_gap.servers.supervisor import STATE_FILE, Supervisor
 
 
@@ -49,6 +50,9 @@ def endpoints_for(
                 timeout_s=entry.timeout_s,
                 warmup_timeout_s=entry.warmup_timeout_s,
                 max_reply_mb=entry.max_reply_mb,
+                policy_id=pid,
+                api_key_env=entry.api_key_env,
+                headers_env=entry.headers_env,
             )
     return endpoints
 
@@ -73,8 +77,19 @@ class SessionPolicies:
         try:
             for config, cells, log_dir in configs:
                 entries = needed(config, cells)
+                missing = [
+                    line
+                    for pid, e in entries.items()
+                    for line in unset(f"policies.{pid}", e.api_key_env, e.headers_env)
+                ]
+                if missing:  # a usage error before any server starts (exit 2)
+                    raise PolicyConfigError(f"{config.source}: " + "; ".join(missing))
                 preflight(
-                    {pid: (e.url, e.protocol) for pid, e in entries.items() if e.url is not None}
+                    {
+                        pid: (e.url, e.protocol, _headers(pid, e))
+                        for pid, e in entries.items()
+                        if e.url is not None
+                    }
                 )
                 self.notices += [
                     f"policies.{pid}.ray places a server on a Ray cluster under --gap-ray only: "
@@ -115,6 +130,10 @@ class SessionPolicies:
         for manager in self.managers:
             manager.stop_all()
         self.managers.clear()
+
+
+def _headers(policy_id: str, entry: PolicyEntry) -> dict[str, str]:
+    return credential_headers(f"policies.{policy_id}", entry.api_key_env, entry.headers_env)
 
 
 def _exposure_notices(started: dict[str, str]) -> list[str]:
