@@ -68,6 +68,12 @@ def test_an_entry_names_variables_never_values():
     ]:
         with pytest.raises(ValueError, match=said):
             PolicyEntry(url="ws://h:1", **bad)
+    # the key itself written where its variable's name goes: the config error does not echo it
+    data = {"policies": {"p": {"url": "ws://h:1", "api_key_env": KEY}}, "benchmark": {}}
+    with pytest.raises(ConfigError) as info:
+        load_config("bench.yaml", text=yaml.safe_dump(data))
+    assert "policies.p.api_key_env: not an environment variable's name" in str(info.value)
+    assert KEY not in str(info.value)
 
 
 @pytest.mark.parametrize("key", ["api_key_env", "headers_env"])
@@ -156,3 +162,29 @@ def test_an_unset_variable_stops_the_session_before_any_trial(pytester, gated, m
     )
     assert gap.returncode == 2 and said in gap.stderr + gap.stdout, gap.stderr
     assert gated.server.seen == [] and not list(pytester.path.rglob("result.json"))
+
+
+def test_gap_eval_sends_the_credentials_its_variables_hold(gated, monkeypatch):
+    """The service's client side: `gap eval --policy URL` reaches a policy server that wants
+    credentials, the values read from the variables its options name."""
+    from pytest_gap.cli import build_parser
+    from pytest_gap.cli.service import _policy_headers
+    from pytest_gap.errors import GapError
+    from pytest_gap.service.client import policy_act
+
+    argv = ["eval", "--url", "http://127.0.0.1:1", "--run-id", "r1", "--policy", gated.url]
+    argv += ["--policy-api-key-env", "T_KEY", "--policy-header", "X-Org=T_ORG"]
+    args = build_parser().parse_args(argv)
+    monkeypatch.setenv("T_KEY", KEY)
+    monkeypatch.delenv("T_ORG", raising=False)
+    with pytest.raises(GapError, match="the variable T_ORG is not set"):
+        _policy_headers(args)
+    monkeypatch.setenv("T_ORG", ORG)
+    act, _ = policy_act(args.policy, args.protocol, _policy_headers(args))
+    assert "actions" in act({"prompt": "hold"})  # the session is open, and answers
+    assert gated.server.seen[-1]["authorization"] == f"Api-Key {KEY}"
+    assert gated.server.seen[-1]["x-org"] == ORG
+    bad = build_parser().parse_args([*argv[:7], "--policy-header", f"X-Org={ORG}"])
+    with pytest.raises(GapError, match="write NAME=VARIABLE") as info:
+        _policy_headers(bad)
+    assert ORG not in str(info.value)  # a value given by mistake is not echoed

@@ -246,6 +246,39 @@ def _worker_ids(text: str) -> list[int]:
     return ids
 
 
+def _policy_headers(args: argparse.Namespace) -> dict[str, str]:
+    """The credentials `--policy` wants, from the variables --policy-api-key-env and
+    --policy-header NAME=VARIABLE name (policies/credentials.py: values never on a command line,
+    where `ps` shows them)."""
+    from pytest_gap.policies.credentials import (
+        credential_headers,
+        env_name_problem,
+        header_name_problem,
+    )
+
+    named: dict[str, str] = {}
+    for given in args.policy_header or []:
+        header, _, variable = given.partition("=")
+        problem = header_name_problem(header) or env_name_problem(variable)
+        if problem:
+            # not the value given: a user who wrote the secret itself would see it echoed
+            problem = header_name_problem(header) or "after '=' comes a variable's name"
+            raise GapError(f"gap eval --policy-header {header}=...: {problem}; write NAME=VARIABLE")
+        named[header] = variable
+    if args.policy_api_key_env and env_name_problem(args.policy_api_key_env):
+        problem = env_name_problem(args.policy_api_key_env)
+        raise GapError(f"gap eval --policy-api-key-env: {problem}")
+    import os
+
+    for variable in [args.policy_api_key_env or "", *named.values()]:
+        if variable and not os.environ.get(variable):
+            raise GapError(
+                f"gap eval: the variable {variable} is not set; export it (its value is what "
+                "--policy wants) or leave it out"
+            )
+    return credential_headers("gap eval", args.policy_api_key_env, named)
+
+
 @peer_text_escaped()  # the evaluation server's and the policy server's errors
 def _cmd_eval(args: argparse.Namespace) -> int:
     """One process per worker id (as EBench's clients): several ids start one `gap eval` each.
@@ -267,6 +300,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         base = [sys.executable, "-m", "pytest_gap.cli", "eval", "--url", args.url]
         base += ["--run-id", args.run_id, "--protocol", args.protocol]
         base += ["--policy", args.policy] if args.policy else ["--fake-actions"]
+        if args.policy_api_key_env:  # names only: each worker reads the values itself
+            base += ["--policy-api-key-env", args.policy_api_key_env]
+        for header in args.policy_header or []:
+            base += ["--policy-header", header]
         # The secrets this process holds go to its workers the way it took them: not argv.
         secrets_env = {TOKEN_ENV: token or "", RUN_SECRET_ENV: run_secret or ""}
         env = {**os.environ, **{k: v for k, v in secrets_env.items() if v}}
@@ -279,7 +316,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.fake_actions:
         act, metadata = (lambda obs: FAKE_REPLY), {}
     else:
-        act, metadata = policy_act(args.policy, args.protocol)
+        act, metadata = policy_act(args.policy, args.protocol, _policy_headers(args))
     client = EvalClient(
         args.url,
         args.run_id,
@@ -405,6 +442,17 @@ def _add_clients(subparsers: argparse._SubParsersAction) -> None:
         "--worker-ids", type=_worker_ids, default=[0], help="e.g. 0,1: one process each"
     )
     evaluate.add_argument("--policy", help="the model server the client asks, ws://HOST:PORT")
+    evaluate.add_argument(
+        "--policy-api-key-env",
+        metavar="VARIABLE",
+        help="the variable holding the key --policy wants (sent as Authorization: Api-Key)",
+    )
+    evaluate.add_argument(
+        "--policy-header",
+        action="append",
+        metavar="NAME=VARIABLE",
+        help="a header --policy wants, its value read from VARIABLE (repeatable)",
+    )
     evaluate.add_argument(
         "--protocol",
         choices=["openpi", "vla-eval"],

@@ -43,10 +43,10 @@ def header_name_problem(name: str) -> str | None:
 
 
 def env_name_problem(name: str) -> str | None:
-    if not ENV_NAME.fullmatch(name):
+    if not ENV_NAME.fullmatch(name):  # not shown: it may be the very secret, written in
         return (
-            f"{name!r} is not an environment variable's name (letters, digits, '_'): name the "
-            "variable that holds the value, never the value"
+            "not an environment variable's name (letters, digits, '_'): name the variable "
+            "that holds the value, never the value"
         )
     return None
 

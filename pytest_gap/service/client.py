@@ -212,11 +212,14 @@ class EvalClient:
                     raise ServiceError(f"the evaluation server sent an unknown frame {what}")
 
 
-def policy_act(url: str, protocol: str = "openpi") -> tuple[Callable[[dict], dict], dict]:
-    """`act` that asks a policy server (openpi or vla-eval protocol), and its metadata."""
+def policy_act(
+    url: str, protocol: str = "openpi", headers: dict[str, str] | None = None
+) -> tuple[Callable[[dict], dict], dict]:
+    """`act` that asks a policy server (openpi or vla-eval protocol, with the credentials'
+    `headers` it wants), and its metadata."""
     from pytest_gap.policies.client import connect_policy
 
-    client = connect_policy(url, protocol)
+    client = connect_policy(url, protocol, headers=headers)
     return client.infer, dict(getattr(client, "metadata", None) or {})
 
 
