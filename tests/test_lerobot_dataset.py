@@ -159,7 +159,8 @@ def test_a_recorded_run_is_a_lerobot_v3_dataset_of_its_episodes(recorded):
     for e in episodes:
         result = results[e["gap/trial"]]
         n = e["length"]
-        assert n == -(-result.steps // EVERY)  # a frame at steps 0, EVERY, ... < steps
+        taken = result.bringup_steps + result.steps  # every control step, the bring-up's too
+        assert n == -(-taken // EVERY)  # a frame at steps 0, EVERY, ... < taken
         assert (e["dataset_from_index"], e["dataset_to_index"]) == (start, start + n)
         assert e["tasks"] == [result.prompt]
         assert e["success"] == result.success

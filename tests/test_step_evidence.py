@@ -245,7 +245,8 @@ def test_a_sessions_records_and_summaries_say_how_its_failures_failed(pytester):
     for record in records:
         assert record["failure_label"] == "never_reached_target"
         steps = read_steps(run_dir / record["steps_file"])
-        assert len(steps["step"]) == record["steps"]
+        # a row per control step: the bring-up's and then the policy's (`steps`)
+        assert len(steps["step"]) == record["bringup_steps"] + record["steps"]
         assert (steps["reply"] >= 0).sum() == 15  # the policy's whole budget, after bring-up
     (cell,) = json.loads((run_dir / "summary.json").read_text())["cells"]
     assert cell["failure_labels"] == {"never_reached_target": 2}
