@@ -250,6 +250,8 @@ def _policy_headers(args: argparse.Namespace) -> dict[str, str]:
     """The credentials `--policy` wants, from the variables --policy-api-key-env and
     --policy-header NAME=VARIABLE name (policies/credentials.py: values never on a command line,
     where `ps` shows them)."""
+    import os
+
     from pytest_gap.policies.credentials import (
         credential_headers,
         env_name_problem,
@@ -259,24 +261,24 @@ def _policy_headers(args: argparse.Namespace) -> dict[str, str]:
     named: dict[str, str] = {}
     for given in args.policy_header or []:
         header, _, variable = given.partition("=")
-        problem = header_name_problem(header) or env_name_problem(variable)
+        # never the value given: a user who wrote the secret itself would see it echoed
+        problem = header_name_problem(header) or (
+            env_name_problem(variable) and "after '=' comes a variable's name"
+        )
         if problem:
-            # not the value given: a user who wrote the secret itself would see it echoed
-            problem = header_name_problem(header) or "after '=' comes a variable's name"
             raise GapError(f"gap eval --policy-header {header}=...: {problem}; write NAME=VARIABLE")
         named[header] = variable
-    if args.policy_api_key_env and env_name_problem(args.policy_api_key_env):
-        problem = env_name_problem(args.policy_api_key_env)
+    key_env = args.policy_api_key_env
+    problem = key_env and env_name_problem(key_env)
+    if problem:
         raise GapError(f"gap eval --policy-api-key-env: {problem}")
-    import os
-
-    for variable in [args.policy_api_key_env or "", *named.values()]:
+    for variable in [key_env, *named.values()]:
         if variable and not os.environ.get(variable):
             raise GapError(
                 f"gap eval: the variable {variable} is not set; export it (its value is what "
                 "--policy wants) or leave it out"
             )
-    return credential_headers("gap eval", args.policy_api_key_env, named)
+    return credential_headers("gap eval", key_env, named)
 
 
 @peer_text_escaped()  # the evaluation server's and the policy server's errors

@@ -23,6 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
 from pytest_gap.errors import InfraFailure
+from pytest_gap.policies.credentials import API_KEY_HEADER, API_KEY_SCHEME
 from pytest_gap.policies.endpoint import DEFAULT_MAX_REPLY_MB
 from pytest_gap.policies.wire import (
     MAX_QUEUED_FRAMES,
@@ -100,7 +101,7 @@ class PolicyClient:
         self._pack = packer().pack
         headers = dict(headers or {})
         if api_key:  # openpi-client's own form (WebsocketClientPolicy(api_key=))
-            headers["Authorization"] = f"Api-Key {api_key}"
+            headers[API_KEY_HEADER] = f"{API_KEY_SCHEME} {api_key}"
         # Entered as a context manager: the form every websockets version supports without
         # deprecation warnings; close() exits it.
         self._stack = ExitStack()

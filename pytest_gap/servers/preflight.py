@@ -94,14 +94,12 @@ def check_config(
     raises PolicyConfigError or LLMConfigError. Services that are down are left to the session.
     `gap benchmark` calls it before it starts the pytest session, for a one-line error.
     `on_ray`: entries with `ray:` start on a cluster node, whose programs are checked there."""
-    from pytest_gap.policies.credentials import unset
-    from pytest_gap.servers.manager import PolicyConfigError, check_command
-    from pytest_gap.servers.registry import needed
+    from pytest_gap.servers.manager import check_command
+    from pytest_gap.servers.registry import check_credentials, needed
 
-    for policy_id, entry in needed(config, cells).items():
-        missing = unset(f"policies.{policy_id}", entry.api_key_env, entry.headers_env)
-        if missing:
-            raise PolicyConfigError(f"{path}: " + "; ".join(missing))
+    entries = needed(config, cells)
+    check_credentials(path, entries)
+    for policy_id, entry in entries.items():
         if entry.url is None and not (on_ray and entry.ray is not None):
             check_command(policy_id, entry)
     check_llms([(path, config, cells, path.parent)], max_retries=0, timeout_s=30.0)

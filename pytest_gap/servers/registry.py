@@ -77,13 +77,7 @@ class SessionPolicies:
         try:
             for config, cells, log_dir in configs:
                 entries = needed(config, cells)
-                missing = [
-                    line
-                    for pid, e in entries.items()
-                    for line in unset(f"policies.{pid}", e.api_key_env, e.headers_env)
-                ]
-                if missing:  # a usage error before any server starts (exit 2)
-                    raise PolicyConfigError(f"{config.source}: " + "; ".join(missing))
+                check_credentials(config.source, entries)
                 preflight(
                     {
                         pid: (e.url, e.protocol, _headers(pid, e))
@@ -130,6 +124,18 @@ class SessionPolicies:
         for manager in self.managers:
             manager.stop_all()
         self.managers.clear()
+
+
+def check_credentials(source, entries: Mapping[str, PolicyEntry]) -> None:
+    """PolicyConfigError (a usage error, before any server starts) naming each credential
+    variable an entry names that this environment lacks."""
+    missing = [
+        line
+        for pid, e in entries.items()
+        for line in unset(f"policies.{pid}", e.api_key_env, e.headers_env)
+    ]
+    if missing:
+        raise PolicyConfigError(f"{source}: " + "; ".join(missing))
 
 
 def _headers(policy_id: str, entry: PolicyEntry) -> dict[str, str]:
